@@ -1,0 +1,1 @@
+"""Built-in tool environments (shipped as toolrl.envs)."""

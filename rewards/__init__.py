@@ -1,0 +1,1 @@
+"""Built-in reward plugins (shipped as toolrl.rewards)."""

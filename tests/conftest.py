@@ -1,0 +1,64 @@
+"""Shared fixtures: one tiny model and one Ray cluster per test session."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def _has_gpu() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+def pytest_collection_modifyitems(config, items):
+    if _has_gpu():
+        return
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (none present)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip_gpu)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """The small tiny model, built once per session (or taken from TOOLRL_TINY_MODEL)."""
+    from toolrl.models.tiny import build_tiny_model
+
+    given = os.environ.get("TOOLRL_TINY_MODEL")
+    if given:
+        return build_tiny_model(given, seed=0, size="small")
+    return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny", seed=0, size="small")
+
+
+@pytest.fixture(scope="session")
+def ray_cluster(tmp_path_factory):
+    """A real local Ray cluster for the whole session, shut down at the end."""
+    import ray
+
+    if ray.is_initialized():
+        yield ray
+        return
+    tmp = Path(tempfile.gettempdir()) / f"ray-toolrl-{os.getpid()}"  # short: Ray's socket paths have a limit
+    ray.init(num_cpus=8, include_dashboard=False, _temp_dir=str(tmp),
+             runtime_env={"env_vars": {"RAY_AUTH_MODE": "disabled"}},
+             log_to_driver=False)
+    try:
+        yield ray
+    finally:
+        ray.shutdown()

@@ -1,0 +1,49 @@
+"""Plain data types shared by parsing, environments and rewards."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One function call the model made: a tool name and its JSON arguments."""
+
+    name: str
+    arguments: dict[str, Any] = field(default_factory=dict)
+    id: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "arguments": self.arguments}
+
+    def to_openai(self) -> dict[str, Any]:
+        """The message-level form chat templates expect under ``tool_calls``."""
+        out: dict[str, Any] = {"type": "function",
+                               "function": {"name": self.name, "arguments": self.arguments}}
+        if self.id is not None:
+            out["id"] = self.id
+        return out
+
+
+@dataclass(frozen=True)
+class ParseError:
+    """A structured reason why part of a message was not a valid tool call."""
+
+    kind: str  # e.g. "invalid_json", "unclosed_tag", "missing_name", "bad_arguments"
+    message: str
+    span: tuple[int, int] | None = None  # character offsets in the message text
+
+
+@dataclass(frozen=True)
+class ParseResult:
+    """What a tool-call format extracted from one assistant message."""
+
+    calls: list[ToolCall]
+    text: str  # the free text outside tool calls
+    errors: list[ParseError] = field(default_factory=list)
+    repaired: bool = False  # True when a json-repair fallback was needed (rewards may penalize)
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors

@@ -1,0 +1,130 @@
+"""One generic registry for named plugins (rewards, estimators, losses, formats, trackers).
+
+A `Registry` maps names to objects. Objects arrive two ways: the `register` decorator (used by
+built-ins and by third-party code alike), or lazily from an ``importlib.metadata`` entry-point
+group the first time a name is missing. Mistakes are loud: a duplicate name, an unknown name
+(the error lists the known ones) and a plugin that fails to import (re-raised with its name).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from importlib import metadata
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class RegistryError(LookupError):
+    """A name is unknown, registered twice, or its plugin failed to load."""
+
+
+class PluginImportError(ImportError):
+    """An entry-point plugin raised while importing; the message names the plugin."""
+
+
+class Registry(Generic[T]):
+    """Name -> object table with decorator registration and lazy entry-point discovery.
+
+    Args:
+        kind: what the registry holds, used in error messages ("reward", "advantage estimator").
+        group: the ``importlib.metadata`` entry-point group searched on a miss, or None.
+    """
+
+    def __init__(self, kind: str, group: str | None = None) -> None:
+        self.kind = kind
+        self.group = group
+        self._items: dict[str, T] = {}
+        self._discovered = False
+
+    def register(self, name: str, obj: T | None = None) -> Callable[[T], T] | T:
+        """Register ``obj`` under ``name``; without ``obj``, return a decorator."""
+        if obj is not None:
+            self._add(name, obj)
+            return obj
+
+        def decorator(target: T) -> T:
+            self._add(name, target)
+            return target
+
+        return decorator
+
+    def _add(self, name: str, obj: T) -> None:
+        if not isinstance(name, str) or not name:
+            raise RegistryError(f"{self.kind} names must be non-empty strings, got {name!r}")
+        existing = self._items.get(name)
+        if existing is not None and existing is not obj:
+            raise RegistryError(
+                f"{self.kind} {name!r} is already registered (by {_describe(existing)}); "
+                f"pick another name or unregister the old one first"
+            )
+        self._items[name] = obj
+
+    def unregister(self, name: str) -> None:
+        """Remove ``name`` (tests and interactive sessions)."""
+        self._items.pop(name, None)
+
+    def get(self, name: str) -> T:
+        """Return the object registered as ``name``, discovering entry points on a miss."""
+        if name not in self._items:
+            self.discover()
+        try:
+            return self._items[name]
+        except KeyError:
+            known = ", ".join(sorted(self._items)) or "(none)"
+            where = f" or entry-point group {self.group!r}" if self.group else ""
+            raise RegistryError(
+                f"unknown {self.kind} {name!r}. Known {self.kind}s: {known}. "
+                f"Register it with the decorator{where}."
+            ) from None
+
+    def discover(self) -> None:
+        """Load every entry point of the group once; a failing plugin raises with its name."""
+        if self._discovered or self.group is None:
+            return
+        self._discovered = True
+        for ep in metadata.entry_points(group=self.group):
+            if ep.name in self._items:
+                continue
+            try:
+                obj = ep.load()
+            except Exception as exc:  # re-raised with the plugin's name, never swallowed
+                dist = getattr(ep.dist, "name", "?")
+                raise PluginImportError(
+                    f"{self.kind} plugin {ep.name!r} ({ep.value}, from distribution {dist!r}) "
+                    f"failed to import: {type(exc).__name__}: {exc}"
+                ) from exc
+            # A module entry point registers its contents by importing; a callable is the item.
+            if ep.name not in self._items and not _is_module(obj):
+                self._add(ep.name, obj)
+
+    def names(self) -> list[str]:
+        """All known names, entry points included, sorted."""
+        self.discover()
+        return sorted(self._items)
+
+    def __contains__(self, name: object) -> bool:
+        if name not in self._items:
+            self.discover()
+        return name in self._items
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())
+
+    def __len__(self) -> int:
+        return len(self.names())
+
+    def __repr__(self) -> str:
+        return f"Registry({self.kind!r}, group={self.group!r}, items={sorted(self._items)})"
+
+
+def _is_module(obj: object) -> bool:
+    import types
+
+    return isinstance(obj, types.ModuleType)
+
+
+def _describe(obj: object) -> str:
+    module = getattr(obj, "__module__", None)
+    qualname = getattr(obj, "__qualname__", None)
+    return f"{module}.{qualname}" if module and qualname else repr(obj)
