@@ -54,7 +54,8 @@ def ray_cluster(tmp_path_factory):
     if ray.is_initialized():
         yield ray
         return
-    tmp = Path(tempfile.gettempdir()) / f"ray-toolrl-{os.getpid()}"  # short: Ray's socket paths have a limit
+    # A short temp dir: Ray's socket paths have a length limit.
+    tmp = Path(tempfile.gettempdir()) / f"ray-toolrl-{os.getpid()}"
     ray.init(num_cpus=8, include_dashboard=False, _temp_dir=str(tmp),
              runtime_env={"env_vars": {"RAY_AUTH_MODE": "disabled"}},
              log_to_driver=False)

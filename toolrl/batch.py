@@ -116,7 +116,8 @@ def build_rollout_batch(
         RESPONSE_MASK: r_mask,
     }
     if rollout_log_probs is not None:
-        data[ROLLOUT_LOG_PROBS], _ = right_pad(rollout_log_probs, 0.0, r_ids.shape[1], torch.float32)
+        width = r_ids.shape[1]
+        data[ROLLOUT_LOG_PROBS], _ = right_pad(rollout_log_probs, 0.0, width, torch.float32)
     td = TensorDict(data, batch_size=[n])
     for key, values in (non_tensor or {}).items():
         set_non_tensor(td, key, values)
@@ -259,7 +260,7 @@ def repeat_interleave(td: TensorDict, n: int, uids: Sequence[str] | None = None)
     """
     size = batch_len(td)
     if uids is None:
-        uids = get_non_tensor(td, UID) if UID in td.keys() else [str(i) for i in range(size)]
+        uids = get_non_tensor(td, UID) if UID in td else [str(i) for i in range(size)]
     idx = torch.arange(size).repeat_interleave(n)
     out = select_rows(td, idx)
     set_non_tensor(out, UID, [uids[i] for i in idx.tolist()])
