@@ -17,6 +17,12 @@ def _make_tiny_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def _demo(args: argparse.Namespace) -> int:
+    from toolrl.demo import run_demo
+
+    return run_demo(args.model, num_samples=args.num_samples, max_tokens=args.max_tokens)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from toolrl.models.tiny import SIZES
 
@@ -28,6 +34,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--size", choices=sorted(SIZES), default="small")
     p.set_defaults(func=_make_tiny_model)
+
+    p = sub.add_parser("demo", help="the longest end-to-end path that exists, on the tiny model")
+    p.add_argument("--model", required=True, help="model directory or hub id")
+    p.add_argument("--num-samples", type=int, default=8)
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.set_defaults(func=_demo)
     return parser
 
 

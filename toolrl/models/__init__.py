@@ -1,0 +1,1 @@
+"""Tiny locally built models for tests and the CPU demo."""

@@ -1,0 +1,296 @@
+"""Build a tiny, real Hugging Face checkpoint locally: Qwen2 weights + a trained tokenizer.
+
+Tests and the CPU demo need a model without a hub. `build_tiny_model` writes a directory that
+`AutoModelForCausalLM`, `AutoTokenizer` and vLLM load like any checkpoint:
+
+- a byte-level BPE tokenizer trained with `tokenizers` on synthetic chat and tool-call text,
+  every digit its own token (tiny models learn arithmetic formats far sooner that way);
+- a tools-aware chat template in the Qwen2.5/Hermes style: the tool list rendered into the
+  system prompt, assistant calls as ``<tool_call>{json}</tool_call>`` (several per turn), tool
+  results as role ``tool``. Each message renders independently of the ones after it, so the
+  template is prefix-preserving (what token-in/token-out rollouts need);
+- ``Qwen2ForCausalLM`` with random weights (seeded), tied embeddings, fp32 safetensors.
+
+Building is deterministic for a seed and cached: a second call on the same directory with the
+same arguments is a no-op.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+# Added (not special) so they survive decoding with skip_special_tokens and reach the parser.
+MARKUP_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>",
+                 "<think>", "</think>"]
+DEFAULT_SYSTEM = "You are a helpful assistant."
+STAMP = "toolrl_tiny.json"
+
+CHAT_TEMPLATE = (
+    "{%- if messages and messages[0]['role'] == 'system' -%}"
+    "{%- set system = messages[0]['content'] -%}{%- set rest = messages[1:] -%}"
+    "{%- else -%}"
+    "{%- set system = '" + DEFAULT_SYSTEM + "' -%}{%- set rest = messages -%}"
+    "{%- endif -%}"
+    "{{- '<|im_start|>system\\n' + system -}}"
+    "{%- if tools -%}"
+    "{{- '\\n\\n# Tools\\n<tools>' -}}"
+    "{%- for tool in tools -%}{{- '\\n' + (tool | tojson) -}}{%- endfor -%}"
+    "{{- '\\n</tools>\\nCall tools as "
+    "<tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>' -}}"
+    "{%- endif -%}"
+    "{{- '<|im_end|>\\n' -}}"
+    "{%- for m in rest -%}"
+    "{%- if m['role'] == 'assistant' -%}"
+    "{{- '<|im_start|>assistant\\n' -}}"
+    "{%- if m['content'] -%}{{- m['content'] -}}{%- endif -%}"
+    "{%- if m['tool_calls'] -%}"
+    "{%- for tc in m['tool_calls'] -%}"
+    "{%- if tc['function'] is defined -%}{%- set f = tc['function'] -%}"
+    "{%- else -%}{%- set f = tc -%}{%- endif -%}"
+    "{{- '<tool_call>{\"name\": \"' + f['name'] + '\", \"arguments\": ' -}}"
+    "{%- if f['arguments'] is string -%}{{- f['arguments'] -}}"
+    "{%- else -%}{{- f['arguments'] | tojson -}}{%- endif -%}"
+    "{{- '}</tool_call>' -}}"
+    "{%- endfor -%}"
+    "{%- endif -%}"
+    "{{- '<|im_end|>\\n' -}}"
+    "{%- elif m['role'] == 'tool' -%}"
+    "{{- '<|im_start|>tool\\n<tool_response>' + m['content'] + '</tool_response><|im_end|>\\n' -}}"
+    "{%- else -%}"
+    "{{- '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' -}}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+)
+
+
+@dataclass(frozen=True)
+class TinySpec:
+    """Architecture of one size of the tiny family."""
+
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    intermediate_size: int
+
+
+SIZES: dict[str, TinySpec] = {
+    "small": TinySpec(128, 4, 4, 2, 384),
+    "medium": TinySpec(256, 4, 8, 2, 768),
+    "large": TinySpec(384, 6, 12, 4, 1152),
+}
+VOCAB_SIZE = 4096
+MAX_POSITIONS = 4096
+
+
+def build_tiny_model(out: str | os.PathLike, seed: int = 0, size: str = "small",
+                     vocab_size: int = VOCAB_SIZE) -> Path:
+    """Write a tiny Qwen2 checkpoint + tokenizer to ``out`` and return its path (cached)."""
+    if size not in SIZES:
+        raise ValueError(f"unknown size {size!r}; choose one of {sorted(SIZES)}")
+    out = Path(out)
+    stamp = {"seed": seed, "size": size, "vocab_size": vocab_size, "spec": asdict(SIZES[size]),
+             "format": 1}
+    if (out / STAMP).exists():
+        try:
+            if json.loads((out / STAMP).read_text()) == stamp:
+                return out
+        except json.JSONDecodeError:
+            pass
+        raise FileExistsError(f"{out} holds a different tiny model; pick another directory")
+    if out.exists() and any(out.iterdir()):
+        raise FileExistsError(f"{out} exists and is not a tiny-model directory")
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".tiny-", dir=out.parent))
+    try:
+        tokenizer = build_tokenizer(seed=seed, vocab_size=vocab_size)
+        tokenizer.save_pretrained(tmp)
+        model = _build_model(tokenizer, SIZES[size], seed)
+        model.save_pretrained(tmp, safe_serialization=True)
+        (tmp / STAMP).write_text(json.dumps(stamp, indent=2))
+        if out.exists():
+            out.rmdir()
+        tmp.rename(out)  # atomic: a killed build never leaves a half-written model behind
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def build_tokenizer(seed: int = 0, vocab_size: int = VOCAB_SIZE):
+    """Train a byte-level BPE tokenizer (single-digit tokens) and wrap it for transformers."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size - len(MARKUP_TOKENS),
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(synthetic_corpus(seed), trainer=trainer)
+    wrapped = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        unk_token=None,
+        bos_token=None,
+        additional_special_tokens=None,
+        model_max_length=MAX_POSITIONS,
+        clean_up_tokenization_spaces=False,
+    )
+    wrapped.add_tokens(MARKUP_TOKENS, special_tokens=False)
+    wrapped.chat_template = CHAT_TEMPLATE
+    return wrapped
+
+
+def _build_model(tokenizer, spec: TinySpec, seed: int):
+    import torch
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    pad = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    config = Qwen2Config(
+        vocab_size=_round_up(len(tokenizer), 64),
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_hidden_layers,
+        num_attention_heads=spec.num_attention_heads,
+        num_key_value_heads=spec.num_key_value_heads,
+        max_position_embeddings=MAX_POSITIONS,
+        rope_theta=10000.0,
+        tie_word_embeddings=True,
+        eos_token_id=eos,
+        pad_token_id=pad,
+        bos_token_id=None,
+        torch_dtype="float32",
+        use_sliding_window=False,
+    )
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(config).to(torch.float32)
+    model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=pad)
+    return model
+
+
+def _round_up(n: int, k: int) -> int:
+    return (n + k - 1) // k * k
+
+
+# --- synthetic corpus ------------------------------------------------------------------------
+_WORDS = (
+    "the a an of to in is what how many much find compute calculate result answer number total "
+    "sum difference product quotient power account balance transfer customer id name amount "
+    "weather city search query file read write list get set create delete update user order "
+    "price item please help me with this I you we it can could would should then first next "
+    "finally done thanks sure here is the tool call error invalid missing required argument "
+    "type expected got value unknown timeout output truncated code python print return def "
+    "import for while if else true false null yes no ok verify identity limit date time email"
+).split()
+
+_TOOLS: list[dict[str, Any]] = [
+    {"name": op, "description": desc, "parameters": {
+        "type": "object",
+        "properties": {"a": {"type": "number", "description": "first operand"},
+                       "b": {"type": "number", "description": "second operand"}},
+        "required": ["a", "b"]}}
+    for op, desc in [("add", "Add two numbers."), ("sub", "Subtract b from a."),
+                     ("mul", "Multiply two numbers."), ("div", "Divide a by b."),
+                     ("pow", "Raise a to the power b.")]
+] + [
+    {"name": "submit", "description": "Submit the final answer.", "parameters": {
+        "type": "object", "properties": {"answer": {"type": "number"}}, "required": ["answer"]}},
+    {"name": "get_weather", "description": "Get the weather of a city.", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"},
+                                         "unit": {"type": "string", "enum": ["c", "f"]}},
+        "required": ["city"]}},
+    {"name": "transfer", "description": "Transfer money between accounts.", "parameters": {
+        "type": "object", "properties": {"from_account": {"type": "string"},
+                                         "to_account": {"type": "string"},
+                                         "amount": {"type": "number"}},
+        "required": ["from_account", "to_account", "amount"]}},
+    {"name": "run_python", "description": "Run Python code.", "parameters": {
+        "type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]}},
+]
+
+
+def _as_openai(tool: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "function", "function": tool}
+
+
+def _fake_args(rng: random.Random, tool: dict[str, Any]) -> dict[str, Any]:
+    args: dict[str, Any] = {}
+    for name, prop in tool["parameters"]["properties"].items():
+        if "enum" in prop:
+            args[name] = rng.choice(prop["enum"])
+        elif prop["type"] == "number":
+            args[name] = rng.choice([rng.randint(0, 999), round(rng.uniform(0, 99), 2)])
+        else:
+            args[name] = " ".join(rng.choices(_WORDS, k=rng.randint(1, 3)))
+    return args
+
+
+def _conversation(rng: random.Random) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    tools = rng.sample(_TOOLS, k=rng.randint(1, 4))
+    messages: list[dict[str, Any]] = []
+    if rng.random() < 0.5:
+        messages.append({"role": "system", "content": " ".join(rng.choices(_WORDS, k=6)) + "."})
+    nums = [rng.randint(0, 999) for _ in range(3)]
+    messages.append({"role": "user", "content": f"What is {nums[0]} plus {nums[1]} times "
+                     f"{nums[2]}? " + " ".join(rng.choices(_WORDS, k=rng.randint(2, 10)))})
+    for _ in range(rng.randint(1, 3)):
+        calls = [{"type": "function", "function": {"name": t["name"],
+                                                   "arguments": _fake_args(rng, t)}}
+                 for t in rng.choices(tools, k=rng.randint(1, 3))]
+        text = " ".join(rng.choices(_WORDS, k=rng.randint(0, 6)))
+        messages.append({"role": "assistant", "content": text, "tool_calls": calls})
+        for call in calls:
+            result = rng.choice([str(rng.randint(-999, 99999)),
+                                 json.dumps({"error": "invalid_argument",
+                                             "message": " ".join(rng.choices(_WORDS, k=5))}),
+                                 " ".join(rng.choices(_WORDS, k=4))])
+            messages.append({"role": "tool", "name": call["function"]["name"],
+                             "content": result})
+    messages.append({"role": "assistant",
+                     "content": f"The answer is {rng.randint(-9999, 99999)}."})
+    return messages, [_as_openai(t) for t in tools]
+
+
+_SYLLABLES = ("ba be bi bo bu ca ce ci co cu da de di do du fa fe fi fo ga ge go ha he hi ho ka "
+              "ke ki ko la le li lo lu ma me mi mo mu na ne ni no nu pa pe pi po pu ra re ri "
+              "ro ru sa se si so su ta te ti to tu va ve vi vo za ze zi zo tion ing er ly al "
+              "ous ment ness able ist").split()
+
+
+def _pseudo_word(rng: random.Random) -> str:
+    return "".join(rng.choices(_SYLLABLES, k=rng.randint(1, 4)))
+
+
+def synthetic_corpus(seed: int = 0, n: int = 3000):
+    """Chats rendered through the chat template, plus plain text: the tokenizer's training data."""
+    import jinja2
+
+    env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
+    env.filters["tojson"] = lambda x, **kw: json.dumps(x, ensure_ascii=False, **kw)
+    template = env.from_string(CHAT_TEMPLATE)
+    rng = random.Random(seed)
+    for _ in range(n):
+        messages, tools = _conversation(rng)
+        yield template.render(messages=messages, tools=tools, add_generation_prompt=False)
+        yield " ".join(rng.choices(_WORDS, k=20))
+        # Pseudo-words give BPE enough distinct pairs to fill a vocabulary of a few thousand.
+        yield " ".join(_pseudo_word(rng) for _ in range(40))
