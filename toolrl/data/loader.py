@@ -1,0 +1,98 @@
+"""Task rows: load them from files, and deal them out in shuffled batches that resume exactly.
+
+A task row is a plain dict (``id``, ``messages`` and/or env-specific fields, ``ground_truth``,
+optional ``category``). Rows come from a file (JSON list, JSONL or parquet) or from an env's own
+task generator; `TaskLoader` shuffles them per epoch with a seed and remembers its position so a
+resumed run draws exactly the batches an uninterrupted one would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+Row = dict[str, Any]
+
+
+def load_rows(path: str | os.PathLike) -> list[Row]:
+    """Read task rows from ``.json`` (a list), ``.jsonl`` or ``.parquet``."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"task file {path} does not exist")
+    suffix = path.suffix.lower()
+    if suffix == ".jsonl":
+        rows = []
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"{path}:{n}: not valid JSON: {exc}") from None
+    elif suffix == ".json":
+        rows = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(rows, list):
+            raise ValueError(f"{path}: expected a JSON list of task rows")
+    elif suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        rows = pq.read_table(path).to_pylist()
+    else:
+        raise ValueError(f"{path}: unsupported task file type {suffix!r} "
+                         "(use .json, .jsonl or .parquet)")
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise ValueError(f"{path}: row {i} is {type(row).__name__}, expected an object")
+        row.setdefault("id", f"{path.stem}-{i}")
+    return rows
+
+
+class TaskLoader:
+    """Endless shuffled batches of task rows with a resumable position."""
+
+    def __init__(self, rows: Sequence[Row], batch_size: int, seed: int = 0,
+                 shuffle: bool = True) -> None:
+        if not rows:
+            raise ValueError("TaskLoader needs at least one task row")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.rows = list(rows)
+        self.batch_size = batch_size
+        self.seed = seed
+        self.shuffle = shuffle
+        self.epoch = 0
+        self.index = 0
+        self._order = self._permutation(0)
+
+    def _permutation(self, epoch: int) -> list[int]:
+        order = list(range(len(self.rows)))
+        if self.shuffle:
+            random.Random(f"{self.seed}:{epoch}").shuffle(order)
+        return order
+
+    def next_batch(self) -> list[Row]:
+        """The next ``batch_size`` rows, crossing epoch boundaries as needed."""
+        batch = []
+        while len(batch) < self.batch_size:
+            if self.index >= len(self._order):
+                self.epoch += 1
+                self.index = 0
+                self._order = self._permutation(self.epoch)
+            batch.append(self.rows[self._order[self.index]])
+            self.index += 1
+        return batch
+
+    def __iter__(self) -> Iterator[list[Row]]:
+        while True:
+            yield self.next_batch()
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "index": self.index}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch = int(state["epoch"])
+        self.index = int(state["index"])
+        self._order = self._permutation(self.epoch)
