@@ -22,8 +22,10 @@ def llm(tiny_model_dir):
     from vllm import LLM
 
     before = {p.pid for p in psutil.Process().children(recursive=True)}
+    # gpu_memory_utilization is the fraction of host memory vLLM's CPU backend insists is
+    # free at start-up; the KV cache itself is sized by VLLM_CPU_KVCACHE_SPACE.
     engine = LLM(model=str(tiny_model_dir), dtype="float32", max_model_len=1024,
-                 enforce_eager=True, seed=0)
+                 enforce_eager=True, seed=0, gpu_memory_utilization=0.1)
     yield engine
     engine.llm_engine.engine_core.shutdown()
     leftover = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
@@ -35,8 +37,9 @@ def llm(tiny_model_dir):
 
 
 def _running(proc: psutil.Process) -> bool:
+    """An engine process (not multiprocessing's resource tracker) that is not a zombie."""
     try:
-        return proc.status() != psutil.STATUS_ZOMBIE
+        return proc.name().startswith("VLLM") and proc.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
 

@@ -40,7 +40,8 @@ def run_demo(model: str, num_samples: int = 8, max_tokens: int = 64) -> int:
     console.print(f"[bold]prompt[/bold] ({len(prompt)} tokens):\n{tokenizer.decode(prompt)}")
     with console.status("starting the vLLM engine"):
         start = time.perf_counter()
-        llm = LLM(model=model, dtype="float32", max_model_len=2048, enforce_eager=True, seed=0)
+        llm = LLM(model=model, dtype="float32", max_model_len=2048, enforce_eager=True, seed=0,
+                  gpu_memory_utilization=0.1)
         console.print(f"engine ready in {time.perf_counter() - start:.1f} s")
     params = SamplingParams(n=num_samples, temperature=1.0, max_tokens=max_tokens, logprobs=0,
                             seed=0)
