@@ -1,0 +1,54 @@
+"""Pure RL math on tensors: advantage estimators, policy/value losses, KL estimators.
+
+Nothing here knows about Ray, workers or TensorDict: every function takes and returns
+``torch.Tensor`` (``[B, R]`` per response token) so it can be unit-tested by hand.
+"""
+
+from toolrl.algo.advantage import (
+    ADVANTAGE_ESTIMATORS,
+    AdvantageEstimator,
+    compute_advantage,
+    register_advantage,
+)
+from toolrl.algo.kl import KL_KINDS, apply_kl_in_reward, kl_penalty
+from toolrl.algo.loss import (
+    AGG_MODES,
+    POLICY_LOSSES,
+    LossAggregator,
+    PolicyLoss,
+    PolicyLossConfig,
+    actor_loss,
+    agg_loss,
+    batch_totals,
+    entropy_from_logits,
+    log_probs_from_logits,
+    register_policy_loss,
+    value_loss,
+)
+from toolrl.algo.masked import masked_mean, masked_sum, masked_var, masked_whiten
+
+__all__ = [
+    "ADVANTAGE_ESTIMATORS",
+    "AGG_MODES",
+    "KL_KINDS",
+    "POLICY_LOSSES",
+    "AdvantageEstimator",
+    "LossAggregator",
+    "PolicyLoss",
+    "PolicyLossConfig",
+    "actor_loss",
+    "agg_loss",
+    "apply_kl_in_reward",
+    "batch_totals",
+    "compute_advantage",
+    "entropy_from_logits",
+    "kl_penalty",
+    "log_probs_from_logits",
+    "masked_mean",
+    "masked_sum",
+    "masked_var",
+    "masked_whiten",
+    "register_advantage",
+    "register_policy_loss",
+    "value_loss",
+]
