@@ -1,0 +1,871 @@
+"""Reward plugins: the trajectory they score, the `RewardFn` protocol, the registry, composition.
+
+Writing a reward::
+
+    from toolrl.core.reward import Trajectory, RewardResult, reward
+
+    @reward("short_answer")
+    def short_answer(traj: Trajectory, *, limit: int = 200) -> float:
+        text = traj.messages[-1].get("content") or ""
+        return 1.0 if len(text) <= limit else 0.0
+
+A reward is a function (or a class, instantiated with the config's ``kwargs``) called with one
+finished `Trajectory`; it returns a float or a `RewardResult` and may be ``async``. With
+``@reward(name, batched=True)`` a function receives the whole list of trajectories and returns a
+list (an element may be an exception: that sample alone gets the fallback); a class gets the
+batched form by defining ``batch(self, trajs)``. Third-party packages register through the
+``toolrl.rewards`` entry-point group.
+
+Composing rewards from config (`build_reward`), YAML shown::
+
+    reward:
+      rewards:                                   # required: the components, in order
+        - {name: bfcl_ast, weight: 1.0}
+        - {name: format, weight: 0.2, gate: {reward: bfcl_ast, above: 0.0}}
+        - {name: length_penalty, kwargs: {max_tokens: 256}}
+      scale: 1.0                                 # total = clip(scale * sum)
+      clip: [-1.0, 2.0]                          # or {min: -1.0, max: 2.0}; either may be null
+      fallback: 0.0                              # score of a component that raised
+      pool_workers: 2                            # processes for components with pool: true
+      max_concurrency: 64                        # concurrent calls of one async reward
+
+Component keys: ``name`` (registry id, required), ``alias`` (metric name, default ``name``;
+needed to use one reward twice), ``weight`` (default 1.0), ``kwargs`` (passed to the reward),
+``gate`` (``{reward: <alias>, above: <float, default 0>}``: the component pays only when the raw
+score of that other component is strictly greater than ``above``, the guard against
+format-reward hacking; the key is not ``on``, which YAML 1.1 reads as ``true``), ``fallback``
+(overrides the top-level one), ``pool`` (run in the process pool; for CPU-heavy, module-level
+rewards), ``timeout`` (seconds, for async and pooled calls).
+
+The total of a trajectory is ``clip(scale * sum_i weight_i * open_i * raw_i)``; per-turn lists
+(from components that return them) combine the same way, unclipped, shorter ones padded with 0.
+A failed component counts as its fallback everywhere, gates included. Every component is
+reported as its own metric ``reward/<alias>`` (its raw score; sub-scores of a `RewardResult` as
+``reward/<alias>/<key>``), with ``reward/total``, ``reward/errors/<alias>`` (how many samples
+raised, were non-finite or timed out) and ``reward/gate_open/<alias>``. A reward that fails is
+logged loudly once (name, sample id, traceback), scored with the fallback and counted; it never
+fails the batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import functools
+import inspect
+import itertools
+import logging
+import math
+import multiprocessing
+import pickle
+import traceback
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from toolrl.core.types import ParseError, ParseResult, ToolCall
+from toolrl.registry import Registry, RegistryError
+
+log = logging.getLogger(__name__)
+
+# ---------------------------------------------------------------------------------------------
+# The trajectory a reward scores
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class TurnRecord:
+    """One assistant turn: the action text, its parse, the tool errors it caused, an env reward.
+
+    ``tool_errors`` are dicts with at least ``type``, ``tool`` and ``message``.
+    """
+
+    action: str = ""
+    parse: ParseResult | None = None
+    tool_errors: list[dict[str, Any]] = field(default_factory=list)
+    reward: float | None = None
+
+    @property
+    def calls(self) -> list[ToolCall]:
+        return list(self.parse.calls) if self.parse is not None else []
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"action": self.action,
+                "parse": None if self.parse is None else parse_result_to_dict(self.parse),
+                "tool_errors": [dict(e) for e in self.tool_errors], "reward": self.reward}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | TurnRecord) -> TurnRecord:
+        if isinstance(data, TurnRecord):
+            return data
+        parse = data.get("parse")
+        return cls(action=data.get("action") or "",
+                   parse=None if parse is None else parse_result_from_dict(parse),
+                   tool_errors=[dict(e) for e in data.get("tool_errors") or []],
+                   reward=data.get("reward"))
+
+
+@dataclass
+class Trajectory:
+    """A finished episode as the rollout layer hands it to rewards.
+
+    Plain data, so it crosses process boundaries as a dict (`to_dict` / `from_dict`, e.g. inside
+    a TensorDict ``NonTensorStack``). Keys of a dict that are not fields land in ``extra``.
+    """
+
+    messages: list[dict[str, Any]] = field(default_factory=list)  # the full chat
+    turns: list[TurnRecord] = field(default_factory=list)  # one per assistant turn
+    row: dict[str, Any] = field(default_factory=dict)  # task row: id, ground_truth, category...
+    info: dict[str, Any] = field(default_factory=dict)  # env's final info (``success``...)
+    final_state: dict[str, Any] | None = None  # env.state_snapshot()
+    response_length: int | None = None  # tokens the policy generated
+    tools: list[dict[str, Any]] = field(default_factory=list)  # OpenAI tool schemas
+    format: str | None = None  # tool-call format name (hermes, json, ...)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def id(self) -> Any:
+        """The task row's ``id`` (None when absent)."""
+        return self.row.get("id")
+
+    @property
+    def num_tokens(self) -> int | None:
+        return self.response_length
+
+    @property
+    def ground_truth(self) -> Any:
+        return self.row.get("ground_truth")
+
+    def parses(self) -> list[ParseResult]:
+        """The parse of every turn; a turn without one is parsed now with ``format``."""
+        out = []
+        for i, turn in enumerate(self.turns):
+            if turn.parse is None:
+                if self.format is None:
+                    raise ValueError(f"turn {i} has no parse and the trajectory names no format")
+                from toolrl.core.parse import get_format
+
+                turn.parse = get_format(self.format).parse(turn.action)
+            out.append(turn.parse)
+        return out
+
+    @property
+    def calls(self) -> list[ToolCall]:
+        """Every parsed call of every turn, in order."""
+        return [c for p in self.parses() for c in p.calls]
+
+    def tool_names(self) -> set[str]:
+        return {t.get("function", t).get("name") for t in self.tools}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"messages": self.messages, "turns": [t.to_dict() for t in self.turns],
+                "row": self.row, "info": self.info, "final_state": self.final_state,
+                "response_length": self.response_length, "tools": self.tools,
+                "format": self.format, **({"extra": self.extra} if self.extra else {})}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | Trajectory) -> Trajectory:
+        """Build from a dict (``num_tokens`` is accepted for ``response_length``)."""
+        if isinstance(data, Trajectory):
+            return data
+        if not isinstance(data, Mapping):
+            raise TypeError(f"a trajectory must be a Trajectory or a mapping, got {type(data)}")
+        known = {"messages", "turns", "row", "info", "final_state", "response_length",
+                 "num_tokens", "tools", "format", "extra"}
+        extra = dict(data.get("extra") or {})
+        extra.update({k: v for k, v in data.items() if k not in known})
+        length = data.get("response_length", data.get("num_tokens"))
+        return cls(messages=list(data.get("messages") or []),
+                   turns=[TurnRecord.from_dict(t) for t in data.get("turns") or []],
+                   row=dict(data.get("row") or {}), info=dict(data.get("info") or {}),
+                   final_state=data.get("final_state"),
+                   response_length=None if length is None else int(length),
+                   tools=list(data.get("tools") or []), format=data.get("format"), extra=extra)
+
+    @classmethod
+    def from_episode(cls, episode: Any, row: Mapping[str, Any], *,
+                     tools: Sequence[Mapping[str, Any]] = (), format: str | None = None,
+                     response_length: int | None = None) -> Trajectory:
+        """From a finished `toolrl.core.env.Episode` (``messages``, ``infos``, ``state``): one
+        turn per step, with the step info's ``parse``, ``errors`` and ``turn_reward``; ``info``
+        is the last step's info."""
+        actions = [m.get("content") or "" for m in episode.messages
+                   if m.get("role") == "assistant"]
+        infos = list(episode.infos)
+        turns = [TurnRecord(action=actions[i] if i < len(actions) else "", parse=info.get("parse"),
+                      tool_errors=[dict(e) for e in info.get("errors", [])],
+                      reward=info.get("turn_reward")) for i, info in enumerate(infos)]
+        final = {k: v for k, v in (infos[-1] if infos else {}).items()
+                 if k not in ("parse", "calls")}  # already in the turns; keep info plain data
+        return cls(messages=list(episode.messages), turns=turns, row=dict(row),
+                   info=final, final_state=episode.state,
+                   response_length=response_length, tools=list(tools), format=format)
+
+    @classmethod
+    def from_calls(cls, calls: Sequence[ToolCall | Mapping[str, Any]], row: Mapping[str, Any],
+                   tools: Sequence[Mapping[str, Any]] = ()) -> Trajectory:
+        """A one-turn trajectory whose turn made ``calls`` (offline scoring, tests)."""
+        from toolrl.core.bfcl import as_tool_call
+
+        parsed = ParseResult(calls=[as_tool_call(c) for c in calls], text="")
+        messages = [{"role": "assistant", "content": "",
+                     "tool_calls": [c.to_openai() for c in parsed.calls]}]
+        return cls(messages=messages, turns=[TurnRecord(parse=parsed)], row=dict(row),
+                   tools=list(tools))
+
+
+def parse_result_to_dict(p: ParseResult) -> dict[str, Any]:
+    return {"calls": [{"name": c.name, "arguments": c.arguments, "id": c.id} for c in p.calls],
+            "text": p.text, "repaired": p.repaired,
+            "errors": [{"kind": e.kind, "message": e.message,
+                        "span": list(e.span) if e.span else None} for e in p.errors]}
+
+
+def parse_result_from_dict(data: Mapping[str, Any] | ParseResult) -> ParseResult:
+    if isinstance(data, ParseResult):
+        return data
+    calls = [c if isinstance(c, ToolCall) else
+             ToolCall(name=c["name"], arguments=c.get("arguments") or {}, id=c.get("id"))
+             for c in data.get("calls") or []]
+    errors = [e if isinstance(e, ParseError) else
+              ParseError(kind=e["kind"], message=e.get("message", ""),
+                         span=tuple(e["span"]) if e.get("span") else None)
+              for e in data.get("errors") or []]
+    return ParseResult(calls=calls, text=data.get("text") or "", errors=errors,
+                       repaired=bool(data.get("repaired", False)))
+
+
+# ---------------------------------------------------------------------------------------------
+# What a reward returns, the protocol, the registry
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RewardResult:
+    """A score with optional named sub-scores, per-turn scores and a reason (why it failed)."""
+
+    score: float
+    components: dict[str, float] = field(default_factory=dict)
+    per_turn: list[float] | None = None
+    reason: str = ""
+
+
+Score = float | RewardResult
+
+
+@runtime_checkable
+class RewardFn(Protocol):
+    """Scores one finished trajectory; may be ``async``."""
+
+    def __call__(self, traj: Trajectory, /) -> Score | Awaitable[Score]: ...
+
+
+@runtime_checkable
+class BatchedRewardFn(Protocol):
+    """Scores a list of trajectories at once (an element may be an exception)."""
+
+    def batch(self, trajs: list[Trajectory], /) -> Sequence[Score | BaseException] | Awaitable[
+            Sequence[Score | BaseException]]: ...
+
+
+@dataclass(frozen=True)
+class RewardSpec:
+    """A registered reward: its id, the function or class, and whether it takes a batch."""
+
+    name: str
+    target: Callable[..., Any]
+    batched: bool = False
+
+    @property
+    def description(self) -> str:
+        doc = inspect.getdoc(self.target) or ""
+        return doc.strip().splitlines()[0] if doc.strip() else ""
+
+
+REWARDS: Registry[RewardSpec] = Registry("reward", group="toolrl.rewards")
+
+
+def reward(name: str, *, batched: bool = False) -> Callable[[Callable[..., Any]], Any]:
+    """Register a reward function or class under ``name``; returns it unchanged."""
+
+    def decorator(target: Callable[..., Any]) -> Callable[..., Any]:
+        REWARDS.register(name, RewardSpec(name=name, target=target, batched=batched))
+        return target
+
+    return decorator
+
+
+def get_reward_spec(name: str) -> RewardSpec:
+    """The spec registered as ``name`` (a raw callable from an entry point is wrapped)."""
+    obj = REWARDS.get(name)
+    return obj if isinstance(obj, RewardSpec) else RewardSpec(name=name, target=obj)
+
+
+class RewardError(RuntimeError):
+    """A reward raised, timed out or returned something that is not a finite score."""
+
+
+class RewardConfigError(ValueError):
+    """A reward config is malformed; the message says which key and what is valid."""
+
+
+def _check_kwargs(target: Callable[..., Any], kwargs: Mapping[str, Any], name: str,
+                  positional: int) -> None:
+    try:
+        sig = inspect.signature(target)
+    except (TypeError, ValueError):
+        return
+    try:
+        sig.bind(*([None] * positional), **kwargs)
+    except TypeError as exc:
+        params = [p for p in list(sig.parameters.values())[positional:]
+                  if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        valid = ", ".join(f"{p.name}" + ("" if p.default is p.empty else f"={p.default!r}")
+                          for p in params) or "(none)"
+        raise RewardConfigError(
+            f"reward {name!r}: bad kwargs {dict(kwargs)!r} ({exc}). Valid kwargs: {valid}"
+        ) from None
+
+
+class BoundReward:
+    """A reward with its kwargs bound, behind one async interface for single and batched forms."""
+
+    def __init__(self, spec: RewardSpec, kwargs: Mapping[str, Any] | None = None) -> None:
+        self.spec = spec
+        self.kwargs = dict(kwargs or {})
+        target = spec.target
+        self._single: Callable[[Trajectory], Any] | None = None
+        self._batch: Callable[[list[Trajectory]], Any] | None = None
+        if inspect.isclass(target):
+            _check_kwargs(target, self.kwargs, spec.name, positional=0)
+            instance = target(**self.kwargs)
+            batch = getattr(instance, "batch", None)
+            self._batch = batch if callable(batch) else None
+            self._single = instance if callable(instance) else None
+            if self._single is None and self._batch is None:
+                raise RewardConfigError(f"reward class {spec.name!r} defines neither __call__ "
+                                        f"nor batch")
+        else:
+            _check_kwargs(target, self.kwargs, spec.name, positional=1)
+            fn = functools.partial(target, **self.kwargs) if self.kwargs else target
+            if spec.batched:
+                self._batch = fn
+            else:
+                self._single = fn
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def batched(self) -> bool:
+        return self._batch is not None
+
+    async def one(self, traj: Trajectory) -> Score:
+        """Score one trajectory (through the batched form when that is the only one)."""
+        if self._single is None:
+            out = await self.many([traj])
+            if isinstance(out[0], BaseException):
+                raise out[0]
+            return out[0]
+        result = self._single(traj)
+        if inspect.isawaitable(result):
+            result = await result
+        return result
+
+    async def many(self, trajs: list[Trajectory]) -> list[Score | BaseException]:
+        """Score a batch (a wrong-length answer of a batched reward raises RewardError)."""
+        if self._batch is None:
+            return list(await asyncio.gather(*(self.one(t) for t in trajs),
+                                             return_exceptions=True))
+        out = self._batch(trajs)
+        if inspect.isawaitable(out):
+            out = await out
+        out = list(out)
+        if len(out) != len(trajs):
+            raise RewardError(f"batched reward {self.name!r} returned {len(out)} results "
+                              f"for {len(trajs)} trajectories")
+        return out
+
+
+def make_reward(name: str, **kwargs: Any) -> BoundReward:
+    """Look ``name`` up (entry points included) and bind ``kwargs`` (validated)."""
+    return BoundReward(get_reward_spec(name), kwargs)
+
+
+def to_result(value: Any) -> RewardResult:
+    """Normalize a reward's return value; raises RewardError when it is not a finite score."""
+    if isinstance(value, RewardResult):
+        result = value
+    elif isinstance(value, (int, float)):  # bool included: True -> 1.0
+        result = RewardResult(score=float(value))
+    else:
+        try:  # numpy / torch scalars
+            result = RewardResult(score=float(value))
+        except (TypeError, ValueError):
+            raise RewardError(f"expected a float or RewardResult, got {type(value).__name__}: "
+                              f"{value!r}") from None
+    if not math.isfinite(result.score):
+        raise RewardError(f"non-finite score {result.score!r}")
+    return result
+
+
+# ---------------------------------------------------------------------------------------------
+# Composition from config
+# ---------------------------------------------------------------------------------------------
+
+_TOP_KEYS = ("rewards", "scale", "clip", "fallback", "pool_workers", "max_concurrency")
+_COMPONENT_KEYS = ("name", "alias", "weight", "kwargs", "gate", "fallback", "pool", "timeout")
+_GATE_KEYS = ("reward", "above")
+_RESERVED = ("total", "errors", "gate_open")
+
+
+@dataclass(frozen=True)
+class Gate:
+    """Pay a component only when the raw score of component ``reward`` is > ``above``."""
+
+    reward: str
+    above: float = 0.0
+
+
+@dataclass(frozen=True)
+class ComponentConfig:
+    """One entry of ``rewards:``."""
+
+    name: str
+    alias: str
+    weight: float = 1.0
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    gate: Gate | None = None
+    fallback: float | None = None
+    pool: bool = False
+    timeout: float | None = None
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    """The validated reward section of an experiment config (see the module docstring)."""
+
+    components: tuple[ComponentConfig, ...]
+    scale: float = 1.0
+    clip: tuple[float | None, float | None] | None = None
+    fallback: float = 0.0
+    pool_workers: int = 2
+    max_concurrency: int = 64
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> RewardConfig:
+        """Validate a dict / OmegaConf node / list of components; errors list the valid keys."""
+        cfg = _plain(cfg)
+        if isinstance(cfg, list):
+            cfg = {"rewards": cfg}
+        if not isinstance(cfg, Mapping):
+            raise RewardConfigError(f"reward config must be a mapping or a list, got {cfg!r}")
+        _check_keys(cfg, _TOP_KEYS, "reward config")
+        items = cfg.get("rewards")
+        if not isinstance(items, list) or not items:
+            raise RewardConfigError("reward config needs 'rewards': a non-empty list of "
+                                    f"components with keys {', '.join(_COMPONENT_KEYS)}")
+        comps = tuple(_component(i, item) for i, item in enumerate(items))
+        aliases = [c.alias for c in comps]
+        for i, alias in enumerate(aliases):
+            if alias in aliases[:i]:
+                raise RewardConfigError(
+                    f"rewards[{i}]: duplicate metric name {alias!r}; give the second one "
+                    f"another 'alias'")
+        for i, c in enumerate(comps):
+            if c.gate is not None and (c.gate.reward not in aliases
+                                       or c.gate.reward == c.alias):
+                others = ", ".join(a for a in aliases if a != c.alias) or "(none)"
+                raise RewardConfigError(f"rewards[{i}] ({c.alias}): gate.reward="
+                                        f"{c.gate.reward!r} must name another component; "
+                                        f"components: {others}")
+        clip = _clip(cfg.get("clip"))
+        workers = _int(cfg.get("pool_workers", 2), "pool_workers", minimum=1)
+        concurrency = _int(cfg.get("max_concurrency", 64), "max_concurrency", minimum=1)
+        return cls(components=comps, scale=_num(cfg.get("scale", 1.0), "scale"), clip=clip,
+                   fallback=_num(cfg.get("fallback", 0.0), "fallback"),
+                   pool_workers=workers, max_concurrency=concurrency)
+
+
+def _plain(cfg: Any) -> Any:
+    try:
+        from omegaconf import DictConfig, ListConfig, OmegaConf
+    except ImportError:  # pragma: no cover - omegaconf is a dependency
+        return cfg
+    if isinstance(cfg, (DictConfig, ListConfig)):
+        return OmegaConf.to_container(cfg, resolve=True)
+    return cfg
+
+
+def _check_keys(data: Mapping[str, Any], valid: Sequence[str], where: str) -> None:
+    unknown = [k for k in data if k not in valid]
+    if unknown:
+        raise RewardConfigError(f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; "
+                                f"valid keys: {', '.join(valid)}")
+
+
+def _num(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise RewardConfigError(f"{where} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def _int(value: Any, where: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise RewardConfigError(f"{where} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _clip(value: Any) -> tuple[float | None, float | None] | None:
+    if value is None:
+        return None
+    if isinstance(value, Mapping):
+        _check_keys(value, ("min", "max"), "clip")
+        lo, hi = value.get("min"), value.get("max")
+    elif isinstance(value, (list, tuple)) and len(value) == 2:
+        lo, hi = value
+    else:
+        raise RewardConfigError(f"clip must be [min, max] or {{min, max}}, got {value!r}")
+    lo = None if lo is None else _num(lo, "clip.min")
+    hi = None if hi is None else _num(hi, "clip.max")
+    if lo is not None and hi is not None and lo > hi:
+        raise RewardConfigError(f"clip: min {lo} > max {hi}")
+    return lo, hi
+
+
+def _component(i: int, item: Any) -> ComponentConfig:
+    where = f"rewards[{i}]"
+    if isinstance(item, str):
+        item = {"name": item}
+    if not isinstance(item, Mapping):
+        raise RewardConfigError(f"{where} must be a mapping with keys {', '.join(_COMPONENT_KEYS)}")
+    _check_keys(item, _COMPONENT_KEYS, where)
+    name = item.get("name")
+    if not isinstance(name, str) or not name:
+        raise RewardConfigError(f"{where}: 'name' (a registered reward id) is required")
+    alias = item.get("alias", name)
+    if not isinstance(alias, str) or not alias or "/" in alias or alias in _RESERVED:
+        raise RewardConfigError(f"{where}: alias {alias!r} must be a non-empty name without '/' "
+                                f"and not one of {', '.join(_RESERVED)}")
+    kwargs = item.get("kwargs") or {}
+    if not isinstance(kwargs, Mapping):
+        raise RewardConfigError(f"{where} ({alias}): kwargs must be a mapping, got {kwargs!r}")
+    gate = item.get("gate")
+    if gate is not None:
+        if isinstance(gate, Mapping) and True in gate:
+            raise RewardConfigError(f"{where}.gate: YAML read the key 'on' as true; name the "
+                                    f"gating component with 'reward:'")
+        if not isinstance(gate, Mapping) or "reward" not in gate:
+            raise RewardConfigError(f"{where} ({alias}): gate must be {{reward: <component>, "
+                                    f"above: <number>}}, got {gate!r}")
+        _check_keys(gate, _GATE_KEYS, f"{where}.gate")
+        gate = Gate(reward=str(gate["reward"]),
+                    above=_num(gate.get("above", 0.0), f"{where}.gate.above"))
+    fallback = item.get("fallback")
+    timeout = item.get("timeout")
+    if timeout is not None and _num(timeout, f"{where}.timeout") <= 0:
+        raise RewardConfigError(f"{where}.timeout must be > 0, got {timeout!r}")
+    pool = item.get("pool", False)
+    if not isinstance(pool, bool):
+        raise RewardConfigError(f"{where}.pool must be true or false, got {pool!r}")
+    return ComponentConfig(
+        name=name, alias=alias, weight=_num(item.get("weight", 1.0), f"{where}.weight"),
+        kwargs=dict(kwargs), gate=gate,
+        fallback=None if fallback is None else _num(fallback, f"{where}.fallback"),
+        pool=pool, timeout=None if timeout is None else float(timeout))
+
+
+@dataclass(frozen=True)
+class RewardFailure:
+    """One sample a reward failed on."""
+
+    reward: str  # the component's alias
+    index: int
+    sample_id: Any
+    message: str
+
+
+@dataclass
+class RewardBatch:
+    """Scores of a batch: totals, raw component scores, per-turn lists, errors, reasons."""
+
+    scores: list[float]
+    components: dict[str, list[float | None]]  # alias (and alias/sub) -> per-sample raw score
+    per_turn: list[list[float] | None]
+    errors: dict[str, int]
+    failures: list[RewardFailure]
+    reasons: dict[str, list[str]]  # alias -> per-sample reason ("" when none)
+    gate_open: dict[str, list[bool]]  # gated alias -> per-sample gate state
+
+    def metrics(self) -> dict[str, float]:
+        """``reward/total``, ``reward/<alias>[/<sub>]`` means, ``reward/errors/<alias>`` counts."""
+        out: dict[str, float] = {"reward/total": _mean(self.scores)}
+        for key, values in self.components.items():
+            out[f"reward/{key}"] = _mean([v for v in values if v is not None])
+        for key, count in self.errors.items():
+            out[f"reward/errors/{key}"] = float(count)
+        for key, opened in self.gate_open.items():
+            out[f"reward/gate_open/{key}"] = _mean([float(o) for o in opened])
+        return out
+
+    def results(self) -> list[RewardResult]:
+        """One RewardResult per trajectory (total score, raw components, per-turn)."""
+        out = []
+        for i, score in enumerate(self.scores):
+            comps = {k: v[i] for k, v in self.components.items() if v[i] is not None}
+            reason = "; ".join(f"{k}: {r[i]}" for k, r in self.reasons.items() if r[i])
+            out.append(RewardResult(score=score, components=comps, per_turn=self.per_turn[i],
+                                    reason=reason))
+        return out
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else float("nan")
+
+
+class ComposedReward:
+    """Weighted, gated, clipped and scaled sum of reward components (see the module docstring).
+
+    ``await ascore(trajs)`` is primary; ``score(trajs)`` is a sync shim. Use as a context manager
+    (or call `close`) when a component runs in the process pool.
+    """
+
+    def __init__(self, config: RewardConfig) -> None:
+        self.config = config
+        self.rewards: dict[str, BoundReward] = {}
+        for c in config.components:
+            try:
+                bound = make_reward(c.name, **c.kwargs)
+            except (RegistryError, RewardConfigError) as exc:
+                raise RewardConfigError(f"rewards ({c.alias}): {exc}") from None
+            except (TypeError, ValueError) as exc:  # the reward rejected its kwargs
+                raise RewardConfigError(f"rewards ({c.alias}): reward {c.name!r} rejected "
+                                        f"kwargs {c.kwargs!r}: {exc}") from exc
+            if c.pool:
+                try:
+                    pickle.dumps((bound.spec.target, bound.kwargs))
+                except Exception as exc:
+                    raise RewardConfigError(
+                        f"rewards ({c.alias}): pool: true needs a module-level reward with "
+                        f"picklable kwargs ({type(exc).__name__}: {exc})") from None
+            self.rewards[c.alias] = bound
+        self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+        self._logged: set[str] = set()
+
+    # -- lifecycle --
+    def close(self) -> None:
+        """Shut the process pool down (if one was started)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+    def __enter__(self) -> ComposedReward:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _executor(self) -> concurrent.futures.ProcessPoolExecutor:
+        if self._pool is None:
+            # spawn: never fork a process that holds Ray / vLLM threads.
+            self._pool = concurrent.futures.ProcessPoolExecutor(
+                max_workers=self.config.pool_workers,
+                mp_context=multiprocessing.get_context("spawn"))
+        return self._pool
+
+    # -- scoring --
+    def score(self, trajs: Sequence[Trajectory | Mapping[str, Any]]) -> RewardBatch:
+        """Sync shim over `ascore` (runs a private event loop, in a thread if one is running)."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return asyncio.run(self.ascore(trajs))
+        with concurrent.futures.ThreadPoolExecutor(1) as ex:
+            return ex.submit(asyncio.run, self.ascore(trajs)).result()
+
+    async def __call__(self, traj: Trajectory | Mapping[str, Any]) -> RewardResult:
+        """The composition is itself a RewardFn: the total of one trajectory."""
+        return (await self.ascore([traj])).results()[0]
+
+    async def ascore(self, trajs: Sequence[Trajectory | Mapping[str, Any]]) -> RewardBatch:
+        """Score every trajectory with every component; never raises for a failing reward."""
+        trajs = [Trajectory.from_dict(t) for t in trajs]
+        outcomes = await asyncio.gather(*(self._run_component(c, trajs)
+                                          for c in self.config.components))
+        return self._combine(trajs, dict(zip([c.alias for c in self.config.components],
+                                             outcomes, strict=True)))
+
+    async def _run_component(self, c: ComponentConfig,
+                             trajs: list[Trajectory]) -> list[RewardResult | BaseException]:
+        bound = self.rewards[c.alias]
+        try:
+            if c.pool:
+                raw = await self._run_pooled(c, bound, trajs)
+            elif bound.batched:
+                raw = await self._timed(bound.many(trajs), c.timeout)
+            else:
+                sem = asyncio.Semaphore(self.config.max_concurrency)
+
+                async def one(t: Trajectory) -> Any:
+                    async with sem:
+                        try:
+                            return await self._timed(bound.one(t), c.timeout)
+                        except Exception as exc:
+                            return exc
+
+                raw = await asyncio.gather(*(one(t) for t in trajs))
+        except Exception as exc:  # the whole batched call failed: every sample gets the error
+            raw = [exc] * len(trajs)
+        out: list[RewardResult | BaseException] = []
+        for value in raw:
+            if isinstance(value, BaseException):
+                out.append(value)
+                continue
+            try:
+                out.append(to_result(value))
+            except RewardError as exc:
+                out.append(exc)
+        return out
+
+    @staticmethod
+    async def _timed(aw: Awaitable[Any], timeout: float | None) -> Any:
+        if timeout is None:
+            return await aw
+        try:
+            return await asyncio.wait_for(aw, timeout)
+        except TimeoutError:
+            raise RewardError(f"timed out after {timeout:g} s") from None
+
+    async def _run_pooled(self, c: ComponentConfig, bound: BoundReward,
+                          trajs: list[Trajectory]) -> list[Any]:
+        n = min(self.config.pool_workers, max(1, len(trajs)))
+        bounds = [len(trajs) * k // n for k in range(n + 1)]
+        chunks = [[t.to_dict() for t in trajs[a:b]] for a, b in itertools.pairwise(bounds)
+                  if b > a]
+        loop = asyncio.get_running_loop()
+        try:
+            pool = self._executor()
+            futures = [loop.run_in_executor(pool, _pool_score, bound.spec.target, bound.kwargs,
+                                            bound.spec.batched, chunk) for chunk in chunks]
+        except Exception as exc:  # broken pool: start a fresh one next time
+            self._pool = None
+            return [exc] * len(trajs)
+        out: list[Any] = []
+        for fut, chunk in zip(futures, chunks, strict=True):
+            try:
+                out.extend(await self._timed(fut, c.timeout))
+            except Exception as exc:
+                if isinstance(exc, concurrent.futures.process.BrokenProcessPool):
+                    self._pool = None
+                out.extend([exc] * len(chunk))
+        return out
+
+    def _fail(self, c: ComponentConfig, i: int, traj: Trajectory, exc: BaseException,
+              failures: list[RewardFailure]) -> float:
+        fallback = self.config.fallback if c.fallback is None else c.fallback
+        message = f"{type(exc).__name__}: {exc}"
+        sample_id = traj.id if traj.id is not None else i
+        failures.append(RewardFailure(reward=c.alias, index=i, sample_id=sample_id,
+                                      message=message))
+        if c.alias not in self._logged:
+            self._logged.add(c.alias)
+            tb = "".join(traceback.format_exception(exc)) if exc.__traceback__ else message
+            log.error("reward %r (%s) failed on sample %r: %s -- scored with fallback %s; "
+                      "further failures are counted in reward/errors/%s\n%s",
+                      c.alias, c.name, sample_id, message, fallback, c.alias, tb)
+        return fallback
+
+    def _combine(self, trajs: list[Trajectory],
+                 outcomes: dict[str, list[RewardResult | BaseException]]) -> RewardBatch:
+        cfg = self.config
+        failures: list[RewardFailure] = []
+        components: dict[str, list[float | None]] = {}
+        reasons: dict[str, list[str]] = {}
+        per_turn_parts: dict[str, list[list[float] | None]] = {}
+        errors: dict[str, int] = {}
+        for c in cfg.components:
+            raw: list[float | None] = []
+            reasons[c.alias] = []
+            per_turn_parts[c.alias] = []
+            errors[c.alias] = 0
+            for i, (traj, res) in enumerate(zip(trajs, outcomes[c.alias], strict=True)):
+                if isinstance(res, BaseException):
+                    raw.append(self._fail(c, i, traj, res, failures))
+                    errors[c.alias] += 1
+                    reasons[c.alias].append(f"error: {type(res).__name__}: {res}")
+                    per_turn_parts[c.alias].append(None)
+                    continue
+                raw.append(res.score)
+                reasons[c.alias].append(res.reason)
+                per_turn_parts[c.alias].append(res.per_turn)
+                for sub, value in res.components.items():
+                    components.setdefault(f"{c.alias}/{sub}", [None] * len(trajs))[i] = value
+            components[c.alias] = raw
+        gate_open = {c.alias: [components[c.gate.reward][i] > c.gate.above
+                               for i in range(len(trajs))]
+                     for c in cfg.components if c.gate is not None}
+        scores: list[float] = []
+        per_turn: list[list[float] | None] = []
+        for i in range(len(trajs)):
+            total = 0.0
+            turns: list[float] | None = None
+            for c in cfg.components:
+                open_ = gate_open[c.alias][i] if c.alias in gate_open else True
+                if not open_:
+                    continue
+                total += c.weight * components[c.alias][i]
+                part = per_turn_parts[c.alias][i]
+                if part is not None:
+                    turns = (turns or []) + [0.0] * max(0, len(part) - len(turns or []))
+                    for t, value in enumerate(part):
+                        turns[t] += cfg.scale * c.weight * value
+            total *= cfg.scale
+            if cfg.clip is not None:
+                lo, hi = cfg.clip
+                total = total if lo is None else max(lo, total)
+                total = total if hi is None else min(hi, total)
+            scores.append(total)
+            per_turn.append(turns)
+        return RewardBatch(scores=scores, components=components, per_turn=per_turn,
+                           errors=errors, failures=failures, reasons=reasons,
+                           gate_open=gate_open)
+
+
+def build_reward(cfg: Any) -> ComposedReward:
+    """A `ComposedReward` from a config dict, OmegaConf node, list of components or RewardConfig."""
+    config = cfg if isinstance(cfg, RewardConfig) else RewardConfig.from_config(cfg)
+    return ComposedReward(config)
+
+
+# ---------------------------------------------------------------------------------------------
+# Process-pool side
+# ---------------------------------------------------------------------------------------------
+_POOL_CACHE: dict[tuple[Any, str], BoundReward] = {}
+
+
+def _pool_score(target: Callable[..., Any], kwargs: dict[str, Any], batched: bool,
+                chunk: list[dict[str, Any]]) -> list[Any]:
+    """Runs in a pool process: score a chunk; exceptions come back as RewardError values."""
+    key = (target, repr(sorted(kwargs.items())))
+    bound = _POOL_CACHE.get(key)
+    if bound is None:
+        name = getattr(target, "__qualname__", repr(target))
+        bound = _POOL_CACHE[key] = BoundReward(RewardSpec(name, target, batched), kwargs)
+    trajs = [Trajectory.from_dict(d) for d in chunk]
+
+    async def run() -> list[Any]:
+        try:
+            return await bound.many(trajs)
+        except Exception as exc:
+            return [exc] * len(trajs)
+
+    results = asyncio.run(run())
+    return [_portable(r) for r in results]
+
+
+def _portable(value: Any) -> Any:
+    if isinstance(value, BaseException):
+        tb = "".join(traceback.format_exception(value))
+        return RewardError(f"{type(value).__name__}: {value} (in pool process)\n{tb}")
+    return value
