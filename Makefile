@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml | $(PY)
 	$(PIP) uninstall --yes torchvision torchaudio torchcodec triton
 	touch $(STAMP)
 
-$(TINY)/toolrl_tiny.json: $(STAMP)
+$(TINY)/toolrl_tiny.json: $(STAMP) toolrl/models/tiny.py
 	$(VENV)/bin/toolrl make-tiny-model --out $(TINY)
 
 demo: $(STAMP) $(TINY)/toolrl_tiny.json

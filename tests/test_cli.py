@@ -17,9 +17,13 @@ def test_make_tiny_model_via_console_script(tmp_path):
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
     assert AutoConfig.from_pretrained(out).hidden_size == 256
-    again = subprocess.run([*cmd, "make-tiny-model", "--out", str(out), "--size", "small"],
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "keep.txt").write_text("user data")
+    again = subprocess.run([*cmd, "make-tiny-model", "--out", str(other)],
                            capture_output=True, text=True, timeout=300)
-    assert again.returncode != 0 and "different tiny model" in again.stderr
+    assert again.returncode != 0 and "not a tiny-model directory" in again.stderr
+    assert (other / "keep.txt").read_text() == "user data"
 
 
 def test_unknown_subcommand_is_a_clear_error():

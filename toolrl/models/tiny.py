@@ -6,7 +6,9 @@ Tests and the CPU demo need a model without a hub. `build_tiny_model` writes a d
 - a byte-level BPE tokenizer trained with `tokenizers` on synthetic chat and tool-call text,
   every digit its own token (tiny models learn arithmetic formats far sooner that way);
 - a tools-aware chat template in the Qwen2.5/Hermes style: the tool list rendered into the
-  system prompt, assistant calls as ``<tool_call>{json}</tool_call>`` (several per turn), tool
+  system prompt (one compact signature per tool, ``add(a: number, b: number) - Add.``, with
+  ``?`` after optional parameters: a tiny model learns faster from short prompts than from raw
+  JSON schemas), assistant calls as ``<tool_call>{json}</tool_call>`` (several per turn), tool
   results as role ``tool``. Each message renders independently of the ones after it, so the
   template is prefix-preserving (what token-in/token-out rollouts need);
 - ``Qwen2ForCausalLM`` with random weights (seeded), tied embeddings, fp32 safetensors.
@@ -32,6 +34,7 @@ MARKUP_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_respo
                  "<think>", "</think>"]
 DEFAULT_SYSTEM = "You are a helpful assistant."
 STAMP = "toolrl_tiny.json"
+FORMAT_VERSION = 2  # bump when the tokenizer corpus, template or architecture changes
 
 CHAT_TEMPLATE = (
     "{%- if messages and messages[0]['role'] == 'system' -%}"
@@ -42,7 +45,24 @@ CHAT_TEMPLATE = (
     "{{- '<|im_start|>system\\n' + system -}}"
     "{%- if tools -%}"
     "{{- '\\n\\n# Tools\\n<tools>' -}}"
-    "{%- for tool in tools -%}{{- '\\n' + (tool | tojson) -}}{%- endfor -%}"
+    "{%- for tool in tools -%}"
+    "{%- if tool['function'] is defined -%}{%- set f = tool['function'] -%}"
+    "{%- else -%}{%- set f = tool -%}{%- endif -%}"
+    "{%- set params = f['parameters'] if f['parameters'] is defined else {} -%}"
+    "{%- set props = params['properties'] if params['properties'] is defined else {} -%}"
+    "{%- set req = params['required'] if params['required'] is defined else [] -%}"
+    "{{- '\\n' + f['name'] + '(' -}}"
+    "{%- for pname, p in props.items() -%}"
+    "{%- if p['enum'] is defined -%}{%- set ptype = p['enum'] | map('tojson') | join('|') -%}"
+    "{%- elif p['type'] is defined and p['type'] is string -%}{%- set ptype = p['type'] -%}"
+    "{%- elif p['type'] is defined -%}{%- set ptype = p['type'] | join('|') -%}"
+    "{%- else -%}{%- set ptype = 'any' -%}{%- endif -%}"
+    "{{- (', ' if not loop.first else '') + pname + ('' if pname in req else '?') + ': ' + ptype -}}"
+    "{%- endfor -%}"
+    "{{- ')' -}}"
+    "{%- if f['description'] is defined and f['description'] -%}"
+    "{{- ' - ' + f['description'] -}}{%- endif -%}"
+    "{%- endfor -%}"
     "{{- '\\n</tools>\\nCall tools as "
     "<tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>' -}}"
     "{%- endif -%}"
@@ -99,15 +119,15 @@ def build_tiny_model(out: str | os.PathLike, seed: int = 0, size: str = "small",
         raise ValueError(f"unknown size {size!r}; choose one of {sorted(SIZES)}")
     out = Path(out)
     stamp = {"seed": seed, "size": size, "vocab_size": vocab_size, "spec": asdict(SIZES[size]),
-             "format": 1}
+             "format": FORMAT_VERSION}
     if (out / STAMP).exists():
         try:
             if json.loads((out / STAMP).read_text()) == stamp:
                 return out
         except json.JSONDecodeError:
             pass
-        raise FileExistsError(f"{out} holds a different tiny model; pick another directory")
-    if out.exists() and any(out.iterdir()):
+        # A tiny-model directory is a build artifact: another seed/size/format replaces it.
+    elif out.exists() and any(out.iterdir()):
         raise FileExistsError(f"{out} exists and is not a tiny-model directory")
 
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -119,7 +139,7 @@ def build_tiny_model(out: str | os.PathLike, seed: int = 0, size: str = "small",
         model.save_pretrained(tmp, safe_serialization=True)
         (tmp / STAMP).write_text(json.dumps(stamp, indent=2))
         if out.exists():
-            out.rmdir()
+            shutil.rmtree(out)
         tmp.rename(out)  # atomic: a killed build never leaves a half-written model behind
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
