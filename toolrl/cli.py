@@ -23,6 +23,49 @@ def _demo(args: argparse.Namespace) -> int:
     return run_demo(args.model, num_samples=args.num_samples, max_tokens=args.max_tokens)
 
 
+def _score_calls(args: argparse.Namespace) -> int:
+    import json
+
+    from rich.console import Console
+
+    from toolrl.core.bfcl import score_calls, stats_table
+
+    try:
+        stats = score_calls(args.reward, args.input, args.output, kwargs=json.loads(args.kwargs),
+                            pass_threshold=args.pass_threshold)
+    except (OSError, ValueError) as exc:
+        print(f"score-calls: {exc}", file=sys.stderr)
+        return 2
+    Console().print(stats_table(stats, title=f"{args.reward} on {args.input}"))
+    return 0
+
+
+def _rewards(args: argparse.Namespace) -> int:
+    from toolrl.core.reward import REWARDS, get_reward_spec
+
+    for name in REWARDS.names():
+        print(f"{name:20s} {get_reward_spec(name).description}")
+    return 0
+
+
+def _envs(args: argparse.Namespace) -> int:
+    from toolrl.core.checks import describe_envs
+
+    for env_id, tools in describe_envs():
+        print(f"{env_id:28s} {tools}")
+    return 0
+
+
+def _check_env(args: argparse.Namespace) -> int:
+    import json
+
+    from toolrl.core.checks import check_tool_env
+
+    report = check_tool_env(args.id, seed=args.seed, env_kwargs=json.loads(args.kwargs))
+    print(report)
+    return 0 if report.ok else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     from toolrl.models.tiny import SIZES
 
@@ -40,6 +83,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-samples", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=64)
     p.set_defaults(func=_demo)
+
+    p = sub.add_parser("score-calls", help="score candidate tool calls offline with a reward")
+    p.add_argument("--reward", required=True, help="registered reward id, e.g. bfcl_ast")
+    p.add_argument("--input", required=True, help="JSONL: id, category, tools, ground_truth, "
+                   "candidate")
+    p.add_argument("--output", required=True, help="JSONL written: id, score, error")
+    p.add_argument("--kwargs", default="{}", help="JSON object of reward kwargs")
+    p.add_argument("--pass-threshold", type=float, default=1.0,
+                   help="a sample counts as correct when its score >= this")
+    p.set_defaults(func=_score_calls)
+
+    p = sub.add_parser("rewards", help="list registered reward ids")
+    p.set_defaults(func=_rewards)
+
+    p = sub.add_parser("envs", help="list registered env ids with their tools")
+    p.set_defaults(func=_envs)
+
+    p = sub.add_parser("check-env", help="gymnasium's check_env plus toolrl's env checks")
+    p.add_argument("id", help="env id, e.g. toolrl/Calculator-v0")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--kwargs", default="{}", help="JSON object of env kwargs")
+    p.set_defaults(func=_check_env)
     return parser
 
 

@@ -47,3 +47,20 @@ class ParseResult:
     @property
     def ok(self) -> bool:
         return not self.errors
+
+
+# Typed error kinds an episode reports in ``info["errors"]`` (each error is a dict with ``type``,
+# ``tool`` and ``message``; the model sees the same dict as a short JSON observation).
+ERROR_TYPES: frozenset[str] = frozenset({
+    "parse_error",       # the message held a malformed tool call
+    "unknown_tool",      # the call names no tool of this episode
+    "missing_required",  # a required argument is absent
+    "wrong_type",        # an argument has the wrong JSON type
+    "unknown_param",     # an argument the schema does not declare
+    "enum_mismatch",     # a value outside the schema's enum/const
+    "invalid_value",     # any other schema violation (range, pattern, length, ...)
+    "timeout",           # the tool did not finish within its time limit
+    "tool_exception",    # the tool raised; the message names the exception type
+    "output_truncated",  # the output was cut to the size cap (the call itself succeeded)
+    "http_error",        # an HTTP tool got a 4xx/5xx answer
+})

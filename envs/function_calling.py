@@ -1,0 +1,314 @@
+"""toolrl/FunctionCalling-v0: dataset-driven single-turn function calling (BFCL style).
+
+A row holds the conversation, the tools offered, and the ground truth in BFCL's possible-answer
+format: a list of expected calls, each ``{function_name: {param: [acceptable values]}}``, where
+``""`` among the values means the parameter may be omitted. Categories: ``simple``,
+``multiple``, ``parallel``, ``parallel_multiple``, ``irrelevance`` (no call expected).
+
+Nothing is executed: the episode is one assistant turn. The calls are validated against the
+tools' JSON schemas (typed errors in ``info["errors"]``) and checked against the ground truth
+with the shared BFCL AST checker (`toolrl.core.bfcl.check_calls`), which decides ``success``.
+
+Rows come from `load_tasks` (JSON, JSONL or parquet; BFCL's question/answer files via
+`load_bfcl`) or from `make_tasks`, a seeded synthetic generator over a handful of everyday
+functions. Row fields: ``id``, ``category``, ``messages`` (or BFCL ``question``), ``tools``
+(OpenAI schemas, or BFCL ``function``), ``ground_truth``.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+from toolrl.core.bfcl import check_calls, parse_ground_truth
+from toolrl.core.env import ToolEnv, Turn
+from toolrl.core.tools import Tool
+from toolrl.core.types import ParseResult, ToolCall
+
+CATEGORIES = ("simple", "multiple", "parallel", "parallel_multiple", "irrelevance")
+SYSTEM_PROMPT = ("Call the functions needed to answer. If none of them fits, answer in plain "
+                 "text without calling any.")
+
+
+# --- loading ---------------------------------------------------------------------------------
+_JSON_FIELDS = ("messages", "tools", "ground_truth", "question", "function")
+
+
+def _decode_json_fields(row: dict[str, Any]) -> dict[str, Any]:
+    """Parquet/CSV-friendly rows store nested fields as JSON strings: decode them."""
+    for key in _JSON_FIELDS:
+        value = row.get(key)
+        if isinstance(value, str) and value.strip()[:1] in ("[", "{"):
+            row[key] = json.loads(value)
+    return row
+
+
+def _category_from_id(row_id: str) -> str | None:
+    prefix = row_id.rsplit("_", 1)[0] if "_" in row_id else row_id
+    prefix = prefix.removeprefix("live_")
+    matches = [c for c in CATEGORIES if prefix == c or prefix.endswith(c)]
+    return max(matches, key=len) if matches else None
+
+
+def normalize_row(row: dict[str, Any]) -> dict[str, Any]:
+    """A BFCL or toolrl row in toolrl's form (``messages``, ``tools``, ``category``)."""
+    row = _decode_json_fields(dict(row))
+    if "messages" not in row and "question" in row:
+        question = row.pop("question")
+        if isinstance(question, str):
+            row["messages"] = [{"role": "user", "content": question}]
+        elif question and isinstance(question[0], list):  # BFCL: a list of turns
+            row["messages"] = list(question[0])
+        else:
+            row["messages"] = list(question)
+    if "tools" not in row and "function" in row:
+        functions = row.pop("function")
+        functions = functions if isinstance(functions, list) else [functions]
+        row["tools"] = [f if f.get("type") == "function" and "function" in f
+                        else {"type": "function", "function": f} for f in functions]
+    if not row.get("category"):
+        row["category"] = _category_from_id(str(row.get("id", ""))) or (
+            "irrelevance" if not row.get("ground_truth") else "simple")
+    return row
+
+
+def _read_rows(path: Path) -> list[dict[str, Any]]:
+    suffix = path.suffix.lower()
+    if suffix == ".jsonl":
+        with path.open() as f:
+            return [json.loads(line) for line in f if line.strip()]
+    if suffix == ".json":
+        data = json.loads(path.read_text())
+        if isinstance(data, dict) and isinstance(data.get("rows"), list):
+            return data["rows"]
+        if isinstance(data, list):
+            return data
+        raise ValueError(f"{path}: expected a JSON list of rows (or {{'rows': [...]}})")
+    if suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return pq.read_table(path).to_pylist()
+    raise ValueError(f"{path}: unsupported file type {suffix!r}; use .json, .jsonl or .parquet")
+
+
+def load_tasks(path: str | Path, answers: str | Path | None = None) -> list[dict[str, Any]]:
+    """Rows from JSON, JSONL or parquet; ``answers`` (BFCL possible-answer JSONL) adds the
+    ``ground_truth`` of each row by ``id``."""
+    rows = [normalize_row(r) for r in _read_rows(Path(path))]
+    if answers is not None:
+        truth = {r["id"]: r["ground_truth"] for r in _read_rows(Path(answers))}
+        for row in rows:
+            if row.get("id") in truth:
+                row["ground_truth"] = truth[row["id"]]
+    for row in rows:
+        if "ground_truth" not in row:
+            if row["category"] != "irrelevance":
+                raise ValueError(f"{path}: row {row.get('id')!r} has no ground_truth")
+            row["ground_truth"] = []
+    return rows
+
+
+load_bfcl = load_tasks  # BFCL question file + possible-answer file: same loader
+
+
+# --- synthetic data --------------------------------------------------------------------------
+def _fn(name: str, description: str, properties: dict[str, Any],
+        required: list[str]) -> dict[str, Any]:
+    return {"type": "function", "function": {"name": name, "description": description,
+            "parameters": {"type": "object", "properties": properties, "required": required}}}
+
+
+FUNCTIONS: dict[str, dict[str, Any]] = {
+    "get_weather": _fn("get_weather", "Current weather in a city.", {
+        "city": {"type": "string", "description": "city name"},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}, ["city"]),
+    "convert_currency": _fn("convert_currency", "Convert an amount between currencies.", {
+        "amount": {"type": "number"},
+        "from_currency": {"type": "string", "description": "ISO code, e.g. USD"},
+        "to_currency": {"type": "string", "description": "ISO code, e.g. EUR"}},
+        ["amount", "from_currency", "to_currency"]),
+    "book_table": _fn("book_table", "Book a restaurant table.", {
+        "restaurant": {"type": "string"}, "people": {"type": "integer"},
+        "time": {"type": "string", "description": "HH:MM, 24h"}},
+        ["restaurant", "people", "time"]),
+    "calculate_area": _fn("calculate_area", "Area of a shape.", {
+        "shape": {"type": "string", "enum": ["circle", "square", "rectangle"]},
+        "width": {"type": "number", "description": "width, or radius of a circle"},
+        "height": {"type": "number"}}, ["shape", "width"]),
+    "set_reminder": _fn("set_reminder", "Set a reminder.", {
+        "text": {"type": "string"}, "minutes": {"type": "integer", "description": "from now"}},
+        ["text", "minutes"]),
+}
+
+_CITIES = [("Paris", "Paris, France"), ("Tokyo", "Tokyo, Japan"), ("Lima", "Lima, Peru"),
+           ("Oslo", "Oslo, Norway"), ("Cairo", "Cairo, Egypt"), ("Austin", "Austin, TX")]
+_CURRENCIES = ["USD", "EUR", "GBP", "JPY", "CHF"]
+_RESTAURANTS = ["Blue Fig", "Casa Rio", "The Lantern", "Sakura"]
+_REMINDERS = ["call mom", "water the plants", "stretch", "check the oven"]
+_IRRELEVANT = ["Tell me a joke about cats.", "Who wrote Hamlet?",
+               "What is the capital of Canada?", "Write a haiku about rain.",
+               "How do I tie a bowline knot?", "Summarize the plot of Cinderella."]
+
+
+def _example(rng: random.Random, name: str) -> tuple[str, dict[str, list[Any]]]:
+    """(an imperative clause, possible answers) for one call of ``name``."""
+    if name == "get_weather":
+        city = rng.choice(_CITIES)
+        if rng.random() < 0.5:
+            unit = rng.choice(["celsius", "fahrenheit"])
+            return (f"get the weather in {city[0]} in {unit}",
+                    {"city": list(city), "unit": [unit]})
+        return f"get the weather in {city[0]}", {"city": list(city), "unit": ["", "celsius"]}
+    if name == "convert_currency":
+        amount = rng.choice([5, 12, 40, 99.5, 250, 1000])
+        a, b = rng.sample(_CURRENCIES, 2)
+        return (f"convert {amount} {a} to {b}",
+                {"amount": [amount], "from_currency": [a], "to_currency": [b]})
+    if name == "book_table":
+        place, people = rng.choice(_RESTAURANTS), rng.randint(1, 8)
+        hour, minute = rng.randint(11, 22), rng.choice([0, 15, 30, 45])
+        return (f"book a table at {place} for {people} at {hour}:{minute:02d}",
+                {"restaurant": [place], "people": [people], "time": [f"{hour}:{minute:02d}"]})
+    if name == "calculate_area":
+        shape = rng.choice(["circle", "square", "rectangle"])
+        width = rng.randint(1, 20)
+        if shape == "rectangle":
+            height = rng.randint(1, 20)
+            return (f"compute the area of a {width} by {height} rectangle",
+                    {"shape": ["rectangle"], "width": [width], "height": [height]})
+        what = "radius" if shape == "circle" else "side"
+        return (f"compute the area of a {shape} with {what} {width}",
+                {"shape": [shape], "width": [width], "height": [""]})
+    if name == "set_reminder":
+        text, minutes = rng.choice(_REMINDERS), rng.choice([5, 10, 30, 60, 90])
+        return (f"remind me to {text} in {minutes} minutes",
+                {"text": [text, f"to {text}"], "minutes": [minutes]})
+    raise ValueError(f"no example generator for {name!r}")
+
+
+def _question(clauses: list[str]) -> str:
+    if len(clauses) == 1:
+        return clauses[0][0].upper() + clauses[0][1:] + "."
+    return "Please " + ", and ".join(clauses) + "."
+
+
+def make_task(rng: random.Random, category: str) -> dict[str, Any]:
+    """One synthetic row of ``category``."""
+    names = list(FUNCTIONS)
+    if category == "simple":
+        called, offered = [rng.choice(names)], None
+    elif category == "multiple":
+        called = [rng.choice(names)]
+        offered = called + rng.sample([n for n in names if n != called[0]], rng.randint(1, 3))
+    elif category == "parallel":
+        called = [rng.choice(names)] * rng.randint(2, 3)
+        offered = None
+    elif category == "parallel_multiple":
+        called = rng.sample(names, rng.randint(2, 3))
+        offered = called + rng.sample([n for n in names if n not in called], 1)
+    elif category == "irrelevance":
+        called, offered = [], rng.sample(names, rng.randint(1, 3))
+    else:
+        raise ValueError(f"unknown category {category!r}; valid: {', '.join(CATEGORIES)}")
+    offered = list(dict.fromkeys(offered if offered is not None else called))
+    rng.shuffle(offered)
+    clauses, truth, seen = [], [], set()
+    for name in called:
+        for _ in range(20):  # parallel calls of one function: distinct arguments
+            clause, answer = _example(rng, name)
+            if clause not in seen:
+                break
+        seen.add(clause)
+        clauses.append(clause)
+        truth.append({name: answer})
+    question = _question(clauses) if called else rng.choice(_IRRELEVANT)
+    return {"category": category, "messages": [{"role": "user", "content": question}],
+            "tools": [FUNCTIONS[n] for n in offered], "ground_truth": truth}
+
+
+def oracle_calls(ground_truth: list[dict[str, Any]]) -> list[ToolCall]:
+    """The canonical correct calls: each parameter's first acceptable value ("" = omit)."""
+    calls = []
+    for entry in ground_truth:
+        (name, params), = entry.items()
+        arguments = {}
+        for param, acceptable in params.items():
+            values = acceptable if isinstance(acceptable, list) else [acceptable]
+            present = [v for v in values if v != ""]
+            if present:
+                arguments[param] = present[0]
+        calls.append(ToolCall(name, arguments))
+    return calls
+
+
+class FunctionCallingEnv(ToolEnv):
+    """One turn: the model's calls are validated and checked against BFCL possible answers.
+
+    Args:
+        data: a dataset file (JSON, JSONL, parquet) to draw rows from on a bare ``reset()``;
+            None uses the synthetic generator.
+        answers: BFCL possible-answer file for ``data``.
+        categories: categories of synthetic rows.
+    """
+
+    system_prompt = SYSTEM_PROMPT
+    default_max_turns = 1
+    per_task_tools = True  # each row brings its own tools
+
+    def __init__(self, *, data: str | None = None, answers: str | None = None,
+                 categories: list[str] | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.categories = list(categories or CATEGORIES)
+        self.dataset = load_tasks(data, answers) if data else None
+        self.check: dict[str, Any] = {}
+
+    @classmethod
+    def make_tasks(cls, n: int, seed: int = 0, split: str = "train",
+                   categories: list[str] | None = None, **kwargs: Any) -> list[dict[str, Any]]:
+        """``n`` synthetic rows cycling through ``categories`` (default: all five)."""
+        rng = random.Random(f"function_calling:{split}:{seed}")
+        cats = list(categories or CATEGORIES)
+        rows = []
+        for i in range(n):
+            row = make_task(rng, cats[i % len(cats)] if n >= len(cats) else rng.choice(cats))
+            rows.append({"id": f"fc-{split}-{seed}-{i}", **row})
+        return rows
+
+    def sample_task(self) -> dict[str, Any]:
+        if self.dataset:
+            return self.dataset[int(self.np_random.integers(len(self.dataset)))]
+        seed = int(self.np_random.integers(2**31 - 1))
+        return self.make_tasks(1, seed=seed, categories=self.categories)[0]
+
+    def setup(self, row: dict[str, Any]) -> None:
+        row.update(normalize_row(row))
+        if "ground_truth" not in row:
+            raise ValueError(f"FunctionCalling row {row.get('id')!r} has no ground_truth")
+        parse_ground_truth(row["ground_truth"])  # malformed ground truth fails here, loudly
+        self.check = {}
+        self.last_calls: list[ToolCall] = []
+
+    def episode_tools(self) -> list[Tool]:
+        return [Tool.from_schema(schema) for schema in self.row.get("tools", [])]
+
+    def on_turn(self, parse: ParseResult, results: list[Any]) -> Turn:
+        self.last_calls = list(parse.calls)
+        return Turn(terminated=True)
+
+    def evaluate(self) -> bool:
+        result = check_calls(self.last_calls, self.row["ground_truth"], self.row.get("category"),
+                             self.row.get("tools"))
+        self.check = {"valid": result.valid, "error": result.error,
+                      "error_type": result.error_type}
+        return result.valid
+
+    def state_snapshot(self) -> dict[str, Any]:
+        return dict(self.check)
+
+    def oracle_action(self) -> str:
+        calls = oracle_calls(self.row["ground_truth"])
+        if not calls:
+            return "None of the available functions can help with that."
+        return self.render_calls(calls)

@@ -1,0 +1,523 @@
+"""ToolEnv: a Gymnasium environment whose action is an assistant message.
+
+One episode is one conversation. ``reset(seed=..., options=row)`` starts it from a task row and
+returns the initial messages; each ``await env.astep(action_text)`` parses the tool calls in the
+assistant's message (with the env's tool-call format), validates their arguments against the
+tools' JSON schemas, runs the valid ones concurrently (``asyncio.gather``, results in call
+order), and returns the new messages: one ``{"role": "tool", "name", "content"}`` per call (a
+typed error observation when the call was bad), and/or the next ``user`` turn. ``step()`` is a
+sync shim over ``astep()`` for plain Gymnasium users and ``check_env``.
+
+Reaching ``astep`` through wrappers: ``gymnasium.make`` wraps every env in ``OrderEnforcing``
+and ``PassiveEnvChecker``, which have no ``astep``. `toolrl.make_env` therefore returns the env
+inside a `toolrl.core.wrappers.ToolWrapper`, whose ``astep`` skips those plain wrappers; with
+``gymnasium.make`` directly, call ``env.unwrapped.astep`` or `resolve_astep(env)`.
+
+Subclass hooks: ``@tool`` methods (collected in definition order), `make_tasks` (task rows from a
+seed), `setup` (per-episode state), `on_turn` (what happens after a turn), `evaluate`
+(success), `state_snapshot`, `oracle_action` (a scripted policy). Every piece of episode state
+lives on the instance, so concurrent episodes (one env instance each) share nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import copy
+import inspect
+import string
+import threading
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, TypeVar
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+from toolrl.core.parse import ToolCallFormat, get_format
+from toolrl.core.tools import Tool, ToolResult, error_observation, make_error
+from toolrl.core.types import ParseResult, ToolCall
+
+__all__ = [
+    "BackgroundLoop",
+    "Episode",
+    "MessagesSpace",
+    "OracleUnavailable",
+    "ToolEnv",
+    "Turn",
+    "oracle_policy",
+    "resolve_astep",
+    "run_episode",
+]
+
+PRINTABLE = string.printable
+Message = dict[str, Any]
+T = TypeVar("T")
+
+
+class OracleUnavailable(LookupError):
+    """The env (or this task row) has no scripted policy."""
+
+
+class MessagesSpace(spaces.Space[list]):
+    """Chat messages: a list of dicts with a ``role`` and a string ``content``.
+
+    Other keys (``name``, ``tool_call_id``, ``tool_calls``) are allowed. Sampling yields short
+    random printable messages.
+    """
+
+    def __init__(self, roles: tuple[str, ...] = ("system", "user", "assistant", "tool"),
+                 max_messages: int = 256, max_length: int = 1 << 20,
+                 seed: int | np.random.Generator | None = None) -> None:
+        super().__init__(shape=None, dtype=None, seed=seed)
+        self.roles = tuple(roles)
+        self.max_messages = max_messages
+        self.max_length = max_length
+
+    @property
+    def is_np_flattenable(self) -> bool:
+        return False
+
+    def sample(self, mask: Any = None, probability: Any = None) -> list[Message]:
+        rng = self.np_random
+        chars = np.array(list(PRINTABLE))
+        out = []
+        for _ in range(int(rng.integers(0, 4))):
+            content = "".join(rng.choice(chars, size=int(rng.integers(0, 33))))
+            out.append({"role": str(rng.choice(self.roles)), "content": content})
+        return out
+
+    def contains(self, x: Any) -> bool:
+        return (isinstance(x, list) and len(x) <= self.max_messages
+                and all(isinstance(m, dict) and m.get("role") in self.roles
+                        and isinstance(m.get("content"), str)
+                        and len(m["content"]) <= self.max_length for m in x))
+
+    def __repr__(self) -> str:
+        return f"MessagesSpace(roles={self.roles}, max_messages={self.max_messages})"
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, MessagesSpace) and other.roles == self.roles
+                and other.max_messages == self.max_messages
+                and other.max_length == self.max_length)
+
+
+@dataclass
+class Turn:
+    """An env's decision after one assistant turn (returned by `ToolEnv.on_turn`).
+
+    Attributes:
+        messages: extra messages after the tool results (e.g. the scripted user's next line).
+        terminated: the episode reached its end (final answer, submit, conversation over).
+        reward: the per-turn reward, or None when the env defines none.
+    """
+
+    messages: list[Message] = field(default_factory=list)
+    terminated: bool = False
+    reward: float | None = None
+
+
+class BackgroundLoop:
+    """An asyncio loop on a daemon thread, for resources that outlive one caller's loop (an
+    MCP session, a local server). `run` awaits a coroutine on it from any loop; `run_sync`
+    blocks. Started lazily, stopped by `stop`."""
+
+    def __init__(self, name: str = "toolrl-bg") -> None:
+        self.name = name
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                ready = threading.Event()
+
+                def main() -> None:
+                    asyncio.set_event_loop(loop)
+                    loop.call_soon(ready.set)
+                    loop.run_forever()
+
+                self._thread = threading.Thread(target=main, name=self.name, daemon=True)
+                self._thread.start()
+                ready.wait()
+                self._loop = loop
+            return self._loop
+
+    @property
+    def started(self) -> bool:
+        return self._loop is not None
+
+    def call_soon(self, callback: Callable[[], Any]) -> None:
+        """Schedule a plain callback on the loop (thread-safe)."""
+        self.loop.call_soon_threadsafe(callback)
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    async def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Await ``coro`` on the background loop (cancelling the caller cancels it there)."""
+        try:
+            if asyncio.get_running_loop() is self._loop:
+                return await coro
+        except RuntimeError:
+            pass
+        return await asyncio.wrap_future(self.submit(coro))
+
+    def run_sync(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        future = self.submit(coro)
+        try:
+            return future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise TimeoutError(f"{self.name}: no result within {timeout} s") from None
+
+    def stop(self, timeout: float = 10.0) -> None:
+        with self._lock:
+            loop, thread, self._loop, self._thread = self._loop, self._thread, None, None
+        if loop is None:
+            return
+        loop.call_soon_threadsafe(loop.stop)
+        if thread is not None:
+            thread.join(timeout)
+        if not loop.is_running():
+            loop.close()
+
+
+class ToolEnv(gym.Env[list, str]):
+    """Base class of tool-calling environments (a `gymnasium.Env`).
+
+    Task rows (``reset(options=row)``) are plain JSON-able dicts:
+
+    - ``id`` (str): a stable task id.
+    - ``messages`` (list of chat messages): the initial conversation; or ``question`` (str),
+      turned into ``[system (the env's prompt, if any), user question]``.
+    - ``ground_truth``: what success means for this env (an answer, BFCL possible answers, ...).
+    - ``category`` (str, optional): for per-category metrics.
+    - ``expected_state`` (dict, optional): the final `state_snapshot` a stateful env must reach.
+    - any env-specific fields (``tools`` for FunctionCalling, ``db`` for Bank, ...).
+
+    ``reset()`` without a row draws one from the env's own generator (`make_tasks`) using the
+    seeded ``np_random``, so ``reset(seed=s)`` alone is deterministic.
+
+    ``reset`` returns ``(messages, info)`` with ``info["tools"]`` (OpenAI tool schemas) and
+    ``info["format"]`` (the tool-call format name). ``astep`` returns ``(new_messages, reward,
+    terminated, truncated, info)`` where info carries ``calls`` (list of `ToolCall`), ``parse``
+    (`ParseResult`), ``errors`` (typed error dicts: ``type``, ``tool``, ``message``),
+    ``latencies`` (seconds per call, in call order), ``turn``, ``turn_reward`` when the env
+    defines one, and, when the episode ends, ``success`` and ``end_reason``. The reward is the
+    turn reward (0 when undefined) plus, at the end, `outcome_reward`.
+
+    Args:
+        tool_format: tool-call format name (default: the class's ``tool_format``).
+        max_turns: assistant turns before truncation.
+        tool_timeout: default per-call timeout in seconds (a tool's own limit can be lower).
+        max_output_chars: default cap on one tool output.
+    """
+
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
+    tool_format: ClassVar[str] = "hermes"
+    system_prompt: ClassVar[str | None] = None
+    default_max_turns: ClassVar[int] = 8
+    default_tool_timeout: ClassVar[float] = 30.0
+    default_max_output_chars: ClassVar[int] = 2000
+    max_action_chars: ClassVar[int] = 16384
+    max_parse_errors_shown: ClassVar[int] = 3
+    _tool_attrs: ClassVar[tuple[str, ...]] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        names: list[str] = []
+        for klass in reversed(cls.__mro__):
+            for attr, value in vars(klass).items():
+                if isinstance(value, Tool):
+                    if attr not in names:
+                        names.append(attr)
+                elif attr in names:  # overridden by something that is not a tool
+                    names.remove(attr)
+        cls._tool_attrs = tuple(names)
+
+    def __init__(self, *, tool_format: str | None = None, max_turns: int | None = None,
+                 tool_timeout: float | None = None, max_output_chars: int | None = None,
+                 render_mode: str | None = None) -> None:
+        self.format_name = tool_format or type(self).tool_format
+        self.parser: ToolCallFormat = get_format(self.format_name)
+        self.max_turns = max_turns if max_turns is not None else self.default_max_turns
+        if self.max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
+        self.tool_timeout = tool_timeout if tool_timeout is not None else \
+            self.default_tool_timeout
+        self.max_output_chars = max_output_chars if max_output_chars is not None else \
+            self.default_max_output_chars
+        self.render_mode = render_mode
+        self.action_space = spaces.Text(max_length=self.max_action_chars, min_length=0,
+                                        charset=PRINTABLE)
+        self.observation_space = MessagesSpace()
+        self.row: dict[str, Any] | None = None
+        self.messages: list[Message] = []
+        self.turn = 0
+        self.done = True
+        self.success: bool | None = None
+        self._tools: dict[str, Tool] = {}
+        self._sync_loop: asyncio.AbstractEventLoop | None = None
+
+    # --- hooks for subclasses ----------------------------------------------------------------
+    @classmethod
+    def make_tasks(cls, n: int, seed: int = 0, split: str = "train",
+                   **kwargs: Any) -> list[dict[str, Any]]:
+        """``n`` task rows generated deterministically from ``seed`` (and ``split``)."""
+        raise TypeError(f"{cls.__name__} has no task generator; pass a task row with "
+                        f"reset(options=row)")
+
+    def sample_task(self) -> dict[str, Any]:
+        """One task row drawn with the seeded ``np_random`` (used by a bare ``reset()``)."""
+        return self.make_tasks(1, seed=int(self.np_random.integers(2**31 - 1)))[0]
+
+    def setup(self, row: dict[str, Any]) -> None:
+        """Build this episode's state from the row (called by ``reset``)."""
+
+    def initial_messages(self, row: dict[str, Any]) -> list[Message]:
+        """The conversation the model starts from."""
+        if "messages" in row:
+            messages = copy.deepcopy(list(row["messages"]))
+        elif "question" in row:
+            messages = [{"role": "user", "content": str(row["question"])}]
+        else:
+            raise ValueError(f"{type(self).__name__}: a task row needs 'messages' or "
+                             f"'question'; got keys {sorted(row)}")
+        if self.system_prompt and not (messages and messages[0].get("role") == "system"):
+            messages.insert(0, {"role": "system", "content": self.system_prompt})
+        return messages
+
+    def episode_tools(self) -> list[Tool]:
+        """This episode's tools; default: the class's ``@tool`` methods bound to ``self``."""
+        cls = type(self)  # bound from the class: an instance attribute of the same name is fine
+        return [getattr(cls, attr).__get__(self, cls) for attr in self._tool_attrs]
+
+    def on_turn(self, parse: ParseResult, results: list[ToolResult]) -> Turn:
+        """Decide what follows a turn. Default: a message without any call is the final answer."""
+        return Turn(terminated=not parse.calls and not parse.errors)
+
+    def evaluate(self) -> bool:
+        """Whether the episode reached its goal (called once, when it ends)."""
+        return False
+
+    async def aevaluate(self) -> bool:
+        """Async `evaluate` for envs that must ask a service; default: `evaluate`."""
+        return self.evaluate()
+
+    def outcome_reward(self, success: bool) -> float:
+        """The reward added at the end of the episode."""
+        return float(success)
+
+    def state_snapshot(self) -> dict[str, Any]:
+        """JSON-serializable state of the episode's world (``{}`` when stateless)."""
+        return {}
+
+    def oracle_action(self) -> str:
+        """The scripted policy's next assistant message (default: ``row["oracle"][turn]``)."""
+        script = (self.row or {}).get("oracle")
+        if not script:
+            raise OracleUnavailable(f"{type(self).__name__} has no scripted policy for this row")
+        if self.turn >= len(script):
+            raise OracleUnavailable(f"the row's oracle script has only {len(script)} turns")
+        return script[self.turn]
+
+    # --- the Gymnasium API -------------------------------------------------------------------
+    def reset(self, *, seed: int | None = None,
+              options: dict[str, Any] | None = None) -> tuple[list[Message], dict[str, Any]]:
+        super().reset(seed=seed)
+        row = copy.deepcopy(dict(options)) if options else self.sample_task()
+        self.row = row
+        self.turn = 0
+        self.done = False
+        self.success = None
+        self.setup(row)
+        self._tools = {}
+        for t in self.episode_tools():
+            if t.name in self._tools:
+                raise ValueError(f"{type(self).__name__}: two tools are named {t.name!r}")
+            self._tools[t.name] = t
+        self.messages = self.initial_messages(row)
+        info = {"tools": self.tools_schema(), "format": self.format_name,
+                "task_id": row.get("id"), "category": row.get("category")}
+        return copy.deepcopy(self.messages), info
+
+    def tools_schema(self) -> list[dict[str, Any]]:
+        """The current episode's tools as OpenAI schemas (fresh copies)."""
+        tools = self._tools.values() if self._tools else self.episode_tools()
+        return [t.schema for t in tools]
+
+    @property
+    def tools(self) -> dict[str, Tool]:
+        return dict(self._tools)
+
+    async def astep(self, action: str) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
+        """Run one assistant turn: parse, validate, call tools concurrently, observe."""
+        if self.row is None or self.done:
+            raise gym.error.ResetNeeded("call reset() before step(); the episode "
+                                        + ("has not started" if self.row is None else "is over"))
+        if not isinstance(action, str):
+            raise TypeError(f"the action is the assistant's message text, got "
+                            f"{type(action).__name__}")
+        self.turn += 1
+        self.messages.append({"role": "assistant", "content": action})
+        parse = self.parser.parse(action)
+        results = list(await asyncio.gather(*(self._call(c) for c in parse.calls)))
+        observation = [self._tool_message(c, r) for c, r in zip(parse.calls, results, strict=True)]
+        errors = [r.error for r in results if r.error is not None]
+        for perr in parse.errors[:self.max_parse_errors_shown]:
+            error = make_error("parse_error", None, perr.message)
+            errors.append(error)
+            observation.append({"role": "tool", "name": "parse_error",
+                                "content": error_observation(error)})
+        for perr in parse.errors[self.max_parse_errors_shown:]:
+            errors.append(make_error("parse_error", None, perr.message))
+        turn = self.on_turn(parse, results)
+        observation.extend(turn.messages)
+        info: dict[str, Any] = {"calls": list(parse.calls), "parse": parse, "errors": errors,
+                                "latencies": [r.latency for r in results], "turn": self.turn}
+        reward = 0.0
+        if turn.reward is not None:
+            info["turn_reward"] = float(turn.reward)
+            reward += float(turn.reward)
+        terminated = bool(turn.terminated)
+        truncated = not terminated and self.turn >= self.max_turns
+        if terminated or truncated:
+            end = await self.end_episode("max_turns" if truncated else "terminated")
+            reward += end.pop("outcome_reward")
+            info.update(end)
+        self.messages.extend(copy.deepcopy(observation))
+        return observation, reward, terminated, truncated, info
+
+    def step(self, action: str) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
+        """Sync shim over `astep` (runs it on the env's private event loop)."""
+        return self.run_sync(self.astep(action))
+
+    async def end_episode(self, reason: str) -> dict[str, Any]:
+        """Close the episode now (also used by the MaxTurns wrapper): evaluate the outcome and
+        return ``{"success", "end_reason", "outcome_reward"}``."""
+        self.done = True
+        self.success = bool(await self.aevaluate())
+        return {"success": self.success, "end_reason": reason,
+                "outcome_reward": float(self.outcome_reward(self.success))}
+
+    def close(self) -> None:
+        loop, self._sync_loop = self._sync_loop, None
+        if loop is not None and not loop.is_closed():
+            loop.run_until_complete(loop.shutdown_default_executor())
+            loop.close()
+        super().close()
+
+    # --- helpers -----------------------------------------------------------------------------
+    def run_sync(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run a coroutine to completion from sync code (a private loop per env instance)."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            if self._sync_loop is None or self._sync_loop.is_closed():
+                self._sync_loop = asyncio.new_event_loop()
+            return self._sync_loop.run_until_complete(coro)
+        # Called from inside a running loop (e.g. a notebook): use a helper thread.
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            return pool.submit(asyncio.run, coro).result()
+
+    async def _call(self, call: ToolCall) -> ToolResult:
+        tool = self._tools.get(call.name)
+        if tool is None:
+            known = ", ".join(sorted(self._tools)) or "none"
+            error = make_error("unknown_tool", call.name,
+                               f"unknown tool {call.name!r}; available: {known}")
+            return ToolResult(call.name, error_observation(error), error)
+        return await tool.acall(call.arguments, timeout=self.tool_timeout,
+                                max_output_chars=self.max_output_chars)
+
+    @staticmethod
+    def _tool_message(call: ToolCall, result: ToolResult) -> Message:
+        message: Message = {"role": "tool", "name": call.name, "content": result.content}
+        if call.id is not None:
+            message["tool_call_id"] = call.id
+        return message
+
+    def render_calls(self, calls: list[ToolCall], text: str = "") -> str:
+        """Assistant text making ``calls`` in this env's format (scripted policies use it)."""
+        return self.parser.render(calls, text)
+
+
+# --- running episodes --------------------------------------------------------------------------
+Policy = Callable[[Any, list[Message]], "str | Awaitable[str]"]
+
+
+def resolve_astep(env: gym.Env) -> Callable[[str], Awaitable[tuple]]:
+    """The nearest ``astep`` through a wrapper chain (plain gymnasium wrappers have none)."""
+    current: Any = env
+    while True:
+        method = getattr(type(current), "astep", None)
+        if method is not None:
+            return current.astep
+        if isinstance(current, gym.Wrapper):
+            current = current.env
+            continue
+        raise TypeError(f"{type(env).__name__} has no astep(): not a ToolEnv")
+
+
+def oracle_policy(env: gym.Env, messages: list[Message]) -> str:
+    """The env's scripted policy (``env.unwrapped.oracle_action()``)."""
+    return env.unwrapped.oracle_action()
+
+
+@dataclass
+class Episode:
+    """A finished episode: the transcript and what the env reported."""
+
+    messages: list[Message]
+    rewards: list[float]
+    infos: list[dict[str, Any]]
+    success: bool
+    state: dict[str, Any]
+    terminated: bool
+    truncated: bool
+
+    @property
+    def total_reward(self) -> float:
+        return float(sum(self.rewards))
+
+    @property
+    def errors(self) -> list[dict[str, Any]]:
+        return [e for info in self.infos for e in info.get("errors", [])]
+
+
+async def run_episode(env: gym.Env, policy: Policy = oracle_policy, *,
+                      row: dict[str, Any] | None = None, seed: int | None = None,
+                      max_steps: int = 100) -> Episode:
+    """Play one episode with ``policy(env, messages) -> action`` (sync or async).
+
+    The default policy is the env's scripted oracle, which makes correct transcripts for tests
+    and for a supervised warm start.
+    """
+    observation, _ = env.reset(seed=seed, options=row)
+    messages = list(observation)
+    astep = resolve_astep(env)
+    rewards: list[float] = []
+    infos: list[dict[str, Any]] = []
+    terminated = truncated = False
+    for _ in range(max_steps):
+        action = policy(env, messages)
+        if inspect.isawaitable(action):
+            action = await action
+        messages.append({"role": "assistant", "content": action})
+        observation, reward, terminated, truncated, info = await astep(action)
+        messages.extend(observation)
+        rewards.append(float(reward))
+        infos.append(info)
+        if terminated or truncated:
+            break
+    else:
+        raise RuntimeError(f"episode did not end within {max_steps} steps")
+    base = env.unwrapped
+    return Episode(messages=messages, rewards=rewards, infos=infos,
+                   success=bool(infos[-1].get("success", False)),
+                   state=base.state_snapshot(), terminated=terminated, truncated=truncated)
