@@ -66,6 +66,34 @@ def _check_env(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+def _train(args: argparse.Namespace) -> int:
+    from toolrl.trainer.config import ConfigError, load_config
+
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except (ConfigError, FileNotFoundError) as e:
+        print(f"toolrl train: {e}", file=sys.stderr)
+        return 2
+    from toolrl.trainer.trainer import run_training
+
+    run_training(cfg)
+    return 0
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from toolrl.trainer.config import ConfigError, load_config
+
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except (ConfigError, FileNotFoundError) as e:
+        print(f"toolrl eval: {e}", file=sys.stderr)
+        return 2
+    from toolrl.trainer.trainer import run_evaluation
+
+    run_evaluation(cfg, args.model, args.output_dir)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from toolrl.models.tiny import SIZES
 
@@ -83,6 +111,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-samples", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=64)
     p.set_defaults(func=_demo)
+
+    p = sub.add_parser("train", help="run an RL experiment from a config file")
+    p.add_argument("--config", required=True, help="YAML file (see configs/)")
+    p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. actor.lr=1e-5")
+    p.set_defaults(func=_train)
+
+    p = sub.add_parser("eval", help="evaluate a model with a config's env and rewards")
+    p.add_argument("--config", required=True)
+    p.add_argument("--model", required=True, help="checkpoint directory or hub id")
+    p.add_argument("--output-dir", required=True, help="where results.json goes")
+    p.add_argument("overrides", nargs="*", help="key=value overrides")
+    p.set_defaults(func=_eval)
 
     p = sub.add_parser("score-calls", help="score candidate tool calls offline with a reward")
     p.add_argument("--reward", required=True, help="registered reward id, e.g. bfcl_ast")

