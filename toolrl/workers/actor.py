@@ -1,0 +1,256 @@
+"""The FSDP2 policy: actor (trained) and reference (frozen), plain classes and Ray workers.
+
+`FSDPActor` computes log-probs of response tokens and runs the PPO update (`toolrl.algo.loss.
+actor_loss`: any registered policy loss, entropy bonus, KL-to-reference term);
+`FSDPReference` is the same model frozen (no optimizer) giving ``ref_log_probs``. Both work in
+a plain process (a world of one) or inside a worker group.
+
+`ActorWorker` and `RefWorker` wrap them for the single controller::
+
+    actor = RayWorkerGroup(pool, {"actor": RoleSpec.of(ActorWorker, cfg),
+                                  "ref": RoleSpec.of(RefWorker, cfg)})   # colocated
+    td.update(actor.role("actor").call(ActorWorker.compute_log_prob, td))
+    metrics = actor.role("actor").call(ActorWorker.update, td)[0]
+
+Log-probs: the logits at positions ``P-1 .. P+R-2`` predict the ``R`` response tokens; they
+are divided by ``temperature`` first, so they match the distribution the rollout sampled from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from tensordict import TensorDict
+
+from toolrl.algo.loss import (
+    LossAggregator,
+    PolicyLossConfig,
+    actor_loss,
+    entropy_from_logits,
+    log_probs_from_logits,
+)
+from toolrl.batch import (
+    ADVANTAGES,
+    OLD_LOG_PROBS,
+    REF_LOG_PROBS,
+    RESPONSE_MASK,
+    ROLLOUT_LOG_PROBS,
+)
+from toolrl.controller.worker import Dispatch, Execute, Worker, remote
+from toolrl.workers.base import FSDPConfig, FSDPModel, LossTotals
+from toolrl.workers.forward import micro_inputs
+from toolrl.workers.weights import DEFAULT_BUCKET_MB, WeightSync, local_engines
+
+ENTROPY = "entropy"  # [B, R] policy entropy per response token (diagnostics)
+
+
+@dataclass(frozen=True)
+class ActorConfig(FSDPConfig):
+    """The actor (and reference): `FSDPConfig` plus the policy loss.
+
+    Attributes:
+        temperature: sampling temperature of the rollout; logits are divided by it.
+        loss: the policy loss and its hyper-parameters (`toolrl.algo.loss.PolicyLossConfig`:
+            ``policy_loss`` name, clip ratios, dual-clip, TIS cap, aggregation, entropy and KL
+            coefficients).
+        max_response_length: the response budget, needed by the ``seq-mean-token-sum-norm``
+            aggregation (Dr.GRPO).
+        weight_bucket_mb: bucket size of weight pushes to the rollout engines.
+    """
+
+    lr: float = 1e-6
+    temperature: float = 1.0
+    loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
+    max_response_length: int | None = None
+    weight_bucket_mb: float = DEFAULT_BUCKET_MB
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        if isinstance(self.loss, dict):  # e.g. built from a plain mapping
+            object.__setattr__(self, "loss", PolicyLossConfig(**self.loss))
+
+
+class FSDPPolicy(FSDPModel):
+    """A causal LM sharded with FSDP2 that scores response tokens."""
+
+    config: ActorConfig
+
+    def _log_probs(self, td: TensorDict, with_entropy: bool
+                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``[b, R]`` log-probs (and entropies) of ``td``'s response tokens; 0 on padding."""
+        mi = micro_inputs(td, self.config.use_remove_padding)
+        out = self.model(**mi.inputs, logits_to_keep=mi.keep, use_cache=False)
+        logits = mi.flat(out.logits, kept=True)
+        if self.config.temperature != 1.0:
+            logits = logits / self.config.temperature
+        log_probs = mi.scatter(log_probs_from_logits(logits, mi.labels))
+        entropy = mi.scatter(entropy_from_logits(logits)) if with_entropy else None
+        return log_probs, entropy
+
+    def log_probs(self, td: TensorDict, key: str, with_entropy: bool = False) -> TensorDict:
+        """Log-probs of every response token under ``key`` (``[B, R]``, rows in ``td``'s order),
+        plus ``entropy`` when asked."""
+
+        def fn(micro: TensorDict) -> dict[str, torch.Tensor]:
+            lp, ent = self._log_probs(micro, with_entropy)
+            return {key: lp} if ent is None else {key: lp, ENTROPY: ent}
+
+        return self.forward_batches(td, fn)
+
+
+class FSDPActor(FSDPPolicy):
+    """The trained policy: `compute_log_prob` and the PPO `update`."""
+
+    metric_prefix = "actor"
+
+    def __init__(self, config: ActorConfig, model_kwargs: dict[str, Any] | None = None
+                 ) -> None:
+        super().__init__(config, trainable=True, model_kwargs=model_kwargs)
+        self.weights = WeightSync(self.model, config.weight_bucket_mb)
+
+    def compute_log_prob(self, td: TensorDict, with_entropy: bool = False) -> TensorDict:
+        """``old_log_probs [B, R]`` (and ``entropy``) of ``td``'s responses."""
+        return self.log_probs(td, OLD_LOG_PROBS, with_entropy)
+
+    def _micro_loss(self, micro: TensorDict, totals: LossTotals
+                    ) -> tuple[torch.Tensor, dict[str, float]]:
+        cfg = self.config.loss
+        agg = LossAggregator(cfg.loss_agg_mode, total_tokens=totals.tokens,
+                             total_seqs=totals.seqs, max_len=self.config.max_response_length)
+        need_entropy = cfg.entropy_coeff != 0.0
+        log_probs, entropy = self._log_probs(micro, with_entropy=need_entropy)
+        if cfg.kl_loss_coef > 0 and REF_LOG_PROBS not in micro:
+            raise KeyError(f"kl_loss_coef > 0 needs {REF_LOG_PROBS!r} in the batch")
+        if cfg.tis_cap is not None and ROLLOUT_LOG_PROBS not in micro:
+            raise KeyError(f"tis_cap needs {ROLLOUT_LOG_PROBS!r} in the batch")
+        return actor_loss(
+            log_probs, micro.get(OLD_LOG_PROBS), micro.get(ADVANTAGES),
+            micro.get(RESPONSE_MASK), config=cfg, agg=agg, entropy=entropy,
+            ref_log_probs=micro.get(REF_LOG_PROBS) if cfg.kl_loss_coef > 0 else None,
+            rollout_log_probs=micro.get(ROLLOUT_LOG_PROBS) if cfg.tis_cap is not None else None)
+
+    def _check(self, td: TensorDict) -> None:
+        missing = [k for k in (OLD_LOG_PROBS, ADVANTAGES, RESPONSE_MASK) if k not in td]
+        if missing:
+            raise KeyError(f"update needs {missing} in the batch (keys: {sorted(td.keys())})")
+
+    def update(self, td: TensorDict) -> dict[str, float]:
+        """PPO epochs over mini-batches of ``td``; returns ``actor/...`` metrics (loss,
+        pg_loss, clip fractions, ppo_kl, entropy, kl_ref, grad_norm, lr)."""
+        self._check(td)
+        return self.train_batch(td, self._micro_loss)
+
+    def compute_gradients(self, td: TensorDict) -> dict[str, float]:
+        """Forward/backward all of ``td`` as one mini-batch, without an optimizer step
+        (the gradients stay in ``.grad``): for tests and debugging."""
+        self._check(td)
+        return self.accumulate(td, self._micro_loss)
+
+
+class FSDPReference(FSDPPolicy):
+    """The frozen reference policy (no optimizer)."""
+
+    metric_prefix = "ref"
+
+    def __init__(self, config: ActorConfig, model_kwargs: dict[str, Any] | None = None
+                 ) -> None:
+        super().__init__(config, trainable=False, model_kwargs=model_kwargs)
+
+    def compute_ref_log_prob(self, td: TensorDict) -> TensorDict:
+        """``ref_log_probs [B, R]`` of ``td``'s responses."""
+        return self.log_probs(td, REF_LOG_PROBS)
+
+
+# --- Ray workers --------------------------------------------------------------------------------
+class ActorWorker(Worker):
+    """One rank of the actor group (`FSDPActor` plus weight sync to the rollout engines)."""
+
+    def __init__(self, config: ActorConfig) -> None:
+        self.init_process_group()
+        self.actor = FSDPActor(config)
+
+    @remote(Dispatch.DP_SPLIT)
+    def compute_log_prob(self, batch: TensorDict, with_entropy: bool = False) -> TensorDict:
+        return self.actor.compute_log_prob(batch, with_entropy)
+
+    @remote(Dispatch.DP_SPLIT_RAW)
+    def update(self, batch: TensorDict) -> dict[str, float]:
+        """Metrics are reduced over ranks already: every rank returns the same dict."""
+        return self.actor.update(batch)
+
+    @remote(Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, path: str) -> None:
+        self.actor.save_checkpoint(path)
+
+    @remote(Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, path: str) -> None:
+        self.actor.load_checkpoint(path)
+
+    @remote(Dispatch.ONE_TO_ALL)
+    def export_hf(self, path: str) -> str | None:
+        """Every rank gathers; rank 0 writes (its entry of the result is the path)."""
+        out = self.actor.export_hf(path)
+        return str(out) if out is not None else None
+
+    # weight sync
+    @remote(Dispatch.ONE_TO_ALL)
+    def push_weights_local(self) -> int:
+        """Push into the engines registered in rank 0's process (colocated rollout, see
+        `toolrl.workers.weights.register_local_engine`); returns the new policy version."""
+        return self.actor.weights.push_local(local_engines())
+
+    @remote(Dispatch.ONE_TO_ALL, Execute.RANK_ZERO)
+    def weight_sync_endpoint(self) -> tuple[str, int]:
+        """Address and a free port on rank 0's node for the weight sync group."""
+        import ray
+
+        from toolrl.controller.network import free_port
+
+        return ray.util.get_node_ip_address(), free_port()
+
+    @remote(Dispatch.ONE_TO_ALL)
+    def connect_weight_sync(self, master_addr: str, master_port: int, world_size: int,
+                            backend: str | None = None) -> None:
+        """Rank 0 joins the sync group as its rank 0 (call together with the rollout side)."""
+        self.actor.weights.connect(master_addr, master_port, world_size, backend)
+
+    @remote(Dispatch.ONE_TO_ALL)
+    def push_weights(self) -> int:
+        """Broadcast the weights over the sync group; returns the new policy version."""
+        return self.actor.weights.push_group()
+
+    @remote(Dispatch.ONE_TO_ALL)
+    def weights_checksum(self) -> str | None:
+        """SHA-256 of the full weights (rank 0's entry; None on the others)."""
+        return self.actor.weights.checksum()
+
+    @remote(Dispatch.ONE_TO_ALL, Execute.RANK_ZERO)
+    def policy_version(self) -> int:
+        return self.actor.weights.version
+
+
+class RefWorker(Worker):
+    """One rank of the reference group (colocate it with the actor: a fused group)."""
+
+    def __init__(self, config: ActorConfig) -> None:
+        self.init_process_group()
+        self.ref = FSDPReference(config)
+
+    @remote(Dispatch.DP_SPLIT)
+    def compute_ref_log_prob(self, batch: TensorDict) -> TensorDict:
+        return self.ref.compute_ref_log_prob(batch)
+
+
+__all__ = [
+    "ENTROPY",
+    "ActorConfig",
+    "ActorWorker",
+    "FSDPActor",
+    "FSDPPolicy",
+    "FSDPReference",
+    "RefWorker",
+]
