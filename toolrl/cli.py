@@ -94,6 +94,12 @@ def _eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _test_scheduler(args: argparse.Namespace) -> int:
+    from toolrl.testing.scheduler import main as scheduler_main
+
+    return scheduler_main(args.args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from toolrl.models.tiny import SIZES
 
@@ -145,6 +151,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--kwargs", default="{}", help="JSON object of env kwargs")
     p.set_defaults(func=_check_env)
+
+    # Every argument (options and `-- pytest args` included) goes to the scheduler's own parser.
+    p = sub.add_parser("test-scheduler", add_help=False, prefix_chars="\0",
+                       help="pack test files onto free GPUs by their declared need (see --help)")
+    p.add_argument("args", nargs=argparse.REMAINDER)
+    p.set_defaults(func=_test_scheduler)
     return parser
 
 
