@@ -1,0 +1,252 @@
+"""Chat templates for token-in/token-out rollouts: the first prompt, then only deltas.
+
+A multi-turn episode keeps the exact token ids the model sampled. After each model turn only
+the tokens of the new messages (tool results or a user turn) and the next generation prompt are
+appended; earlier turns are never re-tokenized. `ChatRenderer` computes those delta tokens
+from the template itself: it renders a fixed dummy conversation with and without the new
+messages and keeps the suffix, starting right after the eos that closed the model's turn (or
+at the template's closing of the assistant turn when the model stopped without eos).
+
+That is only equal to rendering the whole conversation again when the template is
+prefix-preserving: rendering a message must not depend on the messages after it. Templates
+that drop earlier reasoning blocks (e.g. ``<think>`` of past turns) are not. `ChatRenderer`
+checks this once per template on a probe conversation (`check_prefix_preserving`) and raises
+`TemplateError` for a template that fails, unless ``allow_non_prefix_preserving=True`` says
+to train on the token stream the model actually saw (then the check's report is kept on
+`ChatRenderer.conformance`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+Message = Mapping[str, Any]
+Tools = Sequence[Mapping[str, Any]] | None
+
+_MARK = "\u2060TOOLRL_ASSISTANT_CONTENT\u2060"  # a marker that never occurs in real content
+
+PROBE_TOOLS: list[dict[str, Any]] = [
+    {"type": "function", "function": {
+        "name": name, "description": desc,
+        "parameters": {"type": "object",
+                       "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
+                       "required": ["a", "b"]}}}
+    for name, desc in (("add", "Add two numbers."), ("mul", "Multiply two numbers."))
+]
+
+
+def _call(name: str, a: int, b: int, i: int) -> dict[str, Any]:
+    return {"id": f"call_{i}", "type": "function",
+            "function": {"name": name, "arguments": {"a": a, "b": b}}}
+
+
+# Several tool turns with reasoning blocks, then a new user turn: templates that rewrite or
+# drop earlier turns (reasoning, tool-call formatting) show up as a mismatch.
+PROBE_MESSAGES: list[dict[str, Any]] = [
+    {"role": "system", "content": "You are a careful calculator."},
+    {"role": "user", "content": "What is 2 plus 3, then times 4?"},
+    {"role": "assistant", "content": "<think>Add first.</think>",
+     "tool_calls": [_call("add", 2, 3, 0)]},
+    {"role": "tool", "name": "add", "tool_call_id": "call_0", "content": "5"},
+    {"role": "assistant", "content": "<think>Now multiply.</think>",
+     "tool_calls": [_call("mul", 5, 4, 1)]},
+    {"role": "tool", "name": "mul", "tool_call_id": "call_1", "content": "20"},
+    {"role": "user", "content": "Thanks. And the final answer?"},
+    {"role": "assistant", "content": "<think>Done.</think>The answer is 20."},
+]
+
+
+class TemplateError(ValueError):
+    """A chat template cannot be used for delta-appending (or failed to render)."""
+
+
+@dataclass(frozen=True)
+class ConformanceReport:
+    """Result of comparing delta-appended tokens with a full re-render of one conversation."""
+
+    ok: bool
+    incremental_len: int
+    full_len: int
+    first_mismatch: int | None = None
+    incremental_context: str = ""
+    full_context: str = ""
+    reason: str = ""
+
+    def describe(self) -> str:
+        if self.ok:
+            return "delta-append equals the full re-render"
+        return (f"{self.reason} (first difference at token {self.first_mismatch}; "
+                f"delta-append has {self.incremental_context!r}, the full re-render has "
+                f"{self.full_context!r})")
+
+
+class ChatRenderer:
+    """Renders prompts and per-turn deltas as token ids with one tokenizer's chat template.
+
+    Args:
+        tokenizer: a transformers tokenizer with a chat template.
+        allow_non_prefix_preserving: keep going (with a warning) when the template fails the
+            prefix-preserving check instead of raising `TemplateError`.
+        check: run the check on the probe conversation now (`check_prefix_preserving`).
+        chat_template_kwargs: extra keyword arguments for every ``apply_chat_template`` call
+            (e.g. ``{"enable_thinking": False}``).
+    """
+
+    def __init__(self, tokenizer: Any, *, allow_non_prefix_preserving: bool = False,
+                 check: bool = True,
+                 chat_template_kwargs: Mapping[str, Any] | None = None) -> None:
+        if not getattr(tokenizer, "chat_template", None):
+            raise TemplateError("the tokenizer has no chat template")
+        self.tokenizer = tokenizer
+        self.allow_non_prefix_preserving = allow_non_prefix_preserving
+        self.template_kwargs = dict(chat_template_kwargs or {})
+        self.eos_token_id: int = int(tokenizer.eos_token_id)
+        self.eos_text: str = tokenizer.convert_ids_to_tokens(self.eos_token_id)
+        self._dummy_cache: dict[str, tuple[str, str]] = {}
+        self.conformance: ConformanceReport | None = None
+        if check:
+            self.conformance = self.check_prefix_preserving(PROBE_MESSAGES, PROBE_TOOLS)
+            if not self.conformance.ok:
+                msg = (f"the chat template is not prefix-preserving: "
+                       f"{self.conformance.describe()}. Delta-appended rollouts would differ "
+                       f"from a re-render of the same conversation. Use a prefix-preserving "
+                       f"template, or pass allow_non_prefix_preserving=True to train on the "
+                       f"tokens the model saw during the rollout.")
+                if not allow_non_prefix_preserving:
+                    raise TemplateError(msg)
+                logger.warning(msg)
+
+    # --- rendering --------------------------------------------------------------------------
+    def render_text(self, messages: Sequence[Message], tools: Tools = None,
+                    add_generation_prompt: bool = False) -> str:
+        try:
+            return self.tokenizer.apply_chat_template(
+                list(messages), tools=_tools(tools), add_generation_prompt=add_generation_prompt,
+                tokenize=False, **self.template_kwargs)
+        except Exception as e:
+            raise TemplateError(f"the chat template failed to render: {e}") from e
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of a piece of rendered text (no special tokens added)."""
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def render_prompt(self, messages: Sequence[Message], tools: Tools = None) -> list[int]:
+        """Token ids of the first prompt: the messages, the tools and the generation prompt."""
+        try:
+            out = self.tokenizer.apply_chat_template(
+                list(messages), tools=_tools(tools), add_generation_prompt=True, tokenize=True,
+                **self.template_kwargs)
+        except Exception as e:
+            raise TemplateError(f"the chat template failed to render: {e}") from e
+        return _as_ids(out)
+
+    def render_delta(self, new_messages: Sequence[Message], tools: Tools = None, *,
+                     after_eos: bool = True, add_generation_prompt: bool = True) -> list[int]:
+        """Tokens to append after a model turn: its closing, ``new_messages``, the next prompt.
+
+        ``after_eos`` says the model's sampled tokens ended with the eos token; then the
+        template's text after the eos (e.g. a newline) starts the delta. Otherwise (a stop
+        string, a length cut) the whole closing of the assistant turn, eos included, does.
+        None of these tokens were sampled: they get mask 0.
+        """
+        prefix, closing = self._dummy(tools)
+        text = self.render_text(_dummy_messages() + list(new_messages), tools,
+                                add_generation_prompt=add_generation_prompt)
+        if not text.startswith(prefix):
+            raise TemplateError("the chat template renders the previous assistant turn "
+                                "differently once messages follow it (not prefix-preserving)")
+        if after_eos:
+            at = closing.find(self.eos_text)
+            closing = closing[at + len(self.eos_text):] if at >= 0 else closing
+        return self.encode(closing + text[len(prefix):])
+
+    def _dummy(self, tools: Tools) -> tuple[str, str]:
+        """(dummy conversation rendered, template text that closes its assistant turn)."""
+        key = json.dumps(_tools(tools), sort_keys=True, default=str)
+        if key not in self._dummy_cache:
+            text = self.render_text(_dummy_messages(), tools)
+            at = text.rfind(_MARK)
+            if at < 0:
+                raise TemplateError("the chat template does not render assistant content")
+            self._dummy_cache[key] = (text, text[at + len(_MARK):])
+        return self._dummy_cache[key]
+
+    # --- conformance ------------------------------------------------------------------------
+    def assistant_tokens(self, history: Sequence[Message], message: Message,
+                         tools: Tools = None) -> list[int]:
+        """The tokens a model samples for ``message`` after ``history``, eos included."""
+        before = self.render_text(history, tools, add_generation_prompt=True)
+        full = self.render_text([*history, message], tools)
+        if not full.startswith(before):
+            raise TemplateError("the generation prompt is not a prefix of the rendered "
+                                "assistant turn")
+        turn = full[len(before):]
+        at = turn.find(self.eos_text)
+        return self.encode(turn[: at + len(self.eos_text)] if at >= 0 else turn)
+
+    def check_prefix_preserving(self, messages: Sequence[Message],
+                                tools: Tools = None) -> ConformanceReport:
+        """Replay ``messages`` as a rollout would (prompt, sampled turns, deltas) and compare
+        the tokens with one full render of the conversation."""
+        messages = list(messages)
+        turns = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
+        if not turns:
+            raise ValueError("the conversation has no assistant message to replay")
+        try:
+            ids = self.render_prompt(messages[: turns[0]], tools)
+            for k, i in enumerate(turns):
+                ids += self.assistant_tokens(messages[:i], messages[i], tools)
+                end = turns[k + 1] if k + 1 < len(turns) else len(messages)
+                more = k + 1 < len(turns) or end > i + 1
+                ids += self.render_delta(messages[i + 1: end], tools, after_eos=True,
+                                         add_generation_prompt=more)
+        except TemplateError as e:
+            return ConformanceReport(False, 0, 0, reason=str(e))
+        ends_with_model = messages[-1].get("role") == "assistant"
+        full = self.encode(self.render_text(messages, tools,
+                                            add_generation_prompt=not ends_with_model))
+        if ids == full:
+            return ConformanceReport(True, len(ids), len(full))
+        at = next((j for j, (a, b) in enumerate(zip(ids, full, strict=False)) if a != b),
+                  min(len(ids), len(full)))
+        return ConformanceReport(
+            False, len(ids), len(full), first_mismatch=at,
+            incremental_context=self.tokenizer.decode(ids[max(0, at - 8): at + 8]),
+            full_context=self.tokenizer.decode(full[max(0, at - 8): at + 8]),
+            reason="delta-appended tokens differ from a full re-render")
+
+
+def _dummy_messages() -> list[dict[str, Any]]:
+    return [{"role": "user", "content": "hi"}, {"role": "assistant", "content": _MARK}]
+
+
+def _tools(tools: Tools) -> list[dict[str, Any]] | None:
+    return [dict(t) for t in tools] if tools else None
+
+
+def _as_ids(out: Any) -> list[int]:
+    """apply_chat_template(tokenize=True) returns a BatchEncoding in transformers 5."""
+    if isinstance(out, Mapping) or hasattr(out, "input_ids"):
+        out = out["input_ids"]
+    if hasattr(out, "tolist"):
+        out = out.tolist()
+    if out and isinstance(out[0], list):
+        if len(out) != 1:
+            raise TemplateError(f"expected one rendered conversation, got {len(out)}")
+        out = out[0]
+    return [int(t) for t in out]
+
+
+__all__ = [
+    "PROBE_MESSAGES",
+    "PROBE_TOOLS",
+    "ChatRenderer",
+    "ConformanceReport",
+    "TemplateError",
+]

@@ -1,0 +1,291 @@
+"""`RolloutWorker`: one vLLM engine running many tool episodes concurrently.
+
+::
+
+    group = RayWorkerGroup(pool, RolloutWorker, config)
+    out = group.call(RolloutWorker.rollout, make_rollout_input(rows, n=8))
+
+The input is a TensorDict of task rows (``ROWS``, a NonTensorStack of dicts) with a ``UID``
+per row; rows that share a uid form one GRPO group (`make_rollout_input` repeats each task
+``n`` times with `toolrl.batch.repeat_interleave`). Each row becomes one episode; up to
+``concurrency`` episodes run at once on the worker's event loop, so while one waits on a tool
+the others generate. The output is `toolrl.batch.build_rollout_batch`'s layout (left-padded
+prompts, right-padded responses, masks, ``rollout_log_probs``) plus ``POLICY_VERSION``, the
+input ``ROWS`` and ``UID``, and one episode record per row under ``EPISODES``
+(`EpisodeResult.record`). Prompts and responses are padded to the configured maxima, so the
+shards of several workers concatenate.
+
+Which env a row runs in: the row's ``env`` field, else ``RolloutConfig.env_id``. The episode
+loop is `EpisodeRunner`; ``RolloutConfig.runner`` names a subclass (class or
+``"package.module:Class"``) to change it without touching this module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+import uuid
+import zlib
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from tensordict import TensorDict
+
+from toolrl import batch as B
+from toolrl.controller.worker import Dispatch, Worker, remote
+from toolrl.rollout.chat import ChatRenderer
+from toolrl.rollout.engine import EngineConfig, SamplingConfig, VLLMEngine
+from toolrl.rollout.episode import EpisodeConfig, EpisodeResult, EpisodeRunner
+from toolrl.workers.weights import register_local_engine, unregister_local_engine
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class RolloutConfig:
+    """A rollout worker: its engine, sampling, budgets, concurrency and episode loop.
+
+    Attributes:
+        engine: the vLLM engine; ``engine.max_model_len`` must hold
+            ``max_prompt_len + max_response_len``.
+        sampling: per-turn sampling.
+        max_prompt_len / max_response_len: token budgets and the padded widths of the output.
+        max_turns / on_overflow: see `EpisodeConfig`.
+        concurrency: episodes in flight at once.
+        env_id: env of rows without an ``env`` field; env_kwargs: passed to ``make_env``.
+        seed: base of the per-episode sampling seeds (None: unseeded sampling).
+        pad_to_max: pad to the configured widths (needed to concatenate workers' shards);
+            False pads to the longest sample of the shard.
+        runner: the `EpisodeRunner` subclass (class or ``"module:Class"``); None: the default.
+        allow_non_prefix_preserving / chat_template_kwargs: see `ChatRenderer`.
+    """
+
+    engine: EngineConfig
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    max_prompt_len: int = 1024
+    max_response_len: int = 1024
+    max_turns: int = 32
+    on_overflow: str = "stop"
+    concurrency: int = 64
+    env_id: str | None = None
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    seed: int | None = 0
+    pad_to_max: bool = True
+    runner: Any = None
+    allow_non_prefix_preserving: bool = False
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1:
+            raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
+        need = self.max_prompt_len + self.max_response_len
+        if need > self.engine.max_model_len:
+            raise ValueError(f"max_prompt_len + max_response_len = {need} exceeds the engine's "
+                             f"max_model_len={self.engine.max_model_len}")
+
+    def episode_config(self) -> EpisodeConfig:
+        return EpisodeConfig(sampling=self.sampling, max_prompt_len=self.max_prompt_len,
+                             max_response_len=self.max_response_len, max_turns=self.max_turns,
+                             on_overflow=self.on_overflow)  # type: ignore[arg-type]
+
+
+def make_rollout_input(rows: Sequence[Mapping[str, Any]], n: int = 1,
+                       uids: Sequence[str] | None = None) -> TensorDict:
+    """A rollout batch of ``len(rows) * n`` rows: each task ``n`` times, sharing a ``UID``."""
+    if not rows:
+        raise ValueError("no task rows")
+    td = TensorDict({}, batch_size=[len(rows)])
+    B.set_non_tensor(td, B.ROWS, [dict(r) for r in rows])
+    if uids is None:
+        uids = [str(r.get("id") or uuid.uuid4().hex) for r in rows]
+        if len(set(uids)) != len(uids):  # repeated task ids must not merge groups
+            uids = [f"{u}#{i}" for i, u in enumerate(uids)]
+    return B.repeat_interleave(td, n, uids=list(uids))
+
+
+def resolve_runner(runner: Any) -> type[EpisodeRunner]:
+    """An `EpisodeRunner` subclass from a class or a ``"module:Class"`` string."""
+    if runner is None:
+        return EpisodeRunner
+    if isinstance(runner, str):
+        module, _, name = runner.partition(":")
+        if not name:
+            module, _, name = runner.rpartition(".")
+        try:
+            runner = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError) as e:
+            raise ValueError(f"cannot import episode runner {runner!r}: {e}") from e
+    if not (isinstance(runner, type) and issubclass(runner, EpisodeRunner)):
+        raise TypeError(f"runner must be an EpisodeRunner subclass, got {runner!r}")
+    return runner
+
+
+class RolloutWorker(Worker):
+    """Holds one `VLLMEngine`; `rollout` turns task rows into a training batch.
+
+    Usable in one process (``RolloutWorker(config).rollout(td)``) or in a `RayWorkerGroup`.
+    """
+
+    def __init__(self, config: RolloutConfig) -> None:
+        self.config = config
+        self.engine = VLLMEngine(config.engine)
+        try:
+            self.renderer = ChatRenderer(
+                self.engine.tokenizer,
+                allow_non_prefix_preserving=config.allow_non_prefix_preserving,
+                chat_template_kwargs=config.chat_template_kwargs)
+            self.runner = resolve_runner(config.runner)(self.engine, self.renderer,
+                                                        config.episode_config())
+        except BaseException:
+            self.engine.shutdown()
+            raise
+        tok = self.engine.tokenizer
+        self.pad_token_id = tok.pad_token_id if tok.pad_token_id is not None \
+            else tok.eos_token_id
+        self._calls = 0
+        # a colocated actor (same process) pushes weights straight into this engine
+        register_local_engine(self.engine)
+
+    # --- group methods ----------------------------------------------------------------------
+    @remote(Dispatch.DP_SPLIT)
+    def rollout(self, batch: TensorDict) -> TensorDict:
+        """Run one episode per row of ``batch`` (ROWS, UID); see the module docstring."""
+        return _run(self.arollout(batch))
+
+    @remote(Dispatch.ONE_TO_ALL)
+    def load_weights(self, weights: Mapping[str, torch.Tensor]
+                     | Iterable[tuple[str, torch.Tensor]]) -> int:
+        """Push new policy weights into the engine; returns the new policy version."""
+        items = weights.items() if isinstance(weights, Mapping) else weights
+        return self.engine.load_weights_sync(items)
+
+    @remote(Dispatch.ONE_TO_ALL)
+    def check_health(self) -> bool:
+        return self.engine.is_healthy()
+
+    @remote(Dispatch.ONE_TO_ALL)
+    def policy_version(self) -> int:
+        return self.engine.weight_version
+
+    @remote(Dispatch.ONE_TO_ALL)
+    def engine_pids(self) -> list[int]:
+        """The processes of this worker's engine (to check that shutdown reaped them)."""
+        return self.engine.engine_pids
+
+    @remote(Dispatch.ONE_TO_ALL)
+    def shutdown(self) -> None:
+        """Stop the engine and its processes (call before killing the group)."""
+        unregister_local_engine(self.engine)
+        self.engine.shutdown()
+
+    # --- the work ---------------------------------------------------------------------------
+    async def arollout(self, batch: TensorDict) -> TensorDict:
+        """`rollout` as a coroutine (for callers that already run an event loop)."""
+        rows = B.get_non_tensor(batch, B.ROWS)
+        n = len(rows)
+        uids = B.get_non_tensor(batch, B.UID) if B.UID in batch else \
+            [uuid.uuid4().hex for _ in range(n)]
+        self._calls += 1
+        results = await self.run_episodes(rows, self._seeds(n))
+        return self.to_batch(rows, uids, results)
+
+    async def run_episodes(self, rows: Sequence[Mapping[str, Any]],
+                           seeds: Sequence[int | None]) -> list[EpisodeResult]:
+        """Run one episode per row, at most ``concurrency`` at a time; results in row order."""
+        sem = asyncio.Semaphore(self.config.concurrency)
+
+        async def one(row: Mapping[str, Any], seed: int | None) -> EpisodeResult:
+            async with sem:
+                try:
+                    env = self.make_env(row)
+                except Exception as e:  # unknown env id, bad kwargs: this row fails
+                    return self.runner.failed(row, seed, f"make_env: {type(e).__name__}: {e}")
+                try:
+                    return await self.runner.run(env, row, seed=seed)
+                finally:
+                    try:
+                        env.close()
+                    except Exception as e:  # the episode is finished: a bad close keeps it
+                        logger.warning("closing the env of episode %s failed: %s",
+                                       row.get("id"), e)
+
+        return list(await asyncio.gather(*(one(r, s) for r, s in zip(rows, seeds,
+                                                                       strict=True))))
+
+    def make_env(self, row: Mapping[str, Any]) -> Any:
+        """The env for one row (its ``env`` field, else the config's ``env_id``)."""
+        from toolrl import make_env
+
+        env_id = row.get("env") or self.config.env_id
+        if not env_id:
+            raise ValueError("the row has no 'env' field and RolloutConfig.env_id is not set")
+        return make_env(str(env_id), **self.config.env_kwargs)
+
+    def to_batch(self, rows: Sequence[Mapping[str, Any]], uids: Sequence[str],
+                 results: Sequence[EpisodeResult]) -> TensorDict:
+        """The rollout TensorDict of a list of finished episodes."""
+        records = []
+        for uid, res in zip(uids, results, strict=True):
+            rec = res.record()
+            rec["uid"] = uid
+            rec["policy_version"] = self.engine.weight_version
+            records.append(rec)
+        pad = self.config.pad_to_max
+        td = B.build_rollout_batch(
+            [r.prompt_ids for r in results], [r.response_ids for r in results],
+            [r.response_mask for r in results], self.pad_token_id,
+            rollout_log_probs=[r.log_probs for r in results],
+            non_tensor={B.ROWS: [dict(r) for r in rows], B.UID: list(uids),
+                        B.EPISODES: records},
+            max_prompt_len=self.config.max_prompt_len if pad else None,
+            max_response_len=self.config.max_response_len if pad else None)
+        td.set(B.POLICY_VERSION, torch.full((len(results),), self.engine.weight_version,
+                                            dtype=torch.long))
+        return td
+
+    def _seeds(self, n: int) -> list[int | None]:
+        if self.config.seed is None:
+            return [None] * n
+        return [zlib.crc32(f"{self.config.seed}:{self._calls}:{self.rank}:{i}".encode())
+                % (2**31 - 1) for i in range(n)]
+
+
+def rollout_metrics(td: TensorDict) -> dict[str, float]:
+    """Batch means of a rollout: reward, success, turns, tokens, finish reasons, errors."""
+    records = B.get_non_tensor(td, B.EPISODES)
+    n = max(len(records), 1)
+    out = {
+        "rollout/reward_mean": sum(r["reward"] for r in records) / n,
+        "rollout/success": sum(bool(r["success"]) for r in records) / n,
+        "rollout/turns_mean": sum(r["num_turns"] for r in records) / n,
+        "rollout/response_len_mean": sum(r["response_len"] for r in records) / n,
+        "rollout/sampled_tokens": float(sum(r["num_sampled_tokens"] for r in records)),
+        "rollout/tool_errors_mean": sum(len(e) for r in records for t in r["turns"]
+                                        for e in [t.get("errors", [])]) / n,
+    }
+    for r in records:
+        key = f"rollout/finish_{r['finish_reason']}"
+        out[key] = out.get(key, 0.0) + 1.0 / n
+    return out
+
+
+def _run(coro: Any) -> Any:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    coro.close()
+    raise RuntimeError("RolloutWorker.rollout was called inside a running event loop; "
+                       "await RolloutWorker.arollout instead")
+
+
+__all__ = [
+    "RolloutConfig",
+    "RolloutWorker",
+    "make_rollout_input",
+    "resolve_runner",
+    "rollout_metrics",
+]
