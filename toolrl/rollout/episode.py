@@ -180,6 +180,7 @@ class EpisodeResult:
     task_id: Any = None
     seed: int | None = None
     timing: dict[str, float] = field(default_factory=dict)
+    format: str | None = None  # the env's tool-call format (rewards re-parse with it)
 
     @property
     def num_turns(self) -> int:
@@ -195,6 +196,7 @@ class EpisodeResult:
             "error": self.error, "prompt_len": len(self.prompt_ids),
             "response_len": len(self.response_ids),
             "num_sampled_tokens": int(sum(self.response_mask)), "timing": self.timing,
+            "format": self.format,
         }
 
 
@@ -384,7 +386,7 @@ class EpisodeRunner:
             turns=state.turns, messages=_jsonable(state.messages), tools=state.tools,
             state=snapshot, final_info=state.final_info, error=state.error,
             task_id=state.row.get("id"), seed=state.seed,
-            timing={"generate_s": gen, "env_s": env_s})
+            timing={"generate_s": gen, "env_s": env_s}, format=state.format)
 
 
 def _turn_info(info: Mapping[str, Any], reward: float) -> dict[str, Any]:

@@ -151,9 +151,15 @@ class RolloutWorker(Worker):
 
     # --- group methods ----------------------------------------------------------------------
     @remote(Dispatch.DP_SPLIT)
-    def rollout(self, batch: TensorDict) -> TensorDict:
-        """Run one episode per row of ``batch`` (ROWS, UID); see the module docstring."""
-        return _run(self.arollout(batch))
+    def rollout(self, batch: TensorDict, seed: int | None = None,
+                greedy: bool = False) -> TensorDict:
+        """Run one episode per row of ``batch`` (ROWS, UID); see the module docstring.
+
+        ``seed`` fixes this call's sampling seeds (the trainer passes a function of the step,
+        so a resumed run samples what an uninterrupted one would); ``greedy`` decodes with
+        temperature 0 (validation).
+        """
+        return _run(self.arollout(batch, seed=seed, greedy=greedy))
 
     @remote(Dispatch.ONE_TO_ALL)
     def load_weights(self, weights: Mapping[str, torch.Tensor]
@@ -182,29 +188,37 @@ class RolloutWorker(Worker):
         self.engine.shutdown()
 
     # --- the work ---------------------------------------------------------------------------
-    async def arollout(self, batch: TensorDict) -> TensorDict:
+    async def arollout(self, batch: TensorDict, seed: int | None = None,
+                       greedy: bool = False) -> TensorDict:
         """`rollout` as a coroutine (for callers that already run an event loop)."""
         rows = B.get_non_tensor(batch, B.ROWS)
         n = len(rows)
         uids = B.get_non_tensor(batch, B.UID) if B.UID in batch else \
             [uuid.uuid4().hex for _ in range(n)]
         self._calls += 1
-        results = await self.run_episodes(rows, self._seeds(n))
+        runner = self.runner
+        if greedy:
+            cfg = self.config.episode_config()
+            cfg.sampling = cfg.sampling.replace(temperature=0.0)
+            runner = type(self.runner)(self.engine, self.renderer, cfg)
+        results = await self.run_episodes(rows, self._seeds(n, seed), runner=runner)
         return self.to_batch(rows, uids, results)
 
     async def run_episodes(self, rows: Sequence[Mapping[str, Any]],
-                           seeds: Sequence[int | None]) -> list[EpisodeResult]:
+                           seeds: Sequence[int | None],
+                           runner: EpisodeRunner | None = None) -> list[EpisodeResult]:
         """Run one episode per row, at most ``concurrency`` at a time; results in row order."""
         sem = asyncio.Semaphore(self.config.concurrency)
+        runner = runner or self.runner
 
         async def one(row: Mapping[str, Any], seed: int | None) -> EpisodeResult:
             async with sem:
                 try:
                     env = self.make_env(row)
                 except Exception as e:  # unknown env id, bad kwargs: this row fails
-                    return self.runner.failed(row, seed, f"make_env: {type(e).__name__}: {e}")
+                    return runner.failed(row, seed, f"make_env: {type(e).__name__}: {e}")
                 try:
-                    return await self.runner.run(env, row, seed=seed)
+                    return await runner.run(env, row, seed=seed)
                 finally:
                     try:
                         env.close()
@@ -246,11 +260,16 @@ class RolloutWorker(Worker):
                                             dtype=torch.long))
         return td
 
-    def _seeds(self, n: int) -> list[int | None]:
-        if self.config.seed is None:
+    def _seeds(self, n: int, seed: int | None = None) -> list[int | None]:
+        """Per-episode seeds: from the call's ``seed`` when given, else the config's seed and a
+        call counter; None (unseeded) when neither is set."""
+        if seed is not None:
+            base = f"call{seed}"
+        elif self.config.seed is not None:
+            base = f"{self.config.seed}:{self._calls}"
+        else:
             return [None] * n
-        return [zlib.crc32(f"{self.config.seed}:{self._calls}:{self.rank}:{i}".encode())
-                % (2**31 - 1) for i in range(n)]
+        return [zlib.crc32(f"{base}:{self.rank}:{i}".encode()) % (2**31 - 1) for i in range(n)]
 
 
 def rollout_metrics(td: TensorDict) -> dict[str, float]:

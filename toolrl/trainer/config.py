@@ -205,7 +205,11 @@ def to_dict(cfg: ExperimentConfig) -> dict[str, Any]:
 
 
 def save_config(cfg: ExperimentConfig, path: str | os.PathLike) -> None:
-    OmegaConf.save(OmegaConf.structured(cfg), Path(path))
+    """Write the resolved config as YAML; values of secret-looking environment variables
+    (e.g. a key read with ``${oc.env:MY_API_KEY}``) are written as ``***``."""
+    from toolrl.trainer.tracking import redact, secret_values
+
+    OmegaConf.save(OmegaConf.create(redact(to_dict(cfg), secret_values())), Path(path))
 
 
 def validate(cfg: ExperimentConfig) -> None:
@@ -237,6 +241,17 @@ def validate(cfg: ExperimentConfig) -> None:
     if cfg.rollout.max_total_tokens > cfg.rollout.engine.max_model_len:
         raise ConfigError(f"rollout.max_total_tokens ({cfg.rollout.max_total_tokens}) exceeds "
                           f"rollout.engine.max_model_len ({cfg.rollout.engine.max_model_len})")
+    model = cfg.model.path
+    if not cfg.model.build_tiny_if_missing and not Path(model).expanduser().exists() and \
+            not _looks_like_hub_id(model):
+        raise ConfigError(f"model.path={model!r} does not exist (and "
+                          f"model.build_tiny_if_missing is false)")
+
+
+def _looks_like_hub_id(path: str) -> bool:
+    """``org/name`` whose first part is no local directory (the trainer's rule too)."""
+    return "/" in path and not path.startswith((".", "/", "~")) and path.count("/") == 1 and \
+        not os.path.exists(path.split("/")[0])
 
 
 def _get(cfg: Any, dotted: str) -> Any:

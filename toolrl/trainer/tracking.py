@@ -150,8 +150,9 @@ class Tracker:
         (self.run_dir / "rollouts").mkdir(exist_ok=True)
         self.console = console or Console()
         self._secrets = secret_values()
+        config = redact(dict(config or {}), self._secrets)
         self.backends = [TRACKERS.get(name)(run_dir=self.run_dir, experiment_name=experiment_name,
-                                            config=config or {}) for name in backends]
+                                            config=config) for name in backends]
         self.history: list[dict[str, float]] = []
         self._progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
                                   MofNCompleteColumn(), TimeElapsedColumn(),
@@ -162,8 +163,9 @@ class Tracker:
         self._progress.start()
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
-        """Record one step's metrics everywhere and print a one-line summary."""
-        clean = {k: _jsonable(v) for k, v in metrics.items()}
+        """Record one step's metrics everywhere and print a one-line summary (names and
+        string values with secrets redacted)."""
+        clean = redact({k: _jsonable(v) for k, v in metrics.items()}, self._secrets)
         self.history.append({"step": step, **clean})
         for backend in self.backends:
             backend.log(step, clean)
@@ -181,7 +183,8 @@ class Tracker:
         return path
 
     def print(self, *args: Any, **kwargs: Any) -> None:
-        self._progress.console.print(*args, **kwargs)
+        """Print on the run's console (string arguments with secrets redacted)."""
+        self._progress.console.print(*redact(list(args), self._secrets), **kwargs)
 
     def close(self) -> list[Path]:
         """Stop the progress bar, close backends, and write the curves as PNG."""

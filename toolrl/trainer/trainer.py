@@ -208,10 +208,8 @@ class Trainer:
     def rollout(self, rows: Sequence[Mapping[str, Any]], n: int, seed: int,
                 greedy: bool = False) -> TensorDict:
         batch = make_rollout_input(rows, n=n)
-        B.set_meta(batch, "rollout_seed", seed)
-        if greedy:
-            B.set_meta(batch, "greedy", True)
-        return self.handles["rollout"].call(RolloutWorker.rollout, batch)
+        return self.handles["rollout"].call(RolloutWorker.rollout, batch, seed=seed,
+                                            greedy=greedy)
 
     def score(self, batch: TensorDict) -> dict[str, float]:
         """Reward plugins -> ``token_level_scores`` (outcome on the last sampled token)."""
@@ -371,10 +369,8 @@ class Trainer:
         self.console.log(f"resumed from {path} at step {self.step}")
 
     def close(self) -> None:
-        for handle in self.handles.values():
-            if "rollout" in handle.group.roles:
-                handle.call(RolloutWorker.shutdown)
-                break
+        if "rollout" in self.handles:
+            self.handles["rollout"].call(RolloutWorker.shutdown)
         for group in {id(h.group): h.group for h in self.handles.values()}.values():
             group.shutdown()
         self.handles = {}

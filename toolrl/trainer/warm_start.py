@@ -123,7 +123,7 @@ def sft(model_path: str | Path, transcripts: Sequence[Transcript], out_dir: str 
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             sched.step()
-            losses.append(float(loss))
+            losses.append(float(loss.detach()))
             tokens += int(attn.sum())
             progress.update(task, advance=1, loss=f"{losses[-1]:.3f}")
             if step % 50 == 0 or step == steps - 1:
