@@ -213,7 +213,11 @@ class CalculatorEnv(ToolEnv):
         if self.submitted is None:
             return False
         truth = float(self.row["ground_truth"])
-        return abs(float(self.submitted) - truth) <= 1e-6 * max(1.0, abs(truth))
+        try:
+            submitted = float(self.submitted)
+        except OverflowError:  # an integer beyond float range (valid JSON): not the answer
+            return False
+        return abs(submitted - truth) <= 1e-6 * max(1.0, abs(truth))
 
     def state_snapshot(self) -> dict[str, Any]:
         return {"submitted": self.submitted}

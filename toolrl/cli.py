@@ -74,9 +74,14 @@ def _train(args: argparse.Namespace) -> int:
     except (ConfigError, FileNotFoundError) as e:
         print(f"toolrl train: {e}", file=sys.stderr)
         return 2
+    from toolrl.controller.resources import ResourceError
     from toolrl.trainer.trainer import run_training
 
-    run_training(cfg)
+    try:
+        run_training(cfg)
+    except ResourceError as e:  # the pools do not fit the cluster: checked before any worker
+        print(f"toolrl train: {e}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -162,8 +162,11 @@ class PythonSandboxEnv(ToolEnv):
         return Turn(terminated=submitted or (not parse.calls and not parse.errors))
 
     def evaluate(self) -> bool:
-        return self.submitted is not None and float(self.submitted) == float(
-            self.row["ground_truth"])
+        try:
+            return self.submitted is not None and float(self.submitted) == float(
+                self.row["ground_truth"])
+        except OverflowError:  # an integer beyond float range (valid JSON): not the answer
+            return False
 
     def state_snapshot(self) -> dict[str, Any]:
         return {"submitted": self.submitted}

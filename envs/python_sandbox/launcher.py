@@ -6,11 +6,15 @@ work directory as cwd; it uses the standard library only. Steps, failing closed 
 
 1. ``unshare`` new mount, network, PID, IPC and UTS namespaces (plus a user namespace when not
    root). The new network namespace has only a down loopback: no network at all.
-2. Make every mount read-only except the work directory (a bind mount of itself). When root,
-   expose the interpreter's install directory if it sits under a directory other users cannot
-   enter (e.g. ``/root``), by covering that directory with an empty tmpfs and bind-mounting the
-   install back, so the code can run as an unprivileged uid.
-3. Fork: the child is PID 1 of the new PID namespace (when it dies, the kernel kills every
+2. Make every mount read-only except the work directory (a bind mount of itself).
+3. Switch to a fresh root (a tmpfs moved onto ``/``, then ``chroot``) that holds only the system
+   directories (``SYSTEM_DIRS``), the Python install (the interpreter's directory and
+   ``config["expose"]``), a minimal ``/dev`` (``DEVICES``), an empty ``/proc`` mount point and
+   the work directory (the only writable place). Home and data directories, ``/tmp``, the
+   project and other runs' files do not exist in that view. The directories leading to the
+   Python install are fresh ones (mode 755), so the run's uid reaches an install under a
+   directory it could not enter on the host (e.g. ``/root``).
+4. Fork: the child is PID 1 of the new PID namespace (when it dies, the kernel kills every
    process the code started, even ones that called setsid). It mounts a fresh ``/proc``, sets
    the rlimits (CPU, address space, file size, open files, processes, no core), drops to the
    run's own unprivileged uid (``config["uid"]``) when root, sets no_new_privs and a
@@ -23,15 +27,18 @@ import json
 import os
 import resource
 import signal
-import stat
 import sys
 
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
 CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
-MS_REMOUNT, MS_NOATIME, MS_NODIRATIME, MS_BIND = 32, 1024, 2048, 4096
+MS_REMOUNT, MS_NOATIME, MS_NODIRATIME, MS_BIND, MS_MOVE = 32, 1024, 2048, 4096, 8192
 MS_REC, MS_PRIVATE, MS_RELATIME, MS_STRICTATIME = 16384, 1 << 18, 1 << 21, 1 << 24
 PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
+# What the code sees of the host, read-only: programs, libraries and /etc (plus the Python
+# install and its work directory). Symlinked entries (merged /usr) are recreated as symlinks.
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
+DEVICES = ("null", "zero", "full", "random", "urandom")
 _FLAGS = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC, "noatime": MS_NOATIME,
           "nodiratime": MS_NODIRATIME, "relatime": MS_RELATIME}
 
@@ -53,9 +60,9 @@ def _check(result, what):
         raise SandboxError(f"{what}: {os.strerror(errno)} (errno {errno})")
 
 
-def _mount(source, target, fstype, flags, what):
+def _mount(source, target, fstype, flags, what, data=None):
     _check(libc.mount(source and source.encode(), target.encode(), fstype and fstype.encode(),
-                      flags, None), what)
+                      flags, data and data.encode()), what)
 
 
 def _write(path, text):
@@ -76,29 +83,53 @@ def _mountpoints():
     return out
 
 
-def _closed_ancestor(path):
-    """The highest ancestor of ``path`` that other users cannot traverse, or None."""
-    current = "/"
-    for part in path.strip("/").split("/"):
-        current = os.path.join(current, part)
-        if not os.stat(current).st_mode & stat.S_IXOTH:
-            return current
-    return None
+def _bind(source, target, what, flags=MS_BIND | MS_REC):
+    if os.path.isdir(source):
+        os.makedirs(target, mode=0o755, exist_ok=True)
+    else:
+        os.makedirs(os.path.dirname(target), mode=0o755, exist_ok=True)
+        with open(target, "a"):
+            pass
+    _mount(source, target, None, flags, what)
 
 
-def _expose(paths, staging):
-    """Cover closed directories with a tmpfs and bind the interpreter installs back."""
-    for i, path in enumerate(paths):
-        closed = _closed_ancestor(path)
-        if closed is None:
-            continue
-        stage = os.path.join(staging, f"install{i}")
-        os.makedirs(stage)
-        _mount(path, stage, None, MS_BIND | MS_REC, f"stage {path}")
-        _mount("tmpfs", closed, "tmpfs", MS_NOSUID | MS_NODEV, f"cover {closed}")
-        os.chmod(closed, 0o755)
-        os.makedirs(path, mode=0o755, exist_ok=True)
-        _mount(stage, path, None, MS_BIND | MS_REC, f"expose {path}")
+def _enter_new_root(work, config):
+    """Chroot into a tmpfs holding only what the code may see (every bind stays read-only:
+    the mounts it copies were remounted read-only before, except the work directory)."""
+    new = os.path.join(work, ".root")
+    os.mkdir(new, 0o755)
+    _mount("tmpfs", new, "tmpfs", MS_NOSUID | MS_NODEV, "mount the new root", "mode=0755")
+    shown = []
+    for path in SYSTEM_DIRS:
+        if os.path.islink(path):
+            os.symlink(os.readlink(path), new + path)
+        elif os.path.isdir(path):
+            shown.append(path)
+    python_dir = os.path.dirname(os.path.realpath(config["python"]))
+    for path in sorted({os.path.realpath(p) for p in [*config["expose"], python_dir]}):
+        if not any(path == d or path.startswith(d.rstrip("/") + "/") for d in shown):
+            shown.append(path)
+    for path in shown:
+        _bind(path, new + path, f"expose {path}")
+    dev = new + "/dev"
+    os.mkdir(dev, 0o755)
+    _mount("tmpfs", dev, "tmpfs", MS_NOSUID, "mount /dev", "mode=0755")
+    for name in DEVICES:
+        if os.path.exists("/dev/" + name):
+            _bind("/dev/" + name, f"{dev}/{name}", f"expose /dev/{name}")
+    for i, name in enumerate(("stdin", "stdout", "stderr")):
+        os.symlink(f"/proc/self/fd/{i}", f"{dev}/{name}")
+    os.symlink("/proc/self/fd", dev + "/fd")
+    _mount(None, dev, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID, "remount /dev read-only")
+    os.mkdir(new + "/proc", 0o555)
+    _bind(work, new + work, "bind the work directory into the new root", MS_BIND)
+    _mount(None, new, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV,
+           "remount the new root read-only")
+    os.chdir(new)
+    _mount(new, "/", None, MS_MOVE, "move the new root onto /")
+    os.chroot(".")
+    os.chdir(work)
+    os.rmdir(".root")  # the (now empty) mount point, seen through the work directory
 
 
 def isolate(config):
@@ -113,10 +144,6 @@ def isolate(config):
     _mount("none", "/", None, MS_REC | MS_PRIVATE, "make mounts private")
     work = os.path.realpath(config["workdir"])
     _mount(work, work, None, MS_BIND, "bind the work directory")
-    if root:
-        staging = os.path.join(work, ".sandbox")
-        os.makedirs(staging)
-        _expose(sorted({os.path.realpath(p) for p in config["expose"]}), staging)
     for point, mount_flags in _mountpoints():
         if point == work:
             continue
@@ -124,6 +151,7 @@ def isolate(config):
                             MS_REMOUNT | MS_BIND | MS_RDONLY | mount_flags, None)
         if result != 0 and point == "/":
             _check(result, "remount / read-only")
+    _enter_new_root(work, config)
 
 
 def child(config):

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import copy
+import dataclasses
 import inspect
 import string
 import threading
@@ -216,6 +217,8 @@ class ToolEnv(gym.Env[list, str]):
         max_turns: assistant turns before truncation.
         tool_timeout: default per-call timeout in seconds (a tool's own limit can be lower).
         max_output_chars: default cap on one tool output.
+        max_calls_per_turn: calls run per turn; the rest of a longer turn are not run and one
+            ``too_many_calls`` error says so (a turn costs bounded time and observation size).
     """
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
@@ -226,6 +229,7 @@ class ToolEnv(gym.Env[list, str]):
     default_max_output_chars: ClassVar[int] = 2000
     max_action_chars: ClassVar[int] = 16384
     max_parse_errors_shown: ClassVar[int] = 3
+    default_max_calls_per_turn: ClassVar[int] = 32
     _tool_attrs: ClassVar[tuple[str, ...]] = ()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -242,6 +246,7 @@ class ToolEnv(gym.Env[list, str]):
 
     def __init__(self, *, tool_format: str | None = None, max_turns: int | None = None,
                  tool_timeout: float | None = None, max_output_chars: int | None = None,
+                 max_calls_per_turn: int | None = None,
                  render_mode: str | None = None) -> None:
         self.format_name = tool_format or type(self).tool_format
         self.parser: ToolCallFormat = get_format(self.format_name)
@@ -252,6 +257,10 @@ class ToolEnv(gym.Env[list, str]):
             self.default_tool_timeout
         self.max_output_chars = max_output_chars if max_output_chars is not None else \
             self.default_max_output_chars
+        self.max_calls_per_turn = max_calls_per_turn if max_calls_per_turn is not None else \
+            self.default_max_calls_per_turn
+        if self.max_calls_per_turn < 1:
+            raise ValueError(f"max_calls_per_turn must be >= 1, got {self.max_calls_per_turn}")
         self.render_mode = render_mode
         self.action_space = spaces.Text(max_length=self.max_action_chars, min_length=0,
                                         charset=PRINTABLE)
@@ -366,9 +375,19 @@ class ToolEnv(gym.Env[list, str]):
         self.turn += 1
         self.messages.append({"role": "assistant", "content": action})
         parse = self.parser.parse(action)
+        skipped = len(parse.calls) - self.max_calls_per_turn
+        if skipped > 0:  # the turn's calls are the ones that ran
+            parse = dataclasses.replace(parse, calls=parse.calls[:self.max_calls_per_turn])
         results = list(await asyncio.gather(*(self._call(c) for c in parse.calls)))
         observation = [self._tool_message(c, r) for c, r in zip(parse.calls, results, strict=True)]
         errors = [r.error for r in results if r.error is not None]
+        if skipped > 0:
+            error = make_error("too_many_calls", None,
+                               f"{skipped + self.max_calls_per_turn} calls in one turn; only the "
+                               f"first {self.max_calls_per_turn} ran, the other {skipped} did not")
+            errors.append(error)
+            observation.append({"role": "tool", "name": "too_many_calls",
+                                "content": error_observation(error)})
         for perr in parse.errors[:self.max_parse_errors_shown]:
             error = make_error("parse_error", None, perr.message)
             errors.append(error)

@@ -13,9 +13,10 @@ Each format is a small class registered in ``FORMATS`` (a `toolrl.registry.Regis
   ``[TOOL_CALLS]name[ARGS]{...}`` form when parsing).
 
 Parsing never raises and runs in time linear in the message length (``str.find`` scans and one
-``json`` decode per call, no backtracking regexes). Malformed calls become `ParseError` entries;
-nothing is silently repaired. With ``repair=True`` a lenient decoder is tried on JSON that fails
-to parse, and the result is flagged ``repaired=True`` so rewards can penalize it.
+``json`` decode per call, no backtracking regexes); arguments nested deeper than
+``MAX_ARGUMENT_DEPTH`` levels are rejected (``too_deep``). Malformed calls become `ParseError`
+entries; nothing is silently repaired. With ``repair=True`` a lenient decoder is tried on JSON
+that fails to parse, and the result is flagged ``repaired=True`` so rewards can penalize it.
 """
 
 from __future__ import annotations
@@ -44,9 +45,21 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise ValueError(f"the number {text[:40]} is out of range")
+    return value
+
+
 # strict=False accepts raw control characters (e.g. newlines in code strings); NaN/Infinity are
-# rejected because they are not JSON and break equality of arguments.
-_DECODER = json.JSONDecoder(strict=False, parse_constant=_reject_constant)
+# rejected because they are not JSON and break equality of arguments, and so are numbers that
+# overflow a float (``1e400``). Integers longer than Python's 4300-digit limit fail to decode.
+_DECODER = json.JSONDecoder(strict=False, parse_constant=_reject_constant,
+                            parse_float=_finite_float)
+# Arguments nested deeper than this are a parse error: recursive code downstream (validation,
+# episode records, pickling to other processes, JSON dumps) must never meet a RecursionError.
+MAX_ARGUMENT_DEPTH = 32
 
 
 def _dumps(obj: Any) -> str:
@@ -128,9 +141,27 @@ class ToolCallFormat:
             return None, ParseError("bad_arguments",
                                     f"arguments of {name!r} must be a JSON object, got "
                                     f"{_json_type(arguments)}", span)
+        if _nesting_exceeds(arguments, MAX_ARGUMENT_DEPTH):
+            return None, ParseError("too_deep", f"arguments of {name!r} nest deeper than "
+                                                f"{MAX_ARGUMENT_DEPTH} levels", span)
         call_id = obj.get("id")
         return ToolCall(name=name, arguments=arguments,
                         id=call_id if isinstance(call_id, str) else None), None
+
+
+def _nesting_exceeds(value: Any, limit: int) -> bool:
+    """Whether objects/arrays in ``value`` nest more than ``limit`` levels (no recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        children = node.values() if isinstance(node, dict) else node if isinstance(
+            node, list) else None
+        if children is None:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
 
 
 def _json_type(value: Any) -> str:

@@ -15,9 +15,12 @@ through an instance, a method tool is bound to that instance (so its state is pe
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import copy
 import inspect
 import json
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -347,15 +350,20 @@ class Tool:
         except Exception as exc:  # the tool's own bug or refusal: an observation, not a crash
             error = make_error("tool_exception", self.name, f"{type(exc).__name__}: {exc}")
             return done(error_observation(error), error)
-        content = render_output(value)
+        try:
+            content = render_output(value)
+        except Exception as exc:  # e.g. an int too long for str(): the tool's output is unusable
+            error = make_error("tool_exception", self.name, f"the output of {self.name!r} "
+                               f"cannot be rendered as text: {type(exc).__name__}: {exc}")
+            return done(error_observation(error), error)
         cap = _min(self.max_output_chars, max_output_chars)
         if cap is not None and len(content) > cap:
             cut = len(content) - cap
-            content = content[:cap] + TRUNCATION_MARKER.format(n=cut)
+            content = _valid_utf8(content[:cap]) + TRUNCATION_MARKER.format(n=cut)
             error = make_error("output_truncated", self.name,
                                f"output of {self.name!r} cut to {cap} chars ({cut} dropped)")
             return done(content, error, value, truncated=True)
-        return done(content, None, value)
+        return done(_valid_utf8(content), None, value)
 
     async def _invoke(self, arguments: dict[str, Any]) -> Any:
         if self.fn is None:
@@ -370,7 +378,7 @@ class Tool:
         if self.inline:
             value = self.fn(*args, **kwargs)
         else:
-            value = await asyncio.to_thread(self.fn, *args, **kwargs)
+            value = await _in_daemon_thread(self.fn, *args, **kwargs)
         if inspect.isawaitable(value):
             value = await value
         return value
@@ -404,6 +412,41 @@ def render_output(value: Any) -> str:
         return json.dumps(value, ensure_ascii=False, default=str)
     except (TypeError, ValueError):
         return str(value)
+
+
+def _valid_utf8(text: str) -> str:
+    """``text`` without lone surrogates (e.g. bytes decoded with ``surrogateescape``), which
+    tokenizers and UTF-8 files reject; each becomes ``?``."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", errors="replace").decode("utf-8")
+
+
+def _in_daemon_thread(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> asyncio.Future:
+    """Run a blocking call on its own daemon thread. Unlike ``asyncio.to_thread`` (the loop's
+    default executor), a call that never returns is abandoned when its timeout fires: neither
+    the loop's shutdown nor the interpreter's exit waits for it."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future = loop.create_future()
+    context = contextvars.copy_context()
+
+    def settle(ok: bool, outcome: Any) -> None:
+        if not future.done():
+            (future.set_result if ok else future.set_exception)(outcome)
+
+    def target() -> None:
+        try:
+            outcome, ok = context.run(fn, *args, **kwargs), True
+        except BaseException as exc:  # handed to the awaiting coroutine
+            outcome, ok = exc, False
+        with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits any more
+            loop.call_soon_threadsafe(settle, ok, outcome)
+
+    threading.Thread(target=target, name=f"toolrl-tool-{getattr(fn, '__name__', 'call')}",
+                     daemon=True).start()
+    return future
 
 
 def _min(*values: float | None) -> float | None:

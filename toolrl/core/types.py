@@ -63,4 +63,5 @@ ERROR_TYPES: frozenset[str] = frozenset({
     "tool_exception",    # the tool raised; the message names the exception type
     "output_truncated",  # the output was cut to the size cap (the call itself succeeded)
     "http_error",        # an HTTP tool got a 4xx/5xx answer
+    "too_many_calls",    # more calls in one turn than the env runs (only the first ones ran)
 })

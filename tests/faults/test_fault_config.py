@@ -1,0 +1,90 @@
+"""Fault table, bad configs: an unknown key, a wrong type, a missing model path, a pool larger
+than the machine.
+
+Expected: one clear message (one line, naming the key or the shortfall) before any worker
+starts: `load_config` raises `ConfigError`; ``toolrl train --config X`` prints
+``toolrl train: <message>`` on stderr, exits with 2 and starts nothing. The pool check runs
+against the session's real Ray cluster and must leave no placement group or actor behind.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from toolrl import cli
+from toolrl.trainer.config import ConfigError, load_config
+
+pytestmark = pytest.mark.timeout(120)
+
+BAD = {
+    "unknown_key": ("rollout:\n  temprature: 0.7\n",
+                    "unknown config key 'rollout.temprature'", "temperature"),
+    "unknown_top_key": ("trainr:\n  total_steps: 3\n", "unknown config key 'trainr'",
+                        "trainer"),
+    "wrong_type": ("data:\n  batch_size: many\n", "invalid value for 'data.batch_size'",
+                   "many"),
+    "wrong_choice": ("algorithm:\n  name: dpo\n", "algorithm.name='dpo' is not valid",
+                     "grpo"),
+    "missing_model_path": ("model:\n  path: {missing}\n  build_tiny_if_missing: false\n",
+                           "does not exist", "model.path"),
+}
+
+
+def write_config(tmp_path, text: str) -> str:
+    path = tmp_path / "bad.yaml"
+    run_dir = tmp_path / "run"
+    path.write_text(text.format(missing=tmp_path / "no-such-model") +
+                    f"trainer:\n  output_dir: {run_dir}\n" * ("trainer:" not in text))
+    return str(path)
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str]:
+    code = cli.main(["train", *argv])
+    return code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_load_config_names_the_problem(tmp_path, case):
+    text, message, hint = BAD[case]
+    with pytest.raises(ConfigError) as info:
+        load_config(write_config(tmp_path, text))
+    text = str(info.value)
+    assert message in text and hint in text and "\n" not in text, text
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_toolrl_train_prints_one_line_and_starts_nothing(tmp_path, capsys, case):
+    text, message, _ = BAD[case]
+    code, err = run_cli(capsys, "--config", write_config(tmp_path, text))
+    assert code == 2
+    assert err.startswith("toolrl train: ") and message in err and err.count("\n") == 1, err
+    assert not (tmp_path / "run").exists()  # the trainer never began
+
+
+def test_a_missing_config_file_or_bad_override(tmp_path, capsys):
+    code, err = run_cli(capsys, "--config", str(tmp_path / "nope.yaml"))
+    assert code == 2 and "does not exist" in err and err.count("\n") == 1
+    good = tmp_path / "good.yaml"
+    good.write_text("seed: 1\n")
+    code, err = run_cli(capsys, "--config", str(good), "actor.lr=fast")
+    assert code == 2 and "actor.lr" in err and err.count("\n") == 1, err
+
+
+@pytest.mark.slow
+def test_a_pool_larger_than_the_machine(tmp_path, capsys, ray_cluster, tiny_model_dir):
+    """64 processes x 1 CPU on a cluster of 8 CPUs: refused by the placement check before
+    any placement group or actor exists."""
+    ray = ray_cluster
+    groups_before = set(ray.util.placement_group_table())
+    free_before = ray.available_resources().get("CPU")
+    config = tmp_path / "big.yaml"
+    config.write_text(f"model:\n  path: {tiny_model_dir}\n  build_tiny_if_missing: false\n"
+                      f"resources:\n  processes_per_node: 64\n"
+                      f"trainer:\n  output_dir: {tmp_path / 'run'}\n  trackers: [jsonl]\n"
+                      f"data:\n  train_size: 16\n  val_size: 4\n")
+    code, err = run_cli(capsys, "--config", str(config))
+    assert code == 2, err
+    assert err.startswith("toolrl train: ") and err.count("\n") == 1, err
+    assert "64 x {CPU: 1}" in err and "must fit on ONE node" in err and "short by" in err
+    assert set(ray.util.placement_group_table()) == groups_before
+    assert ray.available_resources().get("CPU") == free_before
