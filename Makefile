@@ -29,7 +29,7 @@ $(TINY)/toolrl_tiny.json: $(STAMP) toolrl/models/tiny.py
 	$(VENV)/bin/toolrl make-tiny-model --out $(TINY)
 
 demo: $(STAMP) $(TINY)/toolrl_tiny.json
-	$(VENV)/bin/toolrl demo --model $(TINY)
+	$(VENV)/bin/toolrl train --config configs/quickstart.yaml
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

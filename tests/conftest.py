@@ -63,3 +63,4 @@ def ray_cluster(tmp_path_factory):
         yield ray
     finally:
         ray.shutdown()
+

@@ -39,7 +39,12 @@ from toolrl.controller.worker import Dispatch, Worker, remote
 from toolrl.rollout.chat import ChatRenderer
 from toolrl.rollout.engine import EngineConfig, SamplingConfig, VLLMEngine
 from toolrl.rollout.episode import EpisodeConfig, EpisodeResult, EpisodeRunner
-from toolrl.workers.weights import register_local_engine, unregister_local_engine
+from toolrl.workers.weights import (
+    WeightSyncGroup,
+    register_local_engine,
+    unregister_local_engine,
+    weights_checksum,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -146,6 +151,8 @@ class RolloutWorker(Worker):
         self.pad_token_id = tok.pad_token_id if tok.pad_token_id is not None \
             else tok.eos_token_id
         self._calls = 0
+        self._sync: WeightSyncGroup | None = None  # split pools: the group actor rank 0 sends on
+        self._loaded_checksum: str | None = None
         # a colocated actor (same process) pushes weights straight into this engine
         register_local_engine(self.engine)
 
@@ -169,6 +176,39 @@ class RolloutWorker(Worker):
         return self.engine.load_weights_sync(items)
 
     @remote(Dispatch.ONE_TO_ALL)
+    def connect_weight_sync(self, master_addr: str, master_port: int, world_size: int,
+                            backend: str | None = None) -> None:
+        """Split pools: join the weight-sync group as rank ``1 + self.rank`` (actor rank 0 is its
+        rank 0; call together with `ActorWorker.connect_weight_sync`, it is a rendezvous)."""
+        self._sync = WeightSyncGroup(master_addr, master_port, world_size, 1 + self.rank,
+                                     backend)
+
+    @remote(Dispatch.ONE_TO_ALL)
+    def receive_weights(self, checksum: bool = False) -> int:
+        """Receive one push of the actor (`ActorWorker.push_weights`, called at the same time)
+        and load it into the engine; the engine's version becomes the actor's. With
+        ``checksum`` the `weights_checksum` of the loaded weights is kept for
+        `loaded_weights_checksum` (hashing costs a pass over the weights). Returns the version.
+        """
+        if self._sync is None:
+            raise RuntimeError("receive_weights before connect_weight_sync: no sync group")
+
+        def load(named: Iterable[tuple[str, torch.Tensor]]) -> None:
+            tensors = dict(named)
+            self._loaded_checksum = weights_checksum(tensors) if checksum else None
+            self.engine.load_weights_sync(tensors.items())
+
+        version = self._sync.receive(load)
+        self.engine.weight_version = version  # samples are tagged with the actor's version
+        return version
+
+    @remote(Dispatch.ONE_TO_ALL)
+    def loaded_weights_checksum(self) -> str | None:
+        """`weights_checksum` of the last weights loaded by ``receive_weights(checksum=True)``
+        (None if the last push was received without it)."""
+        return self._loaded_checksum
+
+    @remote(Dispatch.ONE_TO_ALL)
     def check_health(self) -> bool:
         return self.engine.is_healthy()
 
@@ -185,6 +225,9 @@ class RolloutWorker(Worker):
     def shutdown(self) -> None:
         """Stop the engine and its processes (call before killing the group)."""
         unregister_local_engine(self.engine)
+        if self._sync is not None:
+            self._sync.close()
+            self._sync = None
         self.engine.shutdown()
 
     # --- the work ---------------------------------------------------------------------------

@@ -17,6 +17,7 @@ import os
 import random
 import re
 import shutil
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -64,6 +65,10 @@ def atomic_checkpoint(root: str | os.PathLike, step: int, keep: int | None = Non
     tmp.mkdir()
     try:
         yield tmp
+        # Fault-injection point for tests: widen the window in which a save can be killed.
+        delay = float(os.environ.get("TOOLRL_FAULT_CHECKPOINT_DELAY_S", "0") or 0)
+        if delay > 0:
+            time.sleep(delay)
         (tmp / COMPLETE).write_text(str(step))
         _fsync_dir(tmp)
         if final.exists():

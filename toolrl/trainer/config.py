@@ -103,6 +103,7 @@ class ResourcesConfig:
     device: str = "cpu"  # cpu | cuda
     nodes: int = 1
     processes_per_node: int = 1  # FSDP ranks per node (actor / reference / critic)
+    rollout_processes_per_node: int = 1  # trainer.mode=pipeline: the rollout pool's own processes
     cpus_per_process: float = 1.0
     ray_num_cpus: int | None = None  # local cluster size; None: Ray's default
     ray_address: str | None = None  # connect to an existing cluster (or set RAY_ADDRESS)
@@ -230,7 +231,8 @@ def validate(cfg: ExperimentConfig) -> None:
         raise ConfigError("algorithm.name=ppo needs algorithm.advantage=gae (it uses the critic)")
     positive = ("data.batch_size", "algorithm.group_size",
                 "rollout.max_tokens_per_turn", "rollout.max_turns", "resources.nodes",
-                "resources.processes_per_node", "trainer.total_steps")
+                "resources.processes_per_node", "resources.rollout_processes_per_node",
+                "trainer.total_steps")
     for key in positive:
         if _get(cfg, key) < 1:
             raise ConfigError(f"{key} must be >= 1, got {_get(cfg, key)}")

@@ -27,7 +27,7 @@ from tensordict import TensorDict
 from toolrl import batch as B
 from toolrl.algo import apply_kl_in_reward, compute_advantage
 from toolrl.controller import ResourcePoolManager, RoleSpec, init_ray
-from toolrl.controller.worker_group import spawn
+from toolrl.controller.worker_group import WorkerGroupError, spawn
 from toolrl.core.reward import Trajectory, TurnRecord, build_reward
 from toolrl.data import TaskLoader, load_rows
 from toolrl.rollout.engine import EngineConfig, SamplingConfig
@@ -68,6 +68,8 @@ class Trainer:
         resume = self.find_resume_point()
         if resume is not None:
             self.restore(resume)
+        else:  # a fresh start in a used run dir: metrics of an earlier attempt do not count
+            _truncate_metrics(self.run_dir / "metrics.jsonl", -1)
         self.tracker = Tracker(self.run_dir, cfg.experiment_name, config=_plain(cfg),
                                backends=cfg.trainer.trackers, total_steps=cfg.trainer.total_steps,
                                console=self.console, start_step=self.step)
@@ -174,10 +176,19 @@ class Trainer:
     # --- one step ------------------------------------------------------------------------------
     def train_step(self) -> dict[str, float]:
         """rollout -> reward -> log-probs -> advantage -> update -> sync."""
-        cfg, timing = self.cfg, {}
+        timing: dict[str, float] = {}
         rows = self.loader.next_batch()
         with _timed(timing, "rollout"):
-            batch = self.rollout(rows, cfg.algorithm.group_size, seed=self._seed("train"))
+            batch = self.rollout(rows, self.cfg.algorithm.group_size, seed=self._seed("train"))
+        metrics = self.learn(batch, timing)
+        with _timed(timing, "sync"):
+            metrics["policy_version"] = float(self.sync_weights())
+        metrics.update({f"timing/{k}_s": v for k, v in timing.items()})
+        return metrics
+
+    def learn(self, batch: TensorDict, timing: dict[str, float]) -> dict[str, float]:
+        """reward -> log-probs -> advantage -> update on a finished rollout ``batch``; phase
+        times go into ``timing``. Returns the step's metrics."""
         with _timed(timing, "reward"):
             reward_metrics = self.score(batch)
         with _timed(timing, "log_probs"):
@@ -193,17 +204,17 @@ class Trainer:
             if "critic" in self.handles:
                 metrics.update(_first(self.handles["critic"].call(CriticWorker.update_critic,
                                                                   batch)))
-        with _timed(timing, "sync"):
-            metrics["policy_version"] = float(_first(
-                self.actor.call(ActorWorker.push_weights_local)))
         metrics.update(reward_metrics)
         metrics.update(adv_metrics)
         metrics.update(rollout_metrics(batch))
         episodes = B.get_non_tensor(batch, B.EPISODES)
         metrics["train/success"] = sum(bool(e["success"]) for e in episodes) / len(episodes)
-        metrics.update({f"timing/{k}_s": v for k, v in timing.items()})
         self._last_batch = batch
         return metrics
+
+    def sync_weights(self) -> int:
+        """Actor -> rollout engines (in-process: the roles share the pool); the new version."""
+        return int(_first(self.actor.call(ActorWorker.push_weights_local)))
 
     def rollout(self, rows: Sequence[Mapping[str, Any]], n: int, seed: int,
                 greedy: bool = False) -> TensorDict:
@@ -322,7 +333,8 @@ class Trainer:
         self.tracker.log_rollouts(self.step, [
             {"task_id": e.get("task_id"), "uid": e.get("uid"), "reward": s,
              "success": e["success"], "finish_reason": e["finish_reason"],
-             "messages": e["messages"], "ground_truth": r.get("ground_truth")}
+             "policy_version": e.get("policy_version"), "messages": e["messages"],
+             "ground_truth": r.get("ground_truth")}
             for e, r, s in zip(episodes, rows, scores, strict=True)])
 
     def summarize(self, first_val: float | None, last: Mapping[str, float]) -> None:
@@ -365,14 +377,20 @@ class Trainer:
         state = ckpt.load_trainer_state(path)
         self.step = int(state["step"])
         self.loader.load_state_dict(state["data"])
-        self.actor.call(ActorWorker.push_weights_local)
+        self.actor.call(ActorWorker.set_policy_version, self.step - 1)
+        self.sync_weights()  # the engine gets the restored weights, as version `step`
+        _truncate_metrics(self.run_dir / "metrics.jsonl", self.step)
         self.console.log(f"resumed from {path} at step {self.step}")
 
     def close(self) -> None:
         if "rollout" in self.handles:
-            self.handles["rollout"].call(RolloutWorker.shutdown)
+            try:
+                self.handles["rollout"].call(RolloutWorker.shutdown)
+            except WorkerGroupError as e:  # a dead rollout worker: its group is killed below
+                self.console.log(f"rollout shutdown: {e}")
         for group in {id(h.group): h.group for h in self.handles.values()}.values():
             group.shutdown()
+            group.pool.release()
         self.handles = {}
 
     # --- helpers -------------------------------------------------------------------------------
@@ -380,17 +398,20 @@ class Trainer:
     def actor(self) -> Any:
         return self.handles["actor"]
 
-    def _seed(self, what: str) -> int:
-        """Sampling seed of this step: a function of (seed, step), so a resumed run draws the
-        same samples as an uninterrupted one."""
-        return zlib.crc32(f"{self.cfg.seed}:{what}:{self.step}".encode()) % (2**31 - 1)
+    def _seed(self, what: str, step: int | None = None) -> int:
+        """Sampling seed of this step (or ``step``): a function of (seed, step), so a resumed
+        run draws the same samples as an uninterrupted one."""
+        step = self.step if step is None else step
+        return zlib.crc32(f"{self.cfg.seed}:{what}:{step}".encode()) % (2**31 - 1)
 
     _last_batch: TensorDict | None = None
 
 
 def run_training(cfg: ExperimentConfig) -> dict[str, float]:
     """`toolrl train`: build the workers, fit, shut everything down."""
-    trainer = Trainer(cfg)
+    from toolrl.trainer.pipeline import PipelineTrainer
+
+    trainer = PipelineTrainer(cfg) if cfg.trainer.mode == "pipeline" else Trainer(cfg)
     try:
         return trainer.fit()
     finally:
@@ -446,12 +467,25 @@ def run_evaluation(cfg: ExperimentConfig, model: str, output_dir: str | os.PathL
     return results
 
 
+def _truncate_metrics(path: Path, step: int) -> None:
+    """Drop rows logged after ``step`` (a run killed after its last checkpoint redoes them)."""
+    if not path.exists():
+        return
+    keep = [line for line in path.read_text().splitlines()
+            if line.strip() and json.loads(line).get("step", 0) <= step]
+    tmp = path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(line + "\n" for line in keep))
+    tmp.replace(path)
+
+
 def trajectory_of(record: Mapping[str, Any], row: Mapping[str, Any]) -> Trajectory:
     """A reward `Trajectory` from a rollout episode record."""
     turns = [TurnRecord(action=t.get("text", ""), tool_errors=list(t.get("errors", [])),
                         reward=t.get("turn_reward")) for t in record.get("turns", [])]
+    info = dict(record.get("final_info") or {})
+    info.setdefault("success", bool(record.get("success")))  # cut by a budget: not a success
     return Trajectory(messages=list(record.get("messages", [])), turns=turns, row=dict(row),
-                      info=dict(record.get("final_info") or {}),
+                      info=info,
                       final_state=record.get("state"),
                       response_length=record.get("num_sampled_tokens"),
                       tools=list(record.get("tools") or []),

@@ -232,6 +232,11 @@ class ActorWorker(Worker):
     def policy_version(self) -> int:
         return self.actor.weights.version
 
+    @remote(Dispatch.ONE_TO_ALL)
+    def set_policy_version(self, version: int) -> None:
+        """Set the push counter (a resumed run continues the version it saved at)."""
+        self.actor.weights.version = int(version)
+
 
 class RefWorker(Worker):
     """One rank of the reference group (colocate it with the actor: a fused group)."""

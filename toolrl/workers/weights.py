@@ -289,6 +289,8 @@ class WeightSync:
         for _ in stream:  # keep the collective in step if a loader stopped early (or none)
             pass
         self.version += 1
+        for engine in engines:  # samples are tagged with the actor's version
+            engine.weight_version = self.version
         return self.version
 
     def connect(self, master_addr: str, master_port: int, world_size: int,

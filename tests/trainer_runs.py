@@ -1,0 +1,58 @@
+"""Small end-to-end trainer runs shared by the trainer and fault tests (not a test module)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def register_test_rewards() -> None:
+    """A dense, varied reward even for a random model: the share of digits in its text."""
+    from toolrl.core.reward import REWARDS, reward
+
+    if "test_digit_fraction" in REWARDS:
+        return
+
+    @reward("test_digit_fraction")
+    def digit_fraction(traj) -> float:
+        text = "".join(t.action for t in traj.turns)
+        return sum(c.isdigit() for c in text) / max(len(text), 1)
+
+
+def small_run_overrides(model: Path, out: Path, **extra: object) -> list[str]:
+    """``key=value`` overrides that make any config a seconds-per-step run on the tiny model."""
+    base = {
+        "model.path": str(model), "trainer.output_dir": str(out), "warm_start.enabled": False,
+        "data.batch_size": 2, "data.val_size": 4, "data.train_size": 64,
+        "algorithm.group_size": 4, "rollout.max_tokens_per_turn": 16,
+        "rollout.max_total_tokens": 256, "rollout.engine.max_model_len": 256,
+        "rollout.max_turns": 2, "trainer.val_every": 0, "trainer.log_rollouts": 2,
+        "resources.ray_num_cpus": 8,
+        "reward": "{rewards: [{name: test_digit_fraction}, {name: success}]}",
+    }
+    base.update(extra)
+    return [f"{k}={v}" for k, v in base.items()]
+
+
+def run_training_in_process(overrides: list[str], config: str = "configs/quickstart.yaml"
+                            ) -> list[dict]:
+    """Train with ``config`` + ``overrides`` in this process; returns metrics.jsonl rows."""
+    from toolrl.trainer.config import load_config
+    from toolrl.trainer.tracking import read_metrics
+    from toolrl.trainer.trainer import Trainer
+
+    register_test_rewards()
+    cfg = load_config(ROOT / config, overrides)
+    trainer = Trainer(cfg)
+    try:
+        trainer.fit()
+    finally:
+        trainer.close()
+    return read_metrics(cfg.run_dir / "metrics.jsonl")
+
+
+if __name__ == "__main__":  # a training run in a child process (tests that kill it)
+    import sys
+
+    run_training_in_process(sys.argv[1:])
