@@ -199,6 +199,7 @@ class Trainer:
                 batch.update(self.handles["critic"].call(CriticWorker.compute_values, batch))
         with _timed(timing, "advantage"):
             adv_metrics = self.compute_advantages(batch)
+            adv_metrics.update(_mismatch_metrics(batch))
         with _timed(timing, "update"):
             metrics = _first(self.actor.call(ActorWorker.update, batch))
             if "critic" in self.handles:
@@ -465,6 +466,17 @@ def run_evaluation(cfg: ExperimentConfig, model: str, output_dir: str | os.PathL
                   f"{results['reward_mean']:.3f}")
     Console().print(table)
     return results
+
+
+def _mismatch_metrics(batch: TensorDict) -> dict[str, float]:
+    """How far the trainer's log-probs are from the engine's on the sampled tokens (a large
+    value means the rollout and the update see different models or misaligned tokens)."""
+    mask = batch[B.RESPONSE_MASK].bool()
+    if not mask.any() or B.ROLLOUT_LOG_PROBS not in batch:
+        return {}
+    diff = (batch[B.OLD_LOG_PROBS] - batch[B.ROLLOUT_LOG_PROBS])[mask]
+    return {"rollout/log_prob_diff_abs_mean": float(diff.abs().mean()),
+            "rollout/log_prob_diff_abs_max": float(diff.abs().max())}
 
 
 def _truncate_metrics(path: Path, step: int) -> None:
