@@ -50,21 +50,17 @@ EPISODES = "episodes"  # per-sample episode records (NonTensorStack of dict)
 def left_pad(seqs: Sequence[Sequence[int]], pad_value: int, length: int | None = None,
              dtype: torch.dtype = torch.long) -> tuple[torch.Tensor, torch.Tensor]:
     """Stack variable-length sequences right-aligned. Returns (values, mask)."""
-    length = max((len(s) for s in seqs), default=0) if length is None else length
-    out = torch.full((len(seqs), length), pad_value, dtype=dtype)
-    mask = torch.zeros((len(seqs), length), dtype=torch.long)
-    for i, s in enumerate(seqs):
-        if len(s) > length:
-            raise ValueError(f"sequence {i} has length {len(s)} > pad length {length}")
-        if len(s):
-            out[i, length - len(s):] = torch.as_tensor(s, dtype=dtype)
-            mask[i, length - len(s):] = 1
-    return out, mask
+    return _pad(seqs, pad_value, length, dtype, left=True)
 
 
 def right_pad(seqs: Sequence[Sequence[int | float]], pad_value: float, length: int | None = None,
               dtype: torch.dtype = torch.long) -> tuple[torch.Tensor, torch.Tensor]:
     """Stack variable-length sequences left-aligned. Returns (values, mask)."""
+    return _pad(seqs, pad_value, length, dtype, left=False)
+
+
+def _pad(seqs: Sequence[Sequence[int | float]], pad_value: float, length: int | None,
+         dtype: torch.dtype, left: bool) -> tuple[torch.Tensor, torch.Tensor]:
     length = max((len(s) for s in seqs), default=0) if length is None else length
     out = torch.full((len(seqs), length), pad_value, dtype=dtype)
     mask = torch.zeros((len(seqs), length), dtype=torch.long)
@@ -72,8 +68,9 @@ def right_pad(seqs: Sequence[Sequence[int | float]], pad_value: float, length: i
         if len(s) > length:
             raise ValueError(f"sequence {i} has length {len(s)} > pad length {length}")
         if len(s):
-            out[i, : len(s)] = torch.as_tensor(s, dtype=dtype)
-            mask[i, : len(s)] = 1
+            cols = slice(length - len(s), length) if left else slice(0, len(s))
+            out[i, cols] = torch.as_tensor(s, dtype=dtype)
+            mask[i, cols] = 1
     return out, mask
 
 

@@ -67,35 +67,31 @@ def _check_env(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from toolrl.trainer.config import ConfigError, load_config
-
-    try:
-        cfg = load_config(args.config, args.overrides)
-    except (ConfigError, FileNotFoundError) as e:
-        print(f"toolrl train: {e}", file=sys.stderr)
-        return 2
-    from toolrl.controller.resources import ResourceError
     from toolrl.trainer.trainer import run_training
 
-    try:
-        run_training(cfg)
-    except ResourceError as e:  # the pools do not fit the cluster: checked before any worker
-        print(f"toolrl train: {e}", file=sys.stderr)
-        return 2
-    return 0
+    return _run_experiment("train", args, run_training)
 
 
 def _eval(args: argparse.Namespace) -> int:
+    from toolrl.trainer.trainer import run_evaluation
+
+    return _run_experiment("eval", args,
+                           lambda cfg: run_evaluation(cfg, args.model, args.output_dir))
+
+
+def _run_experiment(command: str, args: argparse.Namespace,
+                    run: Callable[[object], object]) -> int:
+    """Load the config, then run; bad configs and pools that do not fit the cluster are one
+    clear line on stderr (exit 2) before any worker starts."""
+    from toolrl.controller.resources import ResourceError
     from toolrl.trainer.config import ConfigError, load_config
 
     try:
         cfg = load_config(args.config, args.overrides)
-    except (ConfigError, FileNotFoundError) as e:
-        print(f"toolrl eval: {e}", file=sys.stderr)
+        run(cfg)
+    except (ConfigError, FileNotFoundError, ResourceError) as e:
+        print(f"toolrl {command}: {e}", file=sys.stderr)
         return 2
-    from toolrl.trainer.trainer import run_evaluation
-
-    run_evaluation(cfg, args.model, args.output_dir)
     return 0
 
 
