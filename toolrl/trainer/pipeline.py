@@ -1,0 +1,193 @@
+"""One-step off-policy training on split pools (``trainer.mode: pipeline``), after AReaL.
+
+The rollout workers get a resource pool of their own, so generation and training run at the
+same time: while the actors train on batch k, the engines generate batch k+1 with the weights
+the actors had before step k. When both are done, actor rank 0 broadcasts the new weights to
+the engines over a dedicated process group (`toolrl.workers.weights.WeightSyncGroup`: gloo on
+CPU, NCCL on GPU) and the next rollout starts with them::
+
+    rollout pool   [batch 1, v0] [batch 2, v0 ] [batch 3, v1 ] [batch 4, v2 ]
+    train pool                   [train 1, v0 ] [train 2, v1 ] [train 3, v2 ]
+                                          sync v1        sync v2        sync v3
+
+Every sample carries the version of the weights that generated it (``POLICY_VERSION``); a batch
+is at most one version behind the actor that trains on it (``pipeline/staleness_max`` and
+``pipeline/staleness_mean`` per step; a larger gap is a bug and raises). Truncated importance
+sampling (``actor.loss.tis_cap``) corrects for the lag; this mode turns it on with a cap of
+`DEFAULT_TIS_CAP` unless the config sets one.
+
+The step reuses the sync trainer: `Trainer.learn` (reward, log-probs, advantage, update) runs
+between launching the next rollout and syncing; validation, logging, checkpoints are
+`Trainer.fit`'s. A rollout that fails while a step trains (an exception, a dead worker) stops
+the run with `RolloutFailedError`, which names the worker: no step trains on a partial batch,
+and the step that was training is neither synced nor logged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+from tensordict import TensorDict
+
+from toolrl import batch as B
+from toolrl.controller import GroupFuture, ResourcePoolManager, RoleSpec, spawn
+from toolrl.rollout.worker import RolloutWorker, make_rollout_input
+from toolrl.trainer.config import ExperimentConfig
+from toolrl.trainer.trainer import Trainer, _first, _timed
+from toolrl.workers.actor import ActorWorker
+
+DEFAULT_TIS_CAP = 2.0  # actor.loss.tis_cap of pipeline runs whose config leaves it unset
+
+
+class RolloutFailedError(RuntimeError):
+    """A rollout of the pipeline failed; the message names the worker and the step."""
+
+
+@dataclass
+class PendingRollout:
+    """A batch being generated for ``step``; ``data_state`` is the loader's position before its
+    rows were drawn (what a checkpoint records, so a resumed run generates it again)."""
+
+    future: GroupFuture
+    step: int
+    data_state: dict[str, int]
+
+
+class PipelineTrainer(Trainer):
+    """`Trainer` with rollout on its own pool, one step ahead of training."""
+
+    def __init__(self, cfg: ExperimentConfig, console: Console | None = None) -> None:
+        super().__init__(with_tis_default(cfg), console)
+        self.pending: PendingRollout | None = None
+        self.version = 0  # the actor's policy version: pushes so far
+
+    # --- workers on two pools ------------------------------------------------------------------
+    def start_workers(self, rollout_only: bool = False) -> None:
+        super().start_workers(rollout_only)
+        if not rollout_only:
+            self.connect_weight_sync()
+
+    def _spawn(self, roles: dict[str, RoleSpec]) -> None:
+        """Actor, reference and critic share the ``train`` pool; rollout gets ``rollout``."""
+        res = self.cfg.resources
+        sizes = {"train": res.processes_per_node, "rollout": res.rollout_processes_per_node}
+        mapping = {role: "rollout" if role == "rollout" else "train" for role in roles}
+        manager = ResourcePoolManager.from_config({
+            "pools": {p: [sizes[p]] * res.nodes for p in sorted(set(mapping.values()))},
+            "mapping": mapping, "use_gpu": res.device == "cuda",
+            "cpus_per_process": res.cpus_per_process})
+        with self.console.status("starting workers (train and rollout pools)"):
+            self.handles = spawn(manager, roles, call_timeout_s=self.cfg.trainer.call_timeout_s)
+
+    def connect_weight_sync(self) -> None:
+        """Actor rank 0 and every rollout worker join one broadcast group (a rendezvous: both
+        sides are called at once)."""
+        rollout = self.handles["rollout"]
+        addr, port = self.actor.call(ActorWorker.weight_sync_endpoint)
+        world = 1 + rollout.world_size
+        joins = [rollout.call_async(RolloutWorker.connect_weight_sync, addr, port, world),
+                 self.actor.call_async(ActorWorker.connect_weight_sync, addr, port, world)]
+        for join in joins:
+            join.get()
+        self.version = int(self.actor.call(ActorWorker.policy_version))
+
+    # --- one step ------------------------------------------------------------------------------
+    def train_step(self) -> dict[str, float]:
+        """Train on batch k (made by the previous weights) while batch k+1 is generated; sync."""
+        timing: dict[str, float] = {}
+        if self.pending is None:  # the first step (or the first after a resume)
+            self.pending = self.launch_rollout(self.step + 1)
+        with _timed(timing, "rollout"):  # only the part that did not overlap with training
+            batch = self.collect(self.pending)
+        more = self.step + 1 < self.cfg.trainer.total_steps
+        self.pending = self.launch_rollout(self.step + 2) if more else None
+        metrics = self.staleness(batch)
+        metrics.update(self.learn(batch, timing))
+        with _timed(timing, "rollout_next_wait"):  # engines must be idle to load weights
+            if self.pending is not None:
+                self.collect(self.pending)
+        with _timed(timing, "sync"):
+            metrics["policy_version"] = float(self.sync_weights())
+        metrics.update({f"timing/{k}_s": v for k, v in timing.items()})
+        return metrics
+
+    def launch_rollout(self, step: int) -> PendingRollout:
+        """Start generating the batch of ``step`` on the rollout pool; returns at once."""
+        data_state = self.loader.state_dict()
+        batch = make_rollout_input(self.loader.next_batch(), n=self.cfg.algorithm.group_size)
+        future = self.handles["rollout"].call_async(
+            RolloutWorker.rollout, batch, seed=self._seed("train", step - 1))
+        return PendingRollout(future, step, data_state)
+
+    def collect(self, pending: PendingRollout) -> TensorDict:
+        """The finished batch; a failed rollout raises `RolloutFailedError` (no partial batch)."""
+        try:
+            return pending.future.get()
+        except Exception as e:
+            raise RolloutFailedError(
+                f"rollout of the batch for step {pending.step} failed ({describe(e)}); the "
+                f"run stopped after step {self.step} (the last step synced and logged) and no "
+                f"step trained on any part of that batch; trainer.resume=auto continues from "
+                f"the last checkpoint") from e
+
+    def staleness(self, batch: TensorDict) -> dict[str, float]:
+        """Per-sample lag between the weights that generated ``batch`` and the actor that is
+        about to train on it (0 on-policy, 1 one step behind)."""
+        lag = (self.version - batch[B.POLICY_VERSION]).float()
+        if lag.numel() and (lag.max() > 1 or lag.min() < 0):
+            raise RuntimeError(f"pipeline staleness out of [0, 1]: sample versions "
+                               f"{sorted(set(batch[B.POLICY_VERSION].tolist()))}, actor "
+                               f"version {self.version}")
+        return {"pipeline/staleness_max": float(lag.max()),
+                "pipeline/staleness_mean": float(lag.mean())}
+
+    def sync_weights(self, checksum: bool = False) -> int:
+        """Actor rank 0 broadcasts the weights, every rollout engine loads them; returns the new
+        version. ``checksum``: the workers keep `RolloutWorker.loaded_weights_checksum`."""
+        received = self.handles["rollout"].call_async(RolloutWorker.receive_weights,
+                                                      checksum=checksum)
+        pushed = self.actor.call_async(ActorWorker.push_weights)
+        versions = received.get()  # first: a dead receiver fails here, not in a blocked push
+        version = int(_first(pushed.get()))
+        if any(v != version for v in versions):
+            raise RuntimeError(f"weight sync: actor pushed version {version}, rollout workers "
+                               f"loaded {versions}")
+        self.version = version
+        return version
+
+    # --- checkpoints ---------------------------------------------------------------------------
+    def save(self) -> Path:
+        """The checkpoint's data position is the start of the batch in flight: a resumed run
+        generates that batch again, with the restored weights."""
+        if self.pending is None:
+            return super().save()
+        ahead = self.loader.state_dict()
+        self.loader.load_state_dict(self.pending.data_state)
+        try:
+            return super().save()
+        finally:
+            self.loader.load_state_dict(ahead)
+
+
+def with_tis_default(cfg: ExperimentConfig) -> ExperimentConfig:
+    """``cfg`` with ``actor.loss.tis_cap = DEFAULT_TIS_CAP`` if it has none (a copy)."""
+    if cfg.actor.loss.tis_cap is not None:
+        return cfg
+    loss = dataclasses.replace(cfg.actor.loss, tis_cap=DEFAULT_TIS_CAP)
+    return dataclasses.replace(cfg, actor=dataclasses.replace(cfg.actor, loss=loss))
+
+
+def describe(error: BaseException) -> str:
+    """One line for an error from a worker group: its message's last line and Ray's notes
+    (which name the group, role and rank)."""
+    lines = [ln.strip() for ln in str(error).splitlines() if ln.strip()]
+    text = lines[-1] if lines else type(error).__name__
+    notes = " ".join(getattr(error, "__notes__", []))
+    return f"{type(error).__name__}: {text[:300]}" + (f" {notes}" if notes else "")
+
+
+__all__ = ["DEFAULT_TIS_CAP", "PendingRollout", "PipelineTrainer", "RolloutFailedError",
+           "describe", "with_tis_default"]
