@@ -151,14 +151,19 @@ async def run_python(code: str, limits: Limits = Limits()) -> RunResult:
                 timed_out = True
             if timed_out or over.is_set():
                 _kill_group(proc.pid)
-            stdout, stderr = await asyncio.wait_for(readers, timeout=10)
-            exit_code = await asyncio.wait_for(proc.wait(), timeout=10)
+            stdout, stderr = await asyncio.wait_for(readers, timeout=30)
+            # A killed sandbox can take a while to go (namespace teardown on a busy machine):
+            # wait, but never raise out of here for it.
+            try:
+                exit_code: int | None = await asyncio.wait_for(proc.wait(), timeout=30)
+            except TimeoutError:
+                exit_code = None
         finally:
             overflow.cancel()
             if proc.returncode is None:
                 _kill_group(proc.pid)
                 with contextlib.suppress(Exception):
-                    await asyncio.wait_for(proc.wait(), timeout=10)
+                    await asyncio.wait_for(proc.wait(), timeout=30)
         err_text = stderr.decode("utf-8", errors="replace")
         sandbox_error = None
         if exit_code == SANDBOX_ERROR_EXIT and "SANDBOX_ERROR:" in err_text:
