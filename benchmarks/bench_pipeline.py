@@ -7,16 +7,18 @@ start so that episodes really call tools) with the same overrides and seed; only
 - ``sync``: actor and vLLM engine colocated in one process, one step is rollout -> train ->
   sync;
 - ``pipeline``: the engine in a process (pool) of its own, rollout of batch k+1 overlaps
-  training on batch k, then the weights go over a gloo broadcast group.
+  training on batch k, then the weights go over a gloo broadcast group;
+- ``pipeline-1t``: the same with OMP_NUM_THREADS=1 in the Ray workers, so the actor's torch
+  keeps to one thread and leaves the other core to vLLM (which pins its own threads).
 
-Ray reserves 1 CPU per process in both modes, but leaves OMP_NUM_THREADS unset (the report
-shows it), so torch and vLLM each use every core in either mode: the sync loop has the whole
-machine for each phase, the pipeline's two processes share it.
+Ray reserves 1 CPU per process, but leaves OMP_NUM_THREADS unset (the report shows it): in
+``sync`` and ``pipeline`` torch uses every core, so the sync loop has the whole machine for
+each phase while the pipeline's two processes compete for it.
 
 Two workloads: ``cpu`` (tools answer at once: rollout and update both compute on the same two
 cores) and ``io`` (every tool call waits ``--tool-latency`` seconds, like a remote service, so
 that the rollout takes about as long as the update without using the CPU). The modes run in
-turn (sync, pipeline, sync, ...), so load from other processes hits them alike;
+turn (sync, pipeline, pipeline-1t, sync, ...), so load from other processes hits them alike;
 steps per minute counts steps 2 .. N-1 of each run (step 1 warms up and is not overlapped
 in pipeline mode; step N has no next batch to overlap with).
 
@@ -40,7 +42,9 @@ from benchlib import ROOT, md_table, median
 
 RESULTS = benchlib.RESULTS_DIR / "pipeline.md"
 SLOW_ENV_ID = "toolrl-bench/SlowCalculator-v0"
-MODES = ("sync", "pipeline")
+# mode -> (trainer.mode, OMP_NUM_THREADS of the Ray workers; None: unset, torch uses every core)
+MODES: dict[str, tuple[str, int | None]] = {
+    "sync": ("sync", None), "pipeline": ("pipeline", None), "pipeline-1t": ("pipeline", 1)}
 
 
 def register_slow_calculator() -> type:
@@ -102,7 +106,7 @@ def overrides(args: argparse.Namespace, out: Path, mode: str, workload: str,
         "data.val_size": 8, "trainer.val_every": 0, "trainer.save_every": 0,
         "trainer.total_steps": args.steps, "trainer.output_dir": str(out),
         "trainer.trackers": "[jsonl]", "trainer.log_rollouts": 0, "trainer.export_hf": False,
-        "trainer.resume": "never", "trainer.mode": mode,
+        "trainer.resume": "never", "trainer.mode": MODES[mode][0],
         "actor.loss.tis_cap": 2.0,  # the same loss in every mode (pipeline's default)
     }
     return [f"{k}={v}" for k, v in over.items()]
@@ -110,7 +114,9 @@ def overrides(args: argparse.Namespace, out: Path, mode: str, workload: str,
 
 def run_one(args: argparse.Namespace, mode: str, workload: str, model: Path
             ) -> dict[str, Any]:
-    """One trainer, ``args.steps`` steps; per-step timings and the processes' thread limits."""
+    """One trainer (on a Ray cluster of its own), ``args.steps`` steps; per-step timings and
+    the processes' thread limits."""
+    from toolrl.controller import init_ray, shutdown_ray
     from toolrl.trainer.config import load_config
     from toolrl.trainer.pipeline import PipelineTrainer
     from toolrl.trainer.tracking import read_metrics
@@ -119,13 +125,23 @@ def run_one(args: argparse.Namespace, mode: str, workload: str, model: Path
     out = Path(tempfile.mkdtemp(prefix=f"toolrl-bench-pipeline-{mode}-{workload}-"))
     cfg = load_config(ROOT / "configs" / "quickstart.yaml",
                       overrides(args, out, mode, workload, model))
-    trainer = PipelineTrainer(cfg) if mode == "pipeline" else Trainer(cfg)
+    env = {k: os.environ[k] for k in benchlib.BENCH_ENV}
+    # Every Ray worker registers the slow env at start-up (it imports this module from here).
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(benchlib.BENCH_DIR),
+                                                      os.environ.get("PYTHONPATH")]))
+    if MODES[mode][1] is not None:
+        env["OMP_NUM_THREADS"] = str(MODES[mode][1])
+    init_ray(num_cpus=8, runtime_env={
+        "worker_process_setup_hook": "bench_pipeline.register_slow_calculator",
+        "env_vars": env})
+    trainer = PipelineTrainer(cfg) if MODES[mode][0] == "pipeline" else Trainer(cfg)
     try:
         trainer.setup()
         threads = {role: _omp_threads(h.group.pids) for role, h in trainer.handles.items()}
         trainer.fit()
     finally:
         trainer.close()
+        shutdown_ray()
     rows = [r for r in read_metrics(out / "metrics.jsonl") if r["step"] >= 1]
     return {"mode": mode, "workload": workload, "threads": threads, "steps": rows}
 
@@ -225,21 +241,11 @@ def main(argv: list[str] | None = None) -> int:
     machine = benchlib.machine_label()
     model = benchlib.warm_started_calculator_model(args.warm_start_steps)
     register_slow_calculator()
-    from toolrl.controller import init_ray, shutdown_ray
-
-    # Every Ray worker registers the slow env at start-up (it imports this module from here).
-    path = os.pathsep.join(filter(None, [str(benchlib.BENCH_DIR), os.environ.get("PYTHONPATH")]))
-    init_ray(num_cpus=8, runtime_env={
-        "worker_process_setup_hook": "bench_pipeline.register_slow_calculator",
-        "env_vars": {"PYTHONPATH": path, **{k: os.environ[k] for k in benchlib.BENCH_ENV}}})
     raw: dict[str, Any] = {"runs": []}
-    try:
-        for workload, mode in plan:
-            print(f"--- {workload} / {mode}", flush=True)
-            raw["runs"].append(run_one(args, mode, workload, model))
-            benchlib.save_raw("pipeline", raw)
-    finally:
-        shutdown_ray()
+    for workload, mode in plan:
+        print(f"--- {workload} / {mode}", flush=True)
+        raw["runs"].append(run_one(args, mode, workload, model))
+        benchlib.save_raw("pipeline", raw)
     benchlib.write_result(args.output, report(raw, args, argv, machine))
     return 0
 
