@@ -223,6 +223,18 @@ def report(raw: dict[str, Any], args: argparse.Namespace, argv: list[str], machi
                             "train (s)", "wait (s)", "sync (s)", "staleness max", "turns",
                             "steps"], rows),
                   "", f"OMP_NUM_THREADS per worker process: {threads}.", ""]
+    lines += [
+        "## Reading",
+        "",
+        "Both pools share the same 2 cores here, so the pipeline can only hide rollout time "
+        "that does not compute: tool waits (`io`) overlap with the update almost for free, "
+        "while vLLM's decoding competes with torch for the cores (`cpu`), and torch's parallel "
+        "regions wait for the thread that shares a core with vLLM's pinned thread; one actor "
+        "thread (`pipeline-1t`) leaves vLLM a core of its own. With one device per pool (GPUs) "
+        "the step becomes max(rollout, update) + sync. The cores are shared with other jobs: "
+        "compare ratios of runs taken in turn, and expect them to move between runs.",
+        "",
+    ]
     return "\n".join(lines)
 
 

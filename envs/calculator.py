@@ -7,6 +7,12 @@ result?"); difficulty 1 questions are one operation, phrased plainly ("What is 4
 as a short word problem. The outcome is the submitted answer equal to the truth (relative
 tolerance 1e-6).
 
+The scripted oracle (``oracle_action``, used by the warm start) follows the plan; with
+``oracle="random_op"`` it keeps the operands but draws each operation at random (among those
+whose result stays a small integer) and submits what the tools return: transcripts in the
+exact call format that are usually wrong, for a warm start that teaches the format and leaves
+choosing the operation to RL.
+
 Row fields: ``id``, ``question``, ``ground_truth`` (the answer), ``plan`` (the operations
 ``[op, a, b]`` whose results chain), ``difficulty``, ``category`` (``d1`` .. ``d4``).
 """
@@ -41,6 +47,7 @@ _WORD = {
 }
 _STEP = {"add": "Add {b}.", "sub": "Subtract {b}.", "mul": "Multiply by {b}.",
          "div": "Divide by {b}.", "pow": "Raise to the power {b}."}
+ORACLES = ("plan", "random_op")
 _NAMES = ("Ann", "Ben", "Cara", "Dan", "Eve", "Finn", "Gus", "Hana")
 
 
@@ -78,6 +85,24 @@ def _operand(rng: random.Random, op: str, value: int | None) -> tuple[int, int] 
     raise ValueError(f"unknown op {op!r}")
 
 
+def random_op_plan(rng: random.Random, plan: list[list[Any]]) -> list[list[Any]]:
+    """``plan`` with each operation redrawn at random; operands kept, results chained."""
+    out: list[list[Any]] = []
+    value: int | None = None
+    for _, a, b in plan:
+        a = a if value is None else value
+        choices = []
+        for op in OPS:
+            if (op == "div" and b == 0) or (op == "pow" and (b > 3 or abs(a) > 12)):
+                continue
+            result = _APPLY[op](a, b)
+            if float(result).is_integer() and abs(result) <= 10_000:
+                choices.append((op, int(result)))
+        op, value = rng.choice(choices)  # "add" is always among them
+        out.append([op, a, b])
+    return out
+
+
 def make_task(rng: random.Random, difficulty: int, style: str = "mixed") -> dict[str, Any]:
     """One task with ``difficulty`` chained operations."""
     if not 1 <= difficulty <= 4:
@@ -111,11 +136,15 @@ class CalculatorEnv(ToolEnv):
     default_max_turns = 8
 
     def __init__(self, *, difficulty: int | list[int] = 1, style: str = "mixed",
-                 **kwargs: Any) -> None:
+                 oracle: str = "plan", **kwargs: Any) -> None:
+        if oracle not in ORACLES:
+            raise ValueError(f"Calculator oracle must be one of {ORACLES}, got {oracle!r}")
         super().__init__(**kwargs)
         self.difficulty = difficulty
         self.style = style
+        self.oracle = oracle
         self.submitted: float | None = None
+        self._oracle_plan: list[list[Any]] | None = None
 
     @classmethod
     def make_tasks(cls, n: int, seed: int = 0, split: str = "train",
@@ -138,6 +167,10 @@ class CalculatorEnv(ToolEnv):
         if "ground_truth" not in row:
             raise ValueError("a Calculator row needs 'ground_truth' (the numeric answer)")
         self.submitted = None
+        plan = row.get("plan")
+        if plan is not None and self.oracle == "random_op":
+            plan = random_op_plan(random.Random(f"oracle:{row.get('id')}:{plan}"), plan)
+        self._oracle_plan = plan
 
     # --- tools -----------------------------------------------------------------------------
     @tool(inline=True)
@@ -223,10 +256,12 @@ class CalculatorEnv(ToolEnv):
         return {"submitted": self.submitted}
 
     def oracle_action(self) -> str:
-        plan = (self.row or {}).get("plan")
+        plan = self._oracle_plan
         if plan is None:
             raise OracleUnavailable("this Calculator row has no 'plan'")
         if self.turn < len(plan):
             op, a, b = plan[self.turn]
             return self.render_calls([ToolCall(op, {"a": a, "b": b})])
-        return self.render_calls([ToolCall("submit", {"answer": self.row["ground_truth"]})])
+        answer = self.row["ground_truth"] if self.oracle == "plan" else \
+            _num(_APPLY[plan[-1][0]](plan[-1][1], plan[-1][2]))
+        return self.render_calls([ToolCall("submit", {"answer": answer})])

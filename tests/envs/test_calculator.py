@@ -75,3 +75,29 @@ def test_tool_errors_keep_the_episode_going(env):
     obs, *_ = env.step(call("mul", a=6, b=7) + call("pow", a=2, b=10) + call("sub", a=1, b=3))
     assert [m["content"] for m in obs] == ["42", "1024", "-2"]
     assert re.fullmatch(r"-?\d+", obs[2]["content"])
+
+
+@pytest.mark.parametrize("difficulty", [1, 3])
+def test_random_op_oracle_keeps_the_format_and_operands_but_not_the_operation(difficulty):
+    env = make_env("toolrl/Calculator-v0", oracle="random_op")
+    rows = CalculatorEnv.make_tasks(200, seed=difficulty, difficulty=difficulty)
+    wrong_op = solved = 0
+    try:
+        for row in rows:
+            ep = asyncio.run(run_episode(env, row=row))
+            assert ep.terminated and not ep.errors  # every call is well-formed and runs
+            calls = [json.loads(re.fullmatch(r"<tool_call>(.*)</tool_call>", m["content"])[1])
+                     for m in ep.messages if m["role"] == "assistant"]
+            results = [m["content"] for m in ep.messages if m["role"] == "tool"]
+            assert [c["arguments"]["b"] for c in calls[:-1]] == [b for _, _, b in row["plan"]]
+            assert calls[0]["arguments"]["a"] == row["plan"][0][1]
+            assert calls[-1]["name"] == "submit"
+            assert json.loads(results[-2]) == calls[-1]["arguments"]["answer"]  # what came back
+            ops = [c["name"] for c in calls[:-1]]
+            wrong_op += ops != [op for op, _, _ in row["plan"]]
+            solved += ep.success
+    finally:
+        env.close()
+    assert wrong_op > 0.5 * len(rows) and solved < 0.6 * len(rows)
+    with pytest.raises(ValueError, match="oracle"):
+        CalculatorEnv(oracle="psychic")

@@ -70,6 +70,19 @@ def test_sync_stays_the_default_mode():
     assert load_config(ROOT / "configs" / "quickstart.yaml").trainer.mode == "sync"
 
 
+def test_the_pipeline_quickstart_is_the_quickstart_in_pipeline_mode():
+    from toolrl.trainer.config import to_dict
+
+    sync = to_dict(load_config(ROOT / "configs" / "quickstart.yaml"))
+    pipe = to_dict(load_config(CONFIG))
+    assert pipe["trainer"].pop("mode") == "pipeline" and sync["trainer"].pop("mode") == "sync"
+    assert pipe["actor"]["loss"].pop("tis_cap") == DEFAULT_TIS_CAP
+    sync["actor"]["loss"].pop("tis_cap")
+    for cfg in (sync, pipe):
+        cfg.pop("experiment_name")
+    assert pipe == sync
+
+
 def test_rollout_pool_size_must_be_positive(tmp_path):
     with pytest.raises(ConfigError, match="rollout_processes_per_node"):
         load_config(CONFIG, overrides(tmp_path, tmp_path,

@@ -118,7 +118,8 @@ class WarmStartConfig:
     lr: float = 3e-3
     batch_size: int = 16
     num_transcripts: int = 2048
-    task_kwargs: dict[str, Any] = field(default_factory=dict)
+    task_kwargs: dict[str, Any] = field(default_factory=dict)  # default: data.task_kwargs
+    env_kwargs: dict[str, Any] = field(default_factory=dict)  # over env.kwargs, oracle env only
     output: str | None = None  # where the warm-started HF checkpoint goes (default: run dir)
 
 

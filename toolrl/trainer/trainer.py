@@ -105,7 +105,8 @@ class Trainer:
         rows = env_cls.make_tasks(ws.num_transcripts, seed=self.cfg.seed, split="warm_start",
                                   **(ws.task_kwargs or self.cfg.data.task_kwargs))
         tokenizer = AutoTokenizer.from_pretrained(base)
-        transcripts = oracle_transcripts(self.cfg.env.id, rows, tokenizer, self.cfg.env.kwargs,
+        env_kwargs = {**self.cfg.env.kwargs, **ws.env_kwargs}
+        transcripts = oracle_transcripts(self.cfg.env.id, rows, tokenizer, env_kwargs,
                                          max_len=self.cfg.rollout.max_total_tokens)
         self.console.log(f"warm start: {len(transcripts)} oracle transcripts, {ws.steps} steps")
         metrics = sft(base, transcripts, out, steps=ws.steps, lr=ws.lr,

@@ -1,0 +1,98 @@
+"""The supervised warm start: oracle transcripts as rollout tokens, SFT, and its config wiring."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from toolrl.envs.calculator import CalculatorEnv
+from trainer_runs import ROOT
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from toolrl.trainer.config import load_config
+from toolrl.trainer.trainer import Trainer
+from toolrl.trainer.warm_start import oracle_transcripts, sft
+
+ROWS = CalculatorEnv.make_tasks(24, seed=3, difficulty=1, style="plain")
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir):
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+def _actions(tokenizer, transcript) -> list[str]:
+    """The decoded runs of loss-mask-1 tokens (each ends with eos)."""
+    runs, run = [], []
+    for tok, m in zip(transcript.input_ids, transcript.loss_mask, strict=True):
+        if m:
+            run.append(tok)
+        elif run:
+            runs.append(run)
+            run = []
+    runs += [run] if run else []
+    assert all(r[-1] == tokenizer.eos_token_id for r in runs)
+    return [tokenizer.decode(r[:-1]) for r in runs]
+
+
+def test_transcripts_train_on_the_oracle_actions_only(tokenizer):
+    transcripts = oracle_transcripts("toolrl/Calculator-v0", ROWS, tokenizer)
+    assert len(transcripts) == len(ROWS)
+    for row, t in zip(ROWS, transcripts, strict=True):
+        actions = _actions(tokenizer, t)
+        op, a, b = row["plan"][0]
+        assert actions == [
+            f'<tool_call>{{"name": "{op}", "arguments": {{"a": {a}, "b": {b}}}}}</tool_call>',
+            f'<tool_call>{{"name": "submit", "arguments": {{"answer": '
+            f'{json.dumps(row["ground_truth"])}}}}}</tool_call>']
+        assert row["question"] in tokenizer.decode(t.input_ids)  # the prompt is not trained on
+        assert row["question"] not in "".join(actions)
+
+
+def test_env_kwargs_reach_the_oracle_env(tokenizer):
+    plan = oracle_transcripts("toolrl/Calculator-v0", ROWS, tokenizer)
+    noisy = oracle_transcripts("toolrl/Calculator-v0", ROWS, tokenizer, {"oracle": "random_op"})
+    ops = [re.search(r'"name": "(\w+)"', _actions(tokenizer, t)[0])[1] for t in noisy]
+    assert ops != [row["plan"][0][0] for row in ROWS]
+    assert [t.input_ids for t in noisy] != [t.input_ids for t in plan]
+    with pytest.raises(ValueError, match="oracle"):
+        oracle_transcripts("toolrl/Calculator-v0", ROWS, tokenizer, {"oracle": "nope"})
+
+
+def test_too_long_transcripts_are_dropped(tokenizer):
+    assert oracle_transcripts("toolrl/Calculator-v0", ROWS, tokenizer, max_len=32) == []
+    with pytest.raises(ValueError, match="no oracle transcripts"):
+        sft("unused", [], "unused")
+
+
+def test_sft_lowers_the_loss_and_writes_a_loadable_checkpoint(tiny_model_dir, tokenizer,
+                                                             tmp_path):
+    transcripts = oracle_transcripts("toolrl/Calculator-v0", ROWS, tokenizer)
+    metrics = sft(tiny_model_dir, transcripts, tmp_path / "ws", steps=30, batch_size=4,
+                  warmup_steps=5)
+    assert metrics["warm_start/loss_last"] < 0.5 * metrics["warm_start/loss_first"]
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "ws")
+    assert model.config.hidden_size == AutoModelForCausalLM.from_pretrained(
+        tiny_model_dir).config.hidden_size
+    assert AutoTokenizer.from_pretrained(tmp_path / "ws").chat_template == tokenizer.chat_template
+
+
+def test_the_trainer_warm_starts_from_config_and_reuses_the_result(tiny_model_dir, tmp_path):
+    out = tmp_path / "ws"
+    cfg = load_config(ROOT / "configs" / "quickstart.yaml", [
+        f"model.path={tiny_model_dir}", f"trainer.output_dir={tmp_path / 'run'}",
+        "warm_start.steps=3", "warm_start.num_transcripts=8", f"warm_start.output={out}",
+        "warm_start.env_kwargs={oracle: random_op}"])
+    trainer = Trainer(cfg)
+    assert trainer.prepare_model() == str(out)
+    metrics = json.loads((out / "warm_start_metrics.json").read_text())
+    assert metrics["warm_start/steps"] == 3 and metrics["warm_start/transcripts"] == 8
+    stamp = (out / "model.safetensors").stat().st_mtime_ns
+    assert Trainer(cfg).prepare_model() == str(out)  # reused, not retrained
+    assert (out / "model.safetensors").stat().st_mtime_ns == stamp
+    bad = load_config(ROOT / "configs" / "quickstart.yaml", [
+        f"model.path={tiny_model_dir}", f"trainer.output_dir={tmp_path / 'run2'}",
+        f"warm_start.output={tmp_path / 'ws2'}", "warm_start.env_kwargs={oracle: psychic}"])
+    with pytest.raises(ValueError, match="oracle"):
+        Trainer(bad).prepare_model()
