@@ -311,7 +311,7 @@ def summarize(raw: dict[str, Any], args: argparse.Namespace, argv: list[str]) ->
         f"Prompt of the first task: {ready['toolrl']['prompt_tokens']} "
         f"tokens in toolrl, {ready['trl']['prompt_tokens']} in TRL. torch threads: "
         f"{ready['toolrl']['torch_threads']} in toolrl's actor process (Ray sets "
-        f"OMP_NUM_THREADS to `resources.cpus_per_process`, 1 in configs/quickstart.yaml), "
+        f"OMP_NUM_THREADS to `resources.cpus_per_process`, 2 in configs/quickstart.yaml), "
         f"{ready['trl']['torch_threads']} in TRL's process.",
         "",
         f"Steps alternate between the two processes; medians of {args.steps} steps after one "

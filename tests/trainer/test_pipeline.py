@@ -78,6 +78,10 @@ def test_the_pipeline_quickstart_is_the_quickstart_in_pipeline_mode():
     assert pipe["trainer"].pop("mode") == "pipeline" and sync["trainer"].pop("mode") == "sync"
     assert pipe["actor"]["loss"].pop("tis_cap") == DEFAULT_TIS_CAP
     sync["actor"]["loss"].pop("tis_cap")
+    assert sync["resources"].pop("cpus_per_process") == 2  # one colocated process, both cores
+    assert pipe["resources"].pop("cpus_per_process") == 1  # one core per pool
+    pipe["resources"].pop("rollout_processes_per_node")
+    sync["resources"].pop("rollout_processes_per_node")
     for cfg in (sync, pipe):
         cfg.pop("experiment_name")
     assert pipe == sync
