@@ -182,6 +182,10 @@ def test_a_hung_file_is_killed_with_its_children_and_its_devices_reused(tmp_path
     assert min(leaky.start, after.start) >= hang.end
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_reports_every_file_and_leaves_no_process(tmp_path):
     folder, records, tmproot = tmp_path / "suite", tmp_path / "records", tmp_path / "tmproot"
     for d in (folder, records, tmproot):
@@ -193,8 +197,11 @@ def test_ctrl_c_reports_every_file_and_leaves_no_process(tmp_path):
     cmd = [sys.executable, "-m", "toolrl.testing.scheduler", "suite", "--devices", "2",
            "--timeout", "120", "--heartbeat", "1", "--kill-grace", "1"]
     with open(log, "w") as out:
+        # Ctrl+C as from a terminal: a runner started in the background (or a library loaded
+        # earlier in this process) may have left SIGINT ignored, which the child would inherit.
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                cwd=tmp_path, start_new_session=True)
+                                cwd=tmp_path, start_new_session=True,
+                                preexec_fn=_default_sigint)
     beat = re.compile(r"^heartbeat (\d+): suite/(test_\w+)\.py running", re.M)
     try:
         deadline = time.monotonic() + 60
