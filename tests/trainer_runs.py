@@ -32,7 +32,7 @@ def small_run_overrides(model: Path, out: Path, **extra: object) -> list[str]:
         "reward": "{rewards: [{name: test_digit_fraction}, {name: success}]}",
     }
     base.update(extra)
-    return [f"{k}={v}" for k, v in base.items()]
+    return [f"{k}={'null' if v is None else v}" for k, v in base.items()]
 
 
 def run_training_in_process(overrides: list[str], config: str = "configs/quickstart.yaml"

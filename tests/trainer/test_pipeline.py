@@ -12,9 +12,9 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
+from trainer_runs import register_test_rewards, small_run_overrides
 
 from toolrl import batch as B
-from toolrl.core.reward import Trajectory, reward
 from toolrl.rollout.worker import RolloutWorker, make_rollout_input
 from toolrl.trainer import checkpoint as ckpt
 from toolrl.trainer.config import ConfigError, load_config
@@ -33,26 +33,14 @@ ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "quickstart_pipeline.yaml"
 
 
-@reward("test_pipeline_digits")
-def digit_share(traj: Trajectory) -> float:
-    """A dense, varied reward even for a random model (so every update moves the weights)."""
-    text = "".join(t.action for t in traj.turns)
-    return sum(c.isdigit() for c in text) / max(len(text), 1)
-
-
 def overrides(model: Path, out: Path, **extra: object) -> list[str]:
-    base = {
-        "model.path": str(model), "trainer.output_dir": str(out), "warm_start.enabled": False,
-        "data.batch_size": 2, "data.val_size": 4, "data.train_size": 64,
-        "algorithm.group_size": 4, "rollout.max_tokens_per_turn": 16,
+    """The shared small run, with room for two turns' context, no lag correction by default."""
+    register_test_rewards()
+    return small_run_overrides(model, out, **{
         "rollout.max_total_tokens": 512, "rollout.engine.max_model_len": 512,
-        "rollout.engine.kv_cache_gib": 0.25, "rollout.max_turns": 2, "trainer.val_every": 0,
-        "trainer.log_rollouts": 8, "trainer.call_timeout_s": 300, "trainer.export_hf": False,
-        "resources.ray_num_cpus": 8, "actor.loss.tis_cap": None,
-        "reward": "{rewards: [{name: test_pipeline_digits}]}",
-    }
-    base.update(extra)
-    return [f"{k}={'null' if v is None else v}" for k, v in base.items()]
+        "rollout.engine.kv_cache_gib": 0.25, "trainer.log_rollouts": 8,
+        "trainer.call_timeout_s": 300, "trainer.export_hf": False, "actor.loss.tis_cap": None,
+        "reward": "{rewards: [{name: test_digit_fraction}]}", **extra})
 
 
 # --- config ------------------------------------------------------------------------------------
