@@ -9,14 +9,18 @@ env's tool machinery (`LatencyEnv`: the tool sleeps a fixed latency). Measured:
    (the ceiling; target >= 0.9). A diagnostic row runs the same turns straight on the engine
    (generate, append the observation delta, generate again; no env, no records) to show
    how much of the gap is the engine's (new requests and prefills at every turn) and how
-   much is the rollout's own work;
+   much is the rollout's own work. Each turn length K in ``--tokens`` (default 32 and 128)
+   gets its own rows: every new turn costs a roughly fixed amount (a new engine request,
+   the prefill of the observation and of the context after the last cached KV block, the
+   env step and the delta render), so the ratio depends on how many tokens a turn samples;
+   the "extra ms per turn boundary" column states that cost;
 2. with every tool taking 100 ms, the rollout's tok/s as a ratio of the zero-latency run
-   (N = 64 concurrent episodes; target >= 0.8).
+   (N = 64 concurrent episodes, the first K; target >= 0.8).
 
-Runs alternate (ceiling, rollout, rollout with latency), so load from other processes hits
-all alike; the medians over the repetitions are reported.
+Runs alternate (ceiling, engine loop, rollout, rollout with latency), so load from other
+processes hits all alike; the medians over the repetitions are reported.
 
-    .venv/bin/python benchmarks/bench_rollout.py [--quick] [--model DIR]
+    .venv/bin/python benchmarks/bench_rollout.py [--quick] [--tokens 32,128] [--model DIR]
 """
 
 from __future__ import annotations
@@ -100,14 +104,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", help="model directory (default: build the tiny model)")
     parser.add_argument("--episodes", type=int, default=64)
     parser.add_argument("--turns", type=int, default=4)
-    parser.add_argument("--tokens", type=int, default=32, help="sampled tokens per turn")
+    parser.add_argument("--tokens", default="32,128",
+                        help="sampled tokens per turn; a comma list measures each")
     parser.add_argument("--latency", type=float, default=0.1, help="tool latency in seconds")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--block-size", type=int, default=None, help="KV cache block size")
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
+    turn_tokens = [int(x) for x in str(args.tokens).split(",")]
     if args.quick:
         args.episodes, args.turns, args.reps = min(args.episodes, 16), min(args.turns, 2), 1
+        turn_tokens = turn_tokens[:1]
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
     from toolrl.core.registration import register_env
@@ -124,101 +131,132 @@ def main(argv: list[str] | None = None) -> int:
     register_env(ENV_ID, env_cls)
     model = args.model or str(build_tiny_model(Path(tempfile.gettempdir())
                                                / "toolrl-bench-tiny"))
-    n, t, k = args.episodes, args.turns, args.tokens
-    sampling = SamplingConfig(max_tokens=k, ignore_eos=True)
+    n, t = args.episodes, args.turns
+    # the engine as the trainer builds it: the model runs inside the engine-core process
     config = RolloutConfig(
         engine=EngineConfig(model=model, max_model_len=2048, kv_cache_gib=1.0,
-                            block_size=args.block_size),
-        sampling=sampling, max_prompt_len=512, max_response_len=1536, env_id=ENV_ID,
+                            block_size=args.block_size, multiprocessing=False),
+        sampling=SamplingConfig(max_tokens=turn_tokens[0], ignore_eos=True),
+        max_prompt_len=512, max_response_len=1536, env_id=ENV_ID,
         env_kwargs={"turns": t}, concurrency=n, seed=0)
     worker = RolloutWorker(config)
     block = worker.engine.block_size
     rows = env_cls.make_tasks(n)
+    delta = worker.renderer.render_delta([{"role": "tool", "name": "wait", "content": "done"}],
+                                         after_eos=False)
+    prompts = [worker.renderer.render_prompt(
+        [{"role": "user", "content": r["question"]}], env_cls().tools_schema()) for r in rows]
+
+    def ceiling(k: int) -> tuple[int, float]:
+        """Every episode's tokens as one request, all issued at once."""
+        cfg = SamplingConfig(max_tokens=t * k, ignore_eos=True)
+
+        async def run():
+            return await asyncio.gather(*(worker.engine.generate(p, cfg.replace(seed=i))
+                                          for i, p in enumerate(prompts)))
+        t0 = time.perf_counter()
+        outs = asyncio.run(run())
+        return sum(len(o[0].token_ids) for o in outs), time.perf_counter() - t0
+
+    def engine_loop(k: int) -> tuple[int, float]:
+        """The same turns straight on the engine: no env, no records, no batch."""
+        cfg = SamplingConfig(max_tokens=k, ignore_eos=True)
+
+        async def episode(ids: list[int], i: int) -> int:
+            sampled = 0
+            for turn in range(t):
+                [c] = await worker.engine.generate(ids, cfg.replace(seed=i * t + turn))
+                ids = ids + c.token_ids + delta
+                sampled += len(c.token_ids)
+            return sampled
+
+        async def run():
+            return await asyncio.gather(*(episode(list(p), i) for i, p in enumerate(prompts)))
+        t0 = time.perf_counter()
+        tokens = sum(asyncio.run(run()))
+        return tokens, time.perf_counter() - t0
+
+    def rollout(k: int, latency: float = 0.0) -> tuple[int, float]:
+        worker.config.env_kwargs = {"turns": t, "latency": latency}
+        episode_config = worker.config.episode_config()
+        episode_config.sampling = SamplingConfig(max_tokens=k, ignore_eos=True)
+        worker.runner = type(worker.runner)(worker.engine, worker.renderer, episode_config)
+        t0 = time.perf_counter()
+        td = worker.rollout(make_rollout_input(rows))
+        wall = time.perf_counter() - t0
+        tokens = int(td["response_mask"].sum())
+        finished = [r["num_turns"] for r in td["episodes"]]
+        assert finished == [t] * n, f"episodes did not run {t} turns: {finished}"
+        return tokens, wall
+
+    measures = {"ceiling": ceiling, "engine_loop": engine_loop, "rollout": rollout}
+    runs: dict[tuple[str, int], list[tuple[int, float]]] = {}
     try:
-        prompts = [worker.renderer.render_prompt(
-            [{"role": "user", "content": r["question"]}], env_cls().tools_schema())
-            for r in rows]
-
-        def ceiling() -> tuple[int, float]:
-            async def run():
-                cfg = sampling.replace(max_tokens=t * k)
-                return await asyncio.gather(*(worker.engine.generate(p, cfg.replace(seed=i))
-                                              for i, p in enumerate(prompts)))
-            t0 = time.perf_counter()
-            outs = asyncio.run(run())
-            return sum(len(o[0].token_ids) for o in outs), time.perf_counter() - t0
-
-        delta = worker.renderer.render_delta([{"role": "tool", "name": "wait",
-                                                "content": "done"}], after_eos=False)
-
-        def engine_loop() -> tuple[int, float]:
-            """The same turns straight on the engine: no env, no records, no batch."""
-            async def episode(ids: list[int], i: int) -> int:
-                sampled = 0
-                for turn in range(t):
-                    [c] = await worker.engine.generate(ids, sampling.replace(seed=i * t + turn))
-                    ids = ids + c.token_ids + delta
-                    sampled += len(c.token_ids)
-                return sampled
-
-            async def run():
-                return await asyncio.gather(*(episode(list(p), i)
-                                              for i, p in enumerate(prompts)))
-            t0 = time.perf_counter()
-            tokens = sum(asyncio.run(run()))
-            return tokens, time.perf_counter() - t0
-
-        def rollout(latency: float) -> tuple[int, float]:
-            worker.config.env_kwargs = {"turns": t, "latency": latency}
-            t0 = time.perf_counter()
-            td = worker.rollout(make_rollout_input(rows))
-            wall = time.perf_counter() - t0
-            tokens = int(td["response_mask"].sum())
-            finished = [r["num_turns"] for r in td["episodes"]]
-            assert finished == [t] * n, f"episodes did not run {t} turns: {finished}"
-            return tokens, wall
-
-        ceiling(), engine_loop(), rollout(0.0)  # warm-up
-        runs: dict[str, list[tuple[int, float]]] = {
-            "ceiling": [], "engine_loop": [], "rollout": [], "latency": []}
-        for _ in range(args.reps):
-            runs["ceiling"].append(ceiling())
-            runs["engine_loop"].append(engine_loop())
-            runs["rollout"].append(rollout(0.0))
-            runs["latency"].append(rollout(args.latency))
+        for k in turn_tokens:
+            for f in measures.values():
+                f(k)  # warm-up
+            for _ in range(args.reps):
+                for name, f in measures.items():
+                    runs.setdefault((name, k), []).append(f(k))
+                if k == turn_tokens[0]:
+                    runs.setdefault(("latency", k), []).append(rollout(k, args.latency))
         load = os.getloadavg()[0]
     finally:
         worker.shutdown()
 
-    rate = {name: [tok / wall for tok, wall in r] for name, r in runs.items()}
-    ratio_ceiling = statistics.median(a / b for a, b in zip(rate["rollout"], rate["ceiling"],
-                                                             strict=True))
-    ratio_loop = statistics.median(a / b for a, b in zip(rate["engine_loop"], rate["ceiling"],
-                                                          strict=True))
-    ratio_latency = statistics.median(a / b for a, b in zip(rate["latency"], rate["rollout"],
-                                                             strict=True))
-    tokens = runs["rollout"][0][0]
-    med = {name: statistics.median(v) for name, v in rate.items()}
+    def ratio(a: str, b: str, k: int) -> float:
+        return statistics.median((ta / wa) / (tb / wb) for (ta, wa), (tb, wb)
+                                 in zip(runs[a, k], runs[b, k], strict=True))
+
+    def rate(name: str, k: int) -> float:
+        return statistics.median(tok / wall for tok, wall in runs[name, k])
+
+    def per_boundary_ms(name: str, k: int) -> float:
+        """Extra wall time per turn boundary over the ceiling (all episodes at once)."""
+        extra = statistics.median(w for _, w in runs[name, k]) - \
+            statistics.median(w for _, w in runs["ceiling", k])
+        return 1000 * extra / max(t - 1, 1)
+
+    lines = ["| sampled tokens per turn | measurement | output tok/s (median) | ratio "
+             "| extra ms per turn boundary | target |", "|---:|---|---:|---:|---:|---:|"]
+    for k in turn_tokens:
+        target = ">= 0.9"
+        lines += [
+            f"| {k} | single-batch generate, {n} x {t * k} tokens (ceiling) "
+            f"| {rate('ceiling', k):.0f} | 1.00 | | |",
+            f"| {k} | (diagnostic) the same turns straight on the engine: no env, no records "
+            f"| {rate('engine_loop', k):.0f} | {ratio('engine_loop', 'ceiling', k):.2f} "
+            f"| {per_boundary_ms('engine_loop', k):.0f} | |",
+            f"| {k} | multi-turn rollout, {n} episodes x {t} turns, no tool latency "
+            f"| {rate('rollout', k):.0f} | {ratio('rollout', 'ceiling', k):.2f} "
+            f"| {per_boundary_ms('rollout', k):.0f} | {target} |"]
+    k0 = turn_tokens[0]
+    lines.append(f"| {k0} | same, every tool call {args.latency * 1000:.0f} ms, {n} concurrent "
+                 f"| {rate('latency', k0):.0f} | {ratio('latency', 'rollout', k0):.2f} "
+                 f"(of no latency) | | >= 0.8 |")
+    def verdict(value: float, target: float) -> str:
+        return "met" if value >= target else "NOT met"
+
+    shares = ", ".join(f"{ratio('rollout', 'ceiling', k):.2f} at {k}-token turns "
+                       f"(engine alone {ratio('engine_loop', 'ceiling', k):.2f})"
+                       for k in turn_tokens)
+    first = ratio("rollout", "ceiling", k0)
+    with_latency = ratio("latency", "rollout", k0)
+    headline = (f"**Multi-turn rollout / single-batch ceiling: {shares} (target >= 0.9 at "
+                f"{k0}-token turns: {verdict(first, 0.9)}); {args.latency * 1000:.0f} ms tools "
+                f"keep {with_latency:.2f}x (target >= 0.8: {verdict(with_latency, 0.8)}).**")
     quick = " --quick" if args.quick else ""
-    table = "\n".join([
-        "| measurement | output tok/s (median) | ratio | target |",
-        "|---|---:|---:|---:|",
-        f"| single-batch generate, {n} x {t * k} tokens (ceiling) | {med['ceiling']:.0f} | 1.00 "
-        f"| |",
-        f"| (diagnostic) the same turns straight on the engine: no env, no records "
-        f"| {med['engine_loop']:.0f} | {ratio_loop:.2f} (of ceiling) | |",
-        f"| multi-turn rollout, {n} episodes x {t} turns x {k} tokens, no tool latency "
-        f"| {med['rollout']:.0f} | {ratio_ceiling:.2f} (of ceiling) | >= 0.9 |",
-        f"| same, every tool call {args.latency * 1000:.0f} ms, {n} concurrent "
-        f"| {med['latency']:.0f} | {ratio_latency:.2f} (of no latency) | >= 0.8 |",
-    ])
     text = (f"# Rollout throughput\n\nMachine: {machine_label()}; load average at the end "
-            f"{load:.1f} (other processes share the cores).\n\n{table}\n\n"
-            f"{tokens} sampled tokens per run; ratios are medians over {args.reps} alternating "
-            f"repetition(s) of (ceiling, engine loop, rollout, rollout with latency); KV cache "
-            f"block size {block}. Each rollout turn "
-            f"samples {k} tokens (ignore_eos) and makes one real tool call through the env; "
-            f"observation tokens are appended as template deltas.\n\n"
+            f"{load:.1f} (other processes share the cores).\n\n{headline}\n\n" +
+            "\n".join(lines) +
+            f"\n\nRatios are medians over {args.reps} alternating repetition(s) of (ceiling, "
+            f"engine loop, rollout[, rollout with latency]) per row group; KV cache block size "
+            f"{block}; the engine as the trainer builds it (model inside the engine-core "
+            f"process). Each rollout turn samples exactly the stated tokens (ignore_eos) and "
+            f"makes one real tool call through the env; the observation "
+            f"({len(delta)} tokens) is appended as a template delta and prefilled before the "
+            f"next turn. \"Extra ms per turn boundary\" is (wall - ceiling wall) / "
+            f"{max(t - 1, 1)}: what each new turn of all {n} episodes costs beyond sampling.\n\n"
             f"Reproduce: `.venv/bin/python benchmarks/bench_rollout.py{quick}`\n")
     print(text)
     args.output.parent.mkdir(parents=True, exist_ok=True)

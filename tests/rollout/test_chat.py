@@ -59,6 +59,27 @@ def test_first_prompt_is_the_template_rendering_as_a_list_of_ids(tokenizer):
     assert tokenizer.decode(ids).endswith("<|im_start|>assistant\n")
 
 
+def test_a_group_renders_its_prompt_once_and_gets_independent_copies(tokenizer):
+    renderer = ChatRenderer(tokenizer)
+    messages = [{"role": "system", "content": "Use the tools."},
+                {"role": "user", "content": "What is 2 + 3?"}]
+    calls = []
+    render = tokenizer.apply_chat_template
+
+    def counting(*args, **kwargs):
+        calls.append(kwargs.get("tokenize"))
+        return render(*args, **kwargs)
+
+    renderer.tokenizer = type("Counting", (), {"apply_chat_template": staticmethod(counting)})()
+    first = renderer.render_prompt(messages, PROBE_TOOLS)
+    first.append(-1)  # a caller extending its prompt must not change the next sample's
+    second = renderer.render_prompt([dict(m) for m in messages], list(PROBE_TOOLS))
+    assert calls == [True] and second == first[:-1]
+    other = renderer.render_prompt([*messages[:1], {"role": "user", "content": "other"}],
+                                   PROBE_TOOLS)
+    assert calls == [True, True] and other != second
+
+
 def test_delta_append_equals_full_rerender_on_the_tiny_template(tokenizer):
     renderer = ChatRenderer(tokenizer)
     assert renderer.conformance is not None and renderer.conformance.ok

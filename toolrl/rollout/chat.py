@@ -29,6 +29,7 @@ logger = logging.getLogger(__name__)
 Message = Mapping[str, Any]
 Tools = Sequence[Mapping[str, Any]] | None
 
+PROMPT_CACHE_SIZE = 256  # first prompts remembered by `ChatRenderer.render_prompt`
 _MARK = "\u2060TOOLRL_ASSISTANT_CONTENT\u2060"  # a marker that never occurs in real content
 
 PROBE_TOOLS: list[dict[str, Any]] = [
@@ -109,6 +110,7 @@ class ChatRenderer:
         self.eos_token_id: int = int(tokenizer.eos_token_id)
         self.eos_text: str = tokenizer.convert_ids_to_tokens(self.eos_token_id)
         self._dummy_cache: dict[str, tuple[str, str]] = {}
+        self._prompt_cache: dict[str, list[int]] = {}  # oldest first
         self.conformance: ConformanceReport | None = None
         if check:
             self.conformance = self.check_prefix_preserving(PROBE_MESSAGES, PROBE_TOOLS)
@@ -137,14 +139,25 @@ class ChatRenderer:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def render_prompt(self, messages: Sequence[Message], tools: Tools = None) -> list[int]:
-        """Token ids of the first prompt: the messages, the tools and the generation prompt."""
-        try:
-            out = self.tokenizer.apply_chat_template(
-                list(messages), tools=_tools(tools), add_generation_prompt=True, tokenize=True,
-                **self.template_kwargs)
-        except Exception as e:
-            raise TemplateError(f"the chat template failed to render: {e}") from e
-        return _as_ids(out)
+        """Token ids of the first prompt: the messages, the tools and the generation prompt.
+
+        The last few prompts are remembered, so the samples of one GRPO group (the same task
+        ``n`` times) render it once.
+        """
+        key = json.dumps([list(messages), _tools(tools)], sort_keys=True, default=str)
+        ids = self._prompt_cache.get(key)
+        if ids is None:
+            try:
+                out = self.tokenizer.apply_chat_template(
+                    list(messages), tools=_tools(tools), add_generation_prompt=True,
+                    tokenize=True, **self.template_kwargs)
+            except Exception as e:
+                raise TemplateError(f"the chat template failed to render: {e}") from e
+            ids = _as_ids(out)
+            if len(self._prompt_cache) >= PROMPT_CACHE_SIZE:
+                self._prompt_cache.pop(next(iter(self._prompt_cache)))
+            self._prompt_cache[key] = ids
+        return list(ids)
 
     def render_delta(self, new_messages: Sequence[Message], tools: Tools = None, *,
                      after_eos: bool = True, add_generation_prompt: bool = True) -> list[int]:

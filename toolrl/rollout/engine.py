@@ -24,13 +24,14 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import dataclasses
 import json
 import logging
 import os
 import threading
 import uuid
 from collections.abc import Coroutine, Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -178,10 +179,12 @@ class SamplingConfig:
     allowed_token_ids: tuple[int, ...] = ()
 
     def replace(self, **changes: Any) -> SamplingConfig:
-        return SamplingConfig(**{**asdict(self), **changes})
+        return dataclasses.replace(self, **changes)
 
     def to_vllm(self) -> Any:
-        """The ``vllm.SamplingParams`` (final output only; detokenized only for stop strings)."""
+        """The ``vllm.SamplingParams``: final output only, detokenized only for stop strings,
+        log-probs in vLLM's flat layout and never deep-copied by the engine (each call builds
+        a fresh object), which keeps the engine's per-request and per-token Python work low."""
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -193,7 +196,7 @@ class SamplingConfig:
             seed=self.seed, logprobs=0 if self.logprobs else None, ignore_eos=self.ignore_eos,
             allowed_token_ids=list(self.allowed_token_ids) or None,
             detokenize=bool(self.stop), skip_special_tokens=False,
-            output_kind=RequestOutputKind.FINAL_ONLY,
+            output_kind=RequestOutputKind.FINAL_ONLY, flat_logprobs=True, skip_clone=True,
         )
 
 
