@@ -378,7 +378,10 @@ class ToolEnv(gym.Env[list, str]):
         skipped = len(parse.calls) - self.max_calls_per_turn
         if skipped > 0:  # the turn's calls are the ones that ran
             parse = dataclasses.replace(parse, calls=parse.calls[:self.max_calls_per_turn])
-        results = list(await asyncio.gather(*(self._call(c) for c in parse.calls)))
+        if len(parse.calls) == 1:  # the common case: no task to schedule, no loop round trip
+            results = [await self._call(parse.calls[0])]
+        else:
+            results = list(await asyncio.gather(*(self._call(c) for c in parse.calls)))
         observation = [self._tool_message(c, r) for c, r in zip(parse.calls, results, strict=True)]
         errors = [r.error for r in results if r.error is not None]
         if skipped > 0:

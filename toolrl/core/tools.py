@@ -335,7 +335,8 @@ class Tool:
         limit = _min(self.timeout, timeout)
         try:
             if limit is not None and not self.inline:
-                value = await asyncio.wait_for(self._invoke(arguments), limit)
+                async with asyncio.timeout(limit):  # unlike wait_for, no task per call
+                    value = await self._invoke(arguments)
             else:
                 value = await self._invoke(arguments)
         except TimeoutError:
