@@ -23,7 +23,6 @@ loop is `EpisodeRunner`; ``RolloutConfig.runner`` names a subclass (class or
 from __future__ import annotations
 
 import asyncio
-import gc
 import importlib
 import logging
 import uuid
@@ -157,9 +156,10 @@ class RolloutWorker(Worker):
         # a colocated actor (same process) pushes weights straight into this engine
         register_local_engine(self.engine)
         # vLLM, torch and transformers leave ~1M long-lived objects; a full collection walks
-        # them all, a ~0.4 s pause mid-rollout that stalls every episode (measured in
-        # benchmarks/bench_rollout.py). Freeze them out of the collector after startup, as
-        # vLLM's own server and engine core do.
+        # them all, a ~0.4 s pause mid-rollout that stalls every episode in flight. Freeze them
+        # out of the collector after startup, as vLLM's own server and engine core do.
+        from vllm.utils.gc_utils import freeze_gc_heap
+
         freeze_gc_heap()
 
     # --- group methods ----------------------------------------------------------------------
@@ -319,12 +319,6 @@ class RolloutWorker(Worker):
         else:
             return [None] * n
         return [zlib.crc32(f"{base}:{self.rank}:{i}".encode()) % (2**31 - 1) for i in range(n)]
-
-
-def freeze_gc_heap() -> None:
-    """Move every object alive now to the collector's permanent generation."""
-    gc.collect()
-    gc.freeze()
 
 
 def rollout_metrics(td: TensorDict) -> dict[str, float]:
