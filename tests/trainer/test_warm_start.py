@@ -6,13 +6,15 @@ import json
 import re
 
 import pytest
+import torch
 from toolrl.envs.calculator import CalculatorEnv
 from trainer_runs import ROOT
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from toolrl.trainer.config import load_config
 from toolrl.trainer.trainer import Trainer
-from toolrl.trainer.warm_start import oracle_transcripts, sft
+from toolrl.trainer.warm_start import oracle_transcripts, sft, shared_prefix_batch
+from toolrl.workers.scoring import enable_scoring, score_responses
 
 ROWS = CalculatorEnv.make_tasks(24, seed=3, difficulty=1, style="plain")
 
@@ -96,3 +98,31 @@ def test_the_trainer_warm_starts_from_config_and_reuses_the_result(tiny_model_di
         f"warm_start.output={tmp_path / 'ws2'}", "warm_start.env_kwargs={oracle: psychic}"])
     with pytest.raises(ValueError, match="oracle"):
         Trainer(bad).prepare_model()
+
+
+def test_a_batch_runs_its_common_prefix_once_with_the_plain_sft_loss(tokenizer, tiny_model_dir):
+    """The SFT batch's prompt is the transcripts' longest common prefix (system prompt and
+    tools), and its loss is exactly the plain padded cross-entropy on the action tokens."""
+    transcripts = oracle_transcripts("toolrl/Calculator-v0", ROWS[:6], tokenizer)
+    td = shared_prefix_batch(transcripts, pad_token_id=0)
+    prefix = td["prompts"][0].tolist()
+    assert (td["prompts"] == td["prompts"][0]).all()
+    assert all(t.input_ids[:len(prefix)] == prefix for t in transcripts)
+    assert len({t.input_ids[len(prefix)] for t in transcripts}) > 1  # the longest common one
+    model = enable_scoring(AutoModelForCausalLM.from_pretrained(tiny_model_dir))
+    with torch.no_grad():
+        lp, _ = score_responses(model, td)
+    mask = td["response_mask"].float()
+    ours = -(lp * mask).sum() / mask.sum()
+    width = max(len(t.input_ids) for t in transcripts)
+    ids = torch.zeros(len(transcripts), width, dtype=torch.long)
+    labels = torch.full_like(ids, -100)
+    attn = torch.zeros_like(ids)
+    for i, t in enumerate(transcripts):
+        n = len(t.input_ids)
+        ids[i, :n] = torch.tensor(t.input_ids)
+        attn[i, :n] = 1
+        labels[i, :n] = torch.where(torch.tensor(t.loss_mask) == 1, ids[i, :n], -100)
+    with torch.no_grad():
+        plain = model(input_ids=ids, attention_mask=attn, labels=labels).loss
+    assert float(ours) == pytest.approx(float(plain), rel=1e-5)

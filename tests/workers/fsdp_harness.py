@@ -72,9 +72,10 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, init: bool = 
 
 
 def make_batch(n: int, seed: int = 0, vocab: int = 4096, pad: int = 0,
-               holes: bool = True) -> TensorDict:
+               holes: bool = True, group_size: int = 1) -> TensorDict:
     """A rollout batch with varied prompt/response lengths and (optionally) loss-mask holes
-    where tool-observation tokens sit inside the response."""
+    where tool-observation tokens sit inside the response; consecutive rows share a prompt
+    in groups of ``group_size`` (as a GRPO group does)."""
     g = torch.Generator().manual_seed(seed)
 
     def randint(lo: int, hi: int) -> int:
@@ -82,7 +83,9 @@ def make_batch(n: int, seed: int = 0, vocab: int = 4096, pad: int = 0,
 
     prompts, responses, masks = [], [], []
     for i in range(n):
-        prompts.append(torch.randint(3, vocab, (randint(3, 14),), generator=g).tolist())
+        if i % group_size == 0:
+            prompt = torch.randint(3, vocab, (randint(3, 14),), generator=g).tolist()
+        prompts.append(prompt)
         length = randint(2, 18)
         responses.append(torch.randint(3, vocab, (length,), generator=g).tolist())
         mask = [1] * length

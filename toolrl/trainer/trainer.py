@@ -193,7 +193,8 @@ class Trainer:
         with _timed(timing, "reward"):
             reward_metrics = self.score(batch)
         with _timed(timing, "log_probs"):
-            batch.update(self.actor.call(ActorWorker.compute_log_prob, batch))
+            if self.needs_old_log_probs:
+                batch.update(self.actor.call(ActorWorker.compute_log_prob, batch))
             if "ref" in self.handles:
                 batch.update(self.handles["ref"].call(RefWorker.compute_ref_log_prob, batch))
             if "critic" in self.handles:
@@ -206,6 +207,9 @@ class Trainer:
             if "critic" in self.handles:
                 metrics.update(_first(self.handles["critic"].call(CriticWorker.update_critic,
                                                                   batch)))
+        for key in ("log_prob_diff_abs_mean", "log_prob_diff_abs_max"):  # on-policy steps
+            if f"actor/{key}" in metrics:
+                metrics[f"rollout/{key}"] = metrics.pop(f"actor/{key}")
         metrics.update(reward_metrics)
         metrics.update(adv_metrics)
         metrics.update(rollout_metrics(batch))
@@ -213,6 +217,12 @@ class Trainer:
         metrics["train/success"] = sum(bool(e["success"]) for e in episodes) / len(episodes)
         self._last_batch = batch
         return metrics
+
+    @property
+    def needs_old_log_probs(self) -> bool:
+        """A separate forward for ``old_log_probs`` unless the update is on-policy (one
+        optimizer step, no TIS) and no in-reward KL reads them."""
+        return not self.cfg.actor.on_policy or self.cfg.algorithm.kl_in_reward_coef > 0
 
     def sync_weights(self) -> int:
         """Actor -> rollout engines (in-process: the roles share the pool); the new version."""
@@ -473,7 +483,7 @@ def _mismatch_metrics(batch: TensorDict) -> dict[str, float]:
     """How far the trainer's log-probs are from the engine's on the sampled tokens (a large
     value means the rollout and the update see different models or misaligned tokens)."""
     mask = batch[B.RESPONSE_MASK].bool()
-    if not mask.any() or B.ROLLOUT_LOG_PROBS not in batch:
+    if not mask.any() or B.ROLLOUT_LOG_PROBS not in batch or B.OLD_LOG_PROBS not in batch:
         return {}
     diff = (batch[B.OLD_LOG_PROBS] - batch[B.ROLLOUT_LOG_PROBS])[mask]
     return {"rollout/log_prob_diff_abs_mean": float(diff.abs().mean()),

@@ -21,6 +21,10 @@ from typing import Any
 import torch
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from tensordict import TensorDict
+
+from toolrl.batch import ATTENTION_MASK, PROMPTS, RESPONSE_MASK, build_rollout_batch
+from toolrl.workers.scoring import enable_scoring, score_responses
 
 
 @dataclass
@@ -67,12 +71,29 @@ def oracle_transcripts(env_id: str, rows: Sequence[Mapping[str, Any]], tokenizer
     return out
 
 
+def shared_prefix_batch(transcripts: Sequence[Transcript], pad_token_id: int) -> TensorDict:
+    """``transcripts`` in the rollout layout with their longest common prefix as the prompt
+    (the system prompt and tool list an env's tasks share), so the prefix runs once for the
+    whole batch (`toolrl.workers.scoring`); the loss mask is the oracle's action tokens."""
+    first = transcripts[0].input_ids
+    lcp = min(len(t.input_ids) for t in transcripts) - 1
+    for t in transcripts:
+        ids = t.input_ids
+        lcp = next((i for i in range(lcp) if ids[i] != first[i]), lcp)
+        lcp = min(lcp, t.loss_mask.index(1) if 1 in t.loss_mask else lcp)
+    lcp = max(lcp, 1)
+    return build_rollout_batch([first[:lcp]] * len(transcripts),
+                               [t.input_ids[lcp:] for t in transcripts],
+                               [t.loss_mask[lcp:] for t in transcripts], pad_token_id)
+
+
 def sft(model_path: str | Path, transcripts: Sequence[Transcript], out_dir: str | Path, *,
         steps: int = 300, lr: float = 3e-3, batch_size: int = 16, seed: int = 0,
         warmup_steps: int = 20, console: Console | None = None) -> dict[str, float]:
     """Train on the action tokens of ``transcripts`` and save an HF checkpoint to ``out_dir``.
 
     AdamW with linear warmup and cosine decay; loss = mean cross-entropy over action tokens.
+    Each batch runs its common prefix once (`shared_prefix_batch`).
     Returns summary metrics (first / last loss, tokens per second).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -95,6 +116,7 @@ def sft(model_path: str | Path, transcripts: Sequence[Transcript], out_dir: str 
         return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
 
     sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
+    enable_scoring(model)
     losses: list[float] = []
     tokens = 0
     start = time.perf_counter()
@@ -105,26 +127,19 @@ def sft(model_path: str | Path, transcripts: Sequence[Transcript], out_dir: str 
     with progress:
         task = progress.add_task("sft", total=steps, loss="-")
         for step in range(steps):
-            batch = [transcripts[rng.randrange(len(transcripts))] for _ in range(batch_size)]
-            width = max(len(t.input_ids) for t in batch)
-            ids = torch.full((len(batch), width), pad, dtype=torch.long)
-            labels = torch.full((len(batch), width), -100, dtype=torch.long)
-            attn = torch.zeros((len(batch), width), dtype=torch.long)
-            for i, t in enumerate(batch):
-                n = len(t.input_ids)
-                ids[i, :n] = torch.tensor(t.input_ids)
-                attn[i, :n] = 1
-                lab = torch.tensor(t.input_ids)
-                lab[torch.tensor(t.loss_mask) == 0] = -100
-                labels[i, :n] = lab
-            loss = model(input_ids=ids, attention_mask=attn, labels=labels).loss
+            batch = shared_prefix_batch(
+                [transcripts[rng.randrange(len(transcripts))] for _ in range(batch_size)], pad)
+            log_probs, _ = score_responses(model, batch)
+            mask = batch[RESPONSE_MASK].float()
+            loss = -(log_probs * mask).sum() / mask.sum().clamp(min=1)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             sched.step()
             losses.append(float(loss.detach()))
-            tokens += int(attn.sum())
+            tokens += int(batch[ATTENTION_MASK][:, batch[PROMPTS].shape[1]:].sum()) + \
+                int(batch[ATTENTION_MASK][0, :batch[PROMPTS].shape[1]].sum())
             progress.update(task, advance=1, loss=f"{losses[-1]:.3f}")
             if step % 50 == 0 or step == steps - 1:
                 console.log(f"warm start step {step}: loss {losses[-1]:.4f}")

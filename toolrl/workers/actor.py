@@ -24,13 +24,7 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 
-from toolrl.algo.loss import (
-    LossAggregator,
-    PolicyLossConfig,
-    actor_loss,
-    entropy_from_logits,
-    log_probs_from_logits,
-)
+from toolrl.algo.loss import LossAggregator, PolicyLossConfig, actor_loss
 from toolrl.batch import (
     ADVANTAGES,
     OLD_LOG_PROBS,
@@ -40,7 +34,7 @@ from toolrl.batch import (
 )
 from toolrl.controller.worker import Dispatch, Execute, Worker, remote
 from toolrl.workers.base import FSDPConfig, FSDPModel, LossTotals
-from toolrl.workers.forward import micro_inputs
+from toolrl.workers.scoring import enable_scoring, prompt_groups, score_responses
 from toolrl.workers.weights import DEFAULT_BUCKET_MB, WeightSync, local_engines
 
 ENTROPY = "entropy"  # [B, R] policy entropy per response token (diagnostics)
@@ -58,6 +52,11 @@ class ActorConfig(FSDPConfig):
         max_response_length: the response budget, needed by the ``seq-mean-token-sum-norm``
             aggregation (Dr.GRPO).
         weight_bucket_mb: bucket size of weight pushes to the rollout engines.
+        share_prompts: rows with identical prompts (a GRPO group) run the prompt once and the
+            responses on its KV cache (`toolrl.workers.scoring`); off, or with
+            ``use_remove_padding`` or gradient checkpointing, every row runs whole.
+        logits_chunk_size: response positions per LM-head chunk (None: as many as fit in
+            256 MiB of float32 logits); the ``[tokens x vocab]`` logits never exist whole.
     """
 
     lr: float = 1e-6
@@ -65,6 +64,8 @@ class ActorConfig(FSDPConfig):
     loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
     max_response_length: int | None = None
     weight_bucket_mb: float = DEFAULT_BUCKET_MB
+    share_prompts: bool = True
+    logits_chunk_size: int | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -72,6 +73,24 @@ class ActorConfig(FSDPConfig):
             raise ValueError(f"temperature must be > 0, got {self.temperature}")
         if isinstance(self.loss, dict):  # e.g. built from a plain mapping
             object.__setattr__(self, "loss", PolicyLossConfig(**self.loss))
+        if self.logits_chunk_size is not None and self.logits_chunk_size < 1:
+            raise ValueError(f"logits_chunk_size must be >= 1 or None, got "
+                             f"{self.logits_chunk_size}")
+
+    @property
+    def on_policy(self) -> bool:
+        """One optimizer step per batch and no TIS: the log-probs before the update are those
+        of the update's own forward, so a batch needs no separate ``old_log_probs`` pass (TRL
+        and verl skip it too)."""
+        return self.ppo_epochs == 1 and self.ppo_mini_batch_size is None and \
+            self.loss.tis_cap is None
+
+    @property
+    def forward_layout(self) -> str:
+        """How `toolrl.workers.scoring` runs the trunk (see its `LAYOUTS`)."""
+        if self.use_remove_padding:
+            return "packed"
+        return "auto" if self.share_prompts else "padded"
 
 
 class FSDPPolicy(FSDPModel):
@@ -79,17 +98,22 @@ class FSDPPolicy(FSDPModel):
 
     config: ActorConfig
 
-    def _log_probs(self, td: TensorDict, with_entropy: bool
+    def __init__(self, config: ActorConfig, trainable: bool,
+                 model_kwargs: dict[str, Any] | None = None) -> None:
+        super().__init__(config, trainable=trainable, model_kwargs=model_kwargs)
+        enable_scoring(self.model)
+
+    def _log_probs(self, td: TensorDict, with_entropy: bool, entropy_grad: bool = False
                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``[b, R]`` log-probs (and entropies) of ``td``'s response tokens; 0 on padding."""
-        mi = micro_inputs(td, self.config.use_remove_padding)
-        out = self.model(**mi.inputs, logits_to_keep=mi.keep, use_cache=False)
-        logits = mi.flat(out.logits, kept=True)
-        if self.config.temperature != 1.0:
-            logits = logits / self.config.temperature
-        log_probs = mi.scatter(log_probs_from_logits(logits, mi.labels))
-        entropy = mi.scatter(entropy_from_logits(logits)) if with_entropy else None
-        return log_probs, entropy
+        return score_responses(self.model, td, temperature=self.config.temperature,
+                               with_entropy=with_entropy, entropy_grad=entropy_grad,
+                               layout=self.config.forward_layout,
+                               chunk_size=self.config.logits_chunk_size)
+
+    def _micro_units(self, td: TensorDict) -> torch.Tensor | None:
+        """Token-budget micro-batches keep rows of one prompt together (they share its run)."""
+        return prompt_groups(td) if self.config.forward_layout == "auto" else None
 
     def log_probs(self, td: TensorDict, key: str, with_entropy: bool = False) -> TensorDict:
         """Log-probs of every response token under ``key`` (``[B, R]``, rows in ``td``'s order),
@@ -121,26 +145,39 @@ class FSDPActor(FSDPPolicy):
         cfg = self.config.loss
         agg = LossAggregator(cfg.loss_agg_mode, total_tokens=totals.tokens,
                              total_seqs=totals.seqs, max_len=self.config.max_response_length)
-        need_entropy = cfg.entropy_coeff != 0.0
-        log_probs, entropy = self._log_probs(micro, with_entropy=need_entropy)
+        log_probs, entropy = self._log_probs(micro, with_entropy=True,
+                                             entropy_grad=cfg.entropy_coeff != 0.0)
         if cfg.kl_loss_coef > 0 and REF_LOG_PROBS not in micro:
             raise KeyError(f"kl_loss_coef > 0 needs {REF_LOG_PROBS!r} in the batch")
         if cfg.tis_cap is not None and ROLLOUT_LOG_PROBS not in micro:
             raise KeyError(f"tis_cap needs {ROLLOUT_LOG_PROBS!r} in the batch")
-        return actor_loss(
-            log_probs, micro.get(OLD_LOG_PROBS), micro.get(ADVANTAGES),
-            micro.get(RESPONSE_MASK), config=cfg, agg=agg, entropy=entropy,
+        old = micro.get(OLD_LOG_PROBS, None)
+        mask = micro.get(RESPONSE_MASK)
+        extra: dict[str, float] = {}
+        if old is None:  # an on-policy step: the policy before the update is this one
+            old = log_probs.detach()
+            extra = _rollout_mismatch(old, micro.get(ROLLOUT_LOG_PROBS, None), mask)
+        loss, metrics = actor_loss(
+            log_probs, old, micro.get(ADVANTAGES), mask, config=cfg, agg=agg, entropy=entropy,
             ref_log_probs=micro.get(REF_LOG_PROBS) if cfg.kl_loss_coef > 0 else None,
             rollout_log_probs=micro.get(ROLLOUT_LOG_PROBS) if cfg.tis_cap is not None else None)
+        return loss, {**metrics, **extra}
 
     def _check(self, td: TensorDict) -> None:
-        missing = [k for k in (OLD_LOG_PROBS, ADVANTAGES, RESPONSE_MASK) if k not in td]
+        missing = [k for k in (ADVANTAGES, RESPONSE_MASK) if k not in td]
         if missing:
             raise KeyError(f"update needs {missing} in the batch (keys: {sorted(td.keys())})")
+        if OLD_LOG_PROBS not in td and not self.config.on_policy:
+            raise KeyError(f"update needs {OLD_LOG_PROBS!r}: with ppo_epochs="
+                           f"{self.config.ppo_epochs}, ppo_mini_batch_size="
+                           f"{self.config.ppo_mini_batch_size} and tis_cap="
+                           f"{self.config.loss.tis_cap} the step is not on-policy")
 
     def update(self, td: TensorDict) -> dict[str, float]:
         """PPO epochs over mini-batches of ``td``; returns ``actor/...`` metrics (loss,
-        pg_loss, clip fractions, ppo_kl, entropy, kl_ref, grad_norm, lr)."""
+        pg_loss, clip fractions, ppo_kl, entropy, kl_ref, grad_norm, lr). Without
+        ``old_log_probs`` (an `on_policy` step) they are this forward's, detached, and the
+        metrics add the rollout mismatch (``log_prob_diff_abs_mean`` / ``_max``)."""
         self._check(td)
         return self.train_batch(td, self._micro_loss)
 
@@ -250,6 +287,17 @@ class RefWorker(Worker):
         return self.ref.compute_ref_log_prob(batch)
 
 
+def _rollout_mismatch(log_probs: torch.Tensor, rollout: torch.Tensor | None,
+                      mask: torch.Tensor) -> dict[str, float]:
+    """|trainer - engine| log-prob on the sampled tokens (token-mean and max)."""
+    valid = mask.bool()
+    if rollout is None or not valid.any():
+        return {}
+    diff = (log_probs - rollout)[valid].abs()
+    return {"log_prob_diff_abs_mean": float(diff.mean()),
+            "log_prob_diff_abs_max": float(diff.max())}
+
+
 __all__ = [
     "ENTROPY",
     "ActorConfig",
@@ -259,3 +307,4 @@ __all__ = [
     "FSDPReference",
     "RefWorker",
 ]
+

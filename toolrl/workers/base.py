@@ -156,7 +156,7 @@ class _MetricSums:
     """Per-mini-batch metric reduction across micro-batches and ranks (one all-reduce)."""
 
     SUMMED = ("loss", "pg_loss", "vf_loss")  # already divided by the global totals
-    MAXED = ("ratio_max",)
+    MAXED = ("ratio_max", "log_prob_diff_abs_max")
 
     def __init__(self) -> None:
         self.sums: dict[str, float] = {}
@@ -261,7 +261,13 @@ class FSDPModel:
         size = cfg.micro_batch_size
         if forward_only and cfg.log_prob_micro_batch_size is not None:
             size = cfg.log_prob_micro_batch_size
-        return plan_micro_batches(td, size, cfg.max_tokens_per_micro_batch)
+        units = self._micro_units(td) if cfg.max_tokens_per_micro_batch is not None else None
+        return plan_micro_batches(td, size, cfg.max_tokens_per_micro_batch, units=units)
+
+    def _micro_units(self, td: TensorDict) -> torch.Tensor | None:
+        """Rows that token-budget micro-batches must keep together (``[b]`` unit ids), or None:
+        every row on its own."""
+        return None
 
     def forward_batches(self, td: TensorDict,
                         fn: Callable[[TensorDict], dict[str, torch.Tensor]]) -> TensorDict:

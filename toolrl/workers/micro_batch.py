@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from tensordict import TensorDict
 
-from toolrl.batch import ATTENTION_MASK, batch_len, select_rows
+from toolrl.batch import ATTENTION_MASK, RESPONSES, batch_len, select_rows
 from toolrl.workers.fsdp import all_reduce
 
 
@@ -72,28 +72,51 @@ def balanced_partitions(lengths: list[int], k: int) -> list[list[int]]:
     return sorted((sorted(g) for g in groups), key=lambda g: g[0])
 
 
+def unit_lengths(td: TensorDict, units: torch.Tensor) -> list[int]:
+    """Tokens each unit of rows runs when the rows of a unit share one prompt: the prompt once
+    plus every row's response."""
+    attn = td.get(ATTENTION_MASK)
+    width = td.get(RESPONSES).shape[1]
+    prompt = attn[:, :attn.shape[1] - width].sum(-1)
+    response = attn[:, attn.shape[1] - width:].sum(-1)
+    n_units = int(units.max()) + 1
+    total = torch.zeros(n_units, dtype=torch.long).index_add_(0, units, response)
+    first_prompt = torch.zeros(n_units, dtype=torch.long).scatter_(0, units, prompt)
+    return (total + first_prompt).tolist()
+
+
 def plan_micro_batches(td: TensorDict, micro_batch_size: int | None = None,
-                       max_tokens: int | None = None, sync: bool = True) -> list[list[int]]:
+                       max_tokens: int | None = None, sync: bool = True,
+                       units: torch.Tensor | None = None) -> list[list[int]]:
     """Row indices of each micro-batch of ``td``.
 
     With ``max_tokens`` the plan packs by real token count; the number of micro-batches is the
     maximum over data-parallel ranks when ``sync`` (all ranks must call this together then).
-    Otherwise groups of ``micro_batch_size`` rows (all of ``td`` when None).
+    ``units`` (``[b]`` ids) keeps rows of one unit in one micro-batch, counted as one shared
+    prompt plus their responses (`unit_lengths`). Otherwise groups of ``micro_batch_size``
+    rows (all of ``td`` when None).
     """
     n = batch_len(td)
     if n == 0:
         raise ValueError("cannot plan micro-batches of an empty batch")
     if max_tokens is None:
         return fixed_partitions(n, micro_batch_size or n)
-    lengths = sequence_lengths(td)
-    k, smallest = count_bins(lengths, max_tokens), n
+    lengths = sequence_lengths(td) if units is None else unit_lengths(td, units)
+    k, smallest = count_bins(lengths, max_tokens), len(lengths)
     if sync:  # the largest k and the smallest local batch over ranks (one MAX all-reduce)
-        k, neg_n = all_reduce(torch.tensor([k, -n]), dist.ReduceOp.MAX).tolist()
+        k, neg_n = all_reduce(torch.tensor([k, -len(lengths)]), dist.ReduceOp.MAX).tolist()
         smallest = -neg_n
     if k > smallest:
         raise ValueError(f"a rank needs {k} micro-batches but another has only {smallest} "
-                         f"samples: give every data-parallel rank the same number of samples")
-    return balanced_partitions(lengths, k)
+                         f"samples (or prompt groups): give every data-parallel rank the same "
+                         f"number of samples")
+    plan = balanced_partitions(lengths, k)
+    if units is None:
+        return plan
+    members: list[list[int]] = [[] for _ in lengths]
+    for row, unit in enumerate(units.tolist()):
+        members[unit].append(row)
+    return [sorted(r for u in part for r in members[u]) for part in plan]
 
 
 def take(td: TensorDict, index: list[int]) -> TensorDict:
@@ -111,4 +134,5 @@ __all__ = [
     "plan_micro_batches",
     "sequence_lengths",
     "take",
+    "unit_lengths",
 ]

@@ -1,0 +1,222 @@
+"""Log-probs and entropy of response tokens with as little work and memory as possible.
+
+`score_responses(model, td)` returns ``[b, R]`` log-probs (and entropies) of a micro-batch's
+response tokens in the rollout layout (`toolrl.batch`). Two things make it lean:
+
+- **The LM head runs only where it is needed, a chunk at a time.** The trunk's hidden states
+  are taken at the positions that predict a real response token (padding never reaches the
+  head), and the head, the log-softmax and the entropy run on ``chunk_size`` positions at a
+  time. With several chunks each one is recomputed in backward instead of kept, so the
+  ``[positions x vocab]`` float32 logits never exist whole (151,936 columns for Qwen).
+- **A prompt shared by several rows runs once** (``shared_prefix``; a GRPO group is the same
+  prompt ``group_size`` times, and tool schemas make prompts long). The unique prompts run
+  first and fill a KV cache; the cache is indexed out to every row of a group and only the
+  responses run on top of it. The gradient flows through the cache into the prompt forward,
+  so the result is the padded computation, with each prompt's share done once per group.
+
+Layouts of the trunk (`LAYOUTS`): ``padded`` (crop the all-padding columns, run with the
+attention mask), ``packed`` (real tokens of all rows in one row, position ids restarting per
+sample; transformers builds a block-diagonal mask), ``shared_prefix`` (above), and ``auto``
+(``shared_prefix`` when some rows share a prompt and the cache can carry gradients, i.e. no
+gradient checkpointing while training; else ``padded``).
+
+Everything runs inside the model's own ``__call__`` (`enable_scoring` routes a keyword to it),
+so FSDP2's hooks on the root module gather and free its parameters exactly as for a normal
+forward.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+import torch
+from tensordict import TensorDict
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from toolrl.algo.loss import entropy_from_logits, log_probs_from_logits
+from toolrl.batch import ATTENTION_MASK, INPUT_IDS, POSITION_IDS, PROMPTS, RESPONSES
+
+LAYOUTS = ("auto", "padded", "packed", "shared_prefix")
+LOGITS_CHUNK_BYTES = 256 * 2**20  # float32 logits per chunk when chunk_size is not given
+_KWARG = "toolrl_scoring"
+
+
+def enable_scoring(model: nn.Module) -> nn.Module:
+    """Let ``model(toolrl_scoring=job)`` run ``job(model)`` in place of the forward.
+
+    The call still goes through ``model.__call__``, so module hooks (FSDP2's unshard/reshard of
+    the root parameters, mixed-precision casts) wrap it as they wrap a forward. Idempotent.
+    """
+    if getattr(model, "_toolrl_scoring", False):
+        return model
+    original = model.forward
+
+    def forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        job = kwargs.pop(_KWARG, None)
+        return original(*args, **kwargs) if job is None else job(self)
+
+    model.forward = types.MethodType(forward, model)
+    model._toolrl_scoring = True
+    return model
+
+
+def prompt_groups(td: TensorDict) -> Tensor:
+    """``[b]`` group id of each row: rows with identical (padded) prompts share one id,
+    numbered in order of first appearance."""
+    prompts = td.get(PROMPTS)
+    _, inverse = torch.unique(prompts, dim=0, return_inverse=True)
+    first: dict[int, int] = {}
+    return torch.tensor([first.setdefault(int(g), len(first)) for g in inverse.tolist()],
+                        dtype=torch.long)
+
+
+def resolve_layout(layout: str, td: TensorDict, cache_ok: bool) -> str:
+    """The concrete layout for ``td`` (see the module docstring for ``auto``)."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown forward layout {layout!r}; choose one of {list(LAYOUTS)}")
+    if layout == "shared_prefix" and not cache_ok:
+        raise ValueError("forward layout shared_prefix needs the KV cache to carry gradients: "
+                         "turn gradient_checkpointing off (or use padded / packed)")
+    if layout != "auto":
+        return layout
+    if not cache_ok:
+        return "padded"
+    groups = prompt_groups(td)
+    return "shared_prefix" if int(groups.max()) + 1 < len(groups) else "padded"
+
+
+def score_responses(model: nn.Module, td: TensorDict, *, temperature: float = 1.0,
+                    with_entropy: bool = False, entropy_grad: bool = False,
+                    layout: str = "auto", chunk_size: int | None = None
+                    ) -> tuple[Tensor, Tensor | None]:
+    """``[b, R]`` log-probs of ``td``'s response tokens (0 on padding) and, with
+    ``with_entropy``, the policy's entropy at each of them (detached unless
+    ``entropy_grad``). Logits are divided by ``temperature`` first, so they match the
+    distribution a rollout sampled from. ``model`` must have gone through `enable_scoring`."""
+    cache_ok = not (model.training and getattr(model, "is_gradient_checkpointing", False))
+    job = _ScoringJob(td, resolve_layout(layout, td, cache_ok), temperature, with_entropy,
+                      entropy_grad, chunk_size)
+    flat_lp, flat_ent = model(**{_KWARG: job})
+    return job.scatter(flat_lp), (job.scatter(flat_ent) if flat_ent is not None else None)
+
+
+class _ScoringJob:
+    """One micro-batch to score, run by the model's patched forward (not a dataclass on
+    purpose: FSDP2 rebuilds dataclass arguments when it casts forward inputs)."""
+
+    def __init__(self, td: TensorDict, layout: str, temperature: float, with_entropy: bool,
+                 entropy_grad: bool, chunk_size: int | None) -> None:
+        self.td, self.layout, self.temperature = td, layout, temperature
+        self.with_entropy, self.entropy_grad, self.chunk_size = with_entropy, entropy_grad, \
+            chunk_size
+        responses = td.get(RESPONSES)
+        attn = td.get(ATTENTION_MASK).bool()
+        self.width = responses.shape[1]
+        self.prompt_len = attn.shape[1] - self.width
+        self.prompt_real = attn[:, :self.prompt_len].sum(-1)
+        resp_real = attn[:, self.prompt_len:].sum(-1)
+        if bool((self.prompt_real == 0).any()):
+            raise ValueError("a sample has an empty prompt: nothing predicts its first response "
+                             "token")
+        self.r_kept = max(int(resp_real.max()), 1)
+        self.valid = torch.arange(self.r_kept, device=attn.device)[None, :] < resp_real[:, None]
+        self.labels = responses[:, :self.r_kept][self.valid]
+
+    def __call__(self, model: nn.Module) -> tuple[Tensor, Tensor | None]:
+        trunk = model.base_model
+        hidden = {"padded": self._padded, "packed": self._packed,
+                  "shared_prefix": self._shared_prefix}[self.layout](trunk)
+        return self._head(model.get_output_embeddings(), hidden)
+
+    def scatter(self, flat: Tensor) -> Tensor:
+        """``[K]`` values in row-major order of the valid positions -> ``[b, R]``."""
+        b = self.valid.shape[0]
+        out = flat.new_zeros((b, self.width))
+        out[:, :self.r_kept][self.valid] = flat
+        return out
+
+    # --- trunks: hidden states at the positions predicting each real response token [K, H] ----
+    def _padded(self, trunk: nn.Module) -> Tensor:
+        td = self.td
+        cut = self.prompt_len - int(self.prompt_real.max())
+        end = self.prompt_len + self.r_kept
+        hidden = trunk(input_ids=td.get(INPUT_IDS)[:, cut:end],
+                       attention_mask=td.get(ATTENTION_MASK)[:, cut:end].long(),
+                       position_ids=td.get(POSITION_IDS)[:, cut:end],
+                       use_cache=False).last_hidden_state
+        p = self.prompt_len - cut
+        return hidden[:, p - 1:p - 1 + self.r_kept][self.valid]
+
+    def _packed(self, trunk: nn.Module) -> Tensor:
+        td = self.td
+        attn = td.get(ATTENTION_MASK).bool()
+        resp_real = attn[:, self.prompt_len:].sum(-1)
+        lengths = (self.prompt_real + resp_real).tolist()
+        starts = torch.tensor([0, *lengths[:-1]], device=attn.device).cumsum(0)
+        keep = (starts + self.prompt_real - 1)[:, None] + torch.arange(self.r_kept,
+                                                                       device=attn.device)
+        hidden = trunk(input_ids=td.get(INPUT_IDS)[attn][None],
+                       position_ids=td.get(POSITION_IDS)[attn][None],
+                       use_cache=False).last_hidden_state
+        return hidden[0, keep[self.valid]]
+
+    def _shared_prefix(self, trunk: nn.Module) -> Tensor:
+        td = self.td
+        groups = prompt_groups(td)
+        first_row: dict[int, int] = {}
+        for row, g in enumerate(groups.tolist()):
+            first_row.setdefault(g, row)
+        first = torch.tensor(list(first_row.values()), device=self.valid.device)
+        groups = groups.to(self.valid.device)
+        cut = self.prompt_len - int(self.prompt_real.max())
+        p_attn = td.get(ATTENTION_MASK)[:, cut:self.prompt_len].long()
+        prefix = trunk(input_ids=td.get(INPUT_IDS)[first, cut:self.prompt_len],
+                       attention_mask=p_attn[first],
+                       position_ids=td.get(POSITION_IDS)[first, cut:self.prompt_len],
+                       use_cache=True)
+        cache = prefix.past_key_values
+        cache.batch_select_indices(groups)  # each row gets its group's prompt K/V (with grad)
+        end = self.prompt_len + self.r_kept
+        suffix = trunk(input_ids=td.get(INPUT_IDS)[:, self.prompt_len:end],
+                       attention_mask=torch.cat(
+                           [p_attn, td.get(ATTENTION_MASK)[:, self.prompt_len:end].long()], 1),
+                       position_ids=td.get(POSITION_IDS)[:, self.prompt_len:end],
+                       past_key_values=cache, use_cache=True).last_hidden_state
+        # response token 0 is predicted by the prompt's last position, token j by suffix j-1
+        hidden = torch.cat([prefix.last_hidden_state[groups, -1:], suffix[:, :-1]], dim=1)
+        return hidden[self.valid]
+
+    # --- the head, in chunks --------------------------------------------------------------------
+    def _head(self, head: nn.Module, hidden: Tensor) -> tuple[Tensor, Tensor | None]:
+        k = hidden.shape[0]
+        vocab = head.weight.shape[0]
+        size = self.chunk_size or max(1, LOGITS_CHUNK_BYTES // (4 * vocab))
+        labels = self.labels.to(hidden.device)
+        many = k > size and torch.is_grad_enabled()
+        lps, ents = [], []
+        for start in range(0, max(k, 1), size):
+            h, lab = hidden[start:start + size], labels[start:start + size]
+            if many:  # keep only the chunk's hidden states; the logits are recomputed in backward
+                lp, ent = checkpoint(self._chunk, head, h, lab, use_reentrant=False)
+            else:
+                lp, ent = self._chunk(head, h, lab)
+            lps.append(lp)
+            ents.append(ent)
+        return torch.cat(lps), (torch.cat(ents) if self.with_entropy else None)
+
+    def _chunk(self, head: nn.Module, h: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
+        logits = head(h)
+        if self.temperature != 1.0:
+            logits = logits / self.temperature
+        lp = log_probs_from_logits(logits, labels)
+        if not self.with_entropy:
+            return lp, lp.new_zeros(())
+        if self.entropy_grad:
+            return lp, entropy_from_logits(logits)
+        with torch.no_grad():
+            return lp, entropy_from_logits(logits.detach())
+
+
+__all__ = ["LAYOUTS", "enable_scoring", "prompt_groups", "resolve_layout", "score_responses"]
