@@ -113,7 +113,8 @@ def test_loaders_json_jsonl_parquet_and_bfcl(tmp_path, env):
     assert env.unwrapped.tools_schema()[0]["function"]["parameters"]["type"] == "object"
     action = call("area", shape="circle", w=2) + call("area", shape="rectangle", w=3, h=4)
     assert env.step(action)[4]["success"] is True  # any order; int accepted for float
-    with pytest.raises(ValueError, match="unsupported file type"):
+    (tmp_path / "rows.csv").write_text("id\n1\n")
+    with pytest.raises(ValueError, match="unsupported task file type"):
         load_tasks(tmp_path / "rows.csv")
 
 
