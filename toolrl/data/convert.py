@@ -156,6 +156,14 @@ def conversation_rows(source: str, record_id: Any, turns: Iterable[tuple[str, An
     return rows
 
 
+def require(record: Mapping[str, Any], fmt: str, *keys: str) -> None:
+    """A record lacking one of the format's fields is an error (wrong ``--from``?)."""
+    missing = [k for k in keys if k not in record]
+    if missing:
+        raise ValueError(f"no field {', '.join(map(repr, missing))} (fields: "
+                         f"{', '.join(map(repr, record))}): is this {fmt} data?")
+
+
 def decode_json(value: Any, what: str) -> Any:
     """A field stored as a JSON string (as HF parquet exports do) or already decoded."""
     if isinstance(value, str):
@@ -209,7 +217,7 @@ def convert(fmt: str, inputs: Sequence[str | os.PathLike], output: str | os.Path
     else:
         convert_record = formats()[fmt]
         for path in inputs:
-            for record in load_rows(path):
+            for record in load_rows(path, default_ids=False):
                 if limit is not None and report.read >= limit:
                     break
                 index = report.read

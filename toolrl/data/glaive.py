@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from toolrl.core.types import ToolCall
-from toolrl.data.convert import SkipRecord, conversation_rows
+from toolrl.data.convert import SkipRecord, conversation_rows, require
 
 _TURN = re.compile(r"(?:^|\n)\s*(USER|ASSISTANT|FUNCTION RESPONSE):", re.MULTILINE)
 _ROLES = {"USER": "user", "ASSISTANT": "assistant", "FUNCTION RESPONSE": "tool"}
@@ -74,6 +74,7 @@ def chat_turns(chat: str) -> list[tuple[str, str]]:
 
 def convert_record(record: Mapping[str, Any], index: int) -> list[dict[str, Any]]:
     """FunctionCalling rows of one Glaive conversation."""
+    require(record, "glaive", "system", "chat")
     tools = functions_from_system(str(record.get("system") or ""))
     if not tools:
         raise SkipRecord("no functions offered")

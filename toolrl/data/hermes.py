@@ -14,7 +14,7 @@ from typing import Any
 
 from toolrl.core.bfcl import as_tool_call
 from toolrl.core.types import ToolCall
-from toolrl.data.convert import SkipRecord, conversation_rows, decode_json
+from toolrl.data.convert import SkipRecord, conversation_rows, decode_json, require
 from toolrl.data.toolace import literal
 
 _ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
@@ -27,11 +27,11 @@ def hermes_tools(record: Mapping[str, Any], system: str) -> list[Any]:
     """The tools of a record: its ``tools`` column, else the system prompt's ``<tools>``."""
     if record.get("tools"):
         tools = decode_json(record["tools"], "'tools'")
-    else:
-        match = _TOOLS.search(system)
-        if not match:
+    else:  # the prompt names the tags ("within <tools> </tools> XML tags") before the block
+        blocks = [b for b in _TOOLS.findall(system) if b.strip()]
+        if not blocks:
             return []
-        tools = literal(match.group(1))
+        tools = literal(blocks[-1])
     if isinstance(tools, dict):
         tools = [tools]
     if not isinstance(tools, list):
@@ -52,6 +52,7 @@ def tool_calls(text: str) -> list[ToolCall]:
 
 def convert_record(record: Mapping[str, Any], index: int) -> list[dict[str, Any]]:
     """FunctionCalling rows of one Hermes conversation."""
+    require(record, "hermes", "conversations")
     conversation = decode_json(record["conversations"], "'conversations'")
     system = "".join(str(t.get("value", "")) for t in conversation
                      if t.get("from", t.get("role")) == "system")

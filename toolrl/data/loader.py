@@ -18,11 +18,12 @@ from typing import Any
 Row = dict[str, Any]
 
 
-def load_rows(path: str | os.PathLike) -> list[Row]:
+def load_rows(path: str | os.PathLike, *, default_ids: bool = True) -> list[Row]:
     """Read task rows from ``.json``, ``.jsonl`` or ``.parquet``.
 
     A ``.json`` file holds a list of rows, ``{"rows": [...]}``, or one row per line (BFCL ships
-    its data as JSON lines named ``.json``).
+    its data as JSON lines named ``.json``). With ``default_ids`` a row without ``id`` gets
+    ``<file stem>-<index>``.
     """
     path = Path(path)
     if not path.exists():
@@ -50,7 +51,8 @@ def load_rows(path: str | os.PathLike) -> list[Row]:
     for i, row in enumerate(rows):
         if not isinstance(row, dict):
             raise ValueError(f"{path}: row {i} is {type(row).__name__}, expected an object")
-        row.setdefault("id", f"{path.stem}-{i}")
+        if default_ids:
+            row.setdefault("id", f"{path.stem}-{i}")
     return rows
 
 

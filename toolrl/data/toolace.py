@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from toolrl.core.types import ToolCall
-from toolrl.data.convert import SkipRecord, conversation_rows, decode_json
+from toolrl.data.convert import SkipRecord, conversation_rows, decode_json, require
 
 _ROLES = {"user": "user", "human": "user", "assistant": "assistant", "gpt": "assistant",
           "tool": "tool", "function": "tool", "observation": "tool"}
@@ -150,6 +150,7 @@ def parse_bracket_calls(text: str, names: Sequence[str]) -> list[ToolCall] | Non
 
 def convert_record(record: Mapping[str, Any], index: int) -> list[dict[str, Any]]:
     """FunctionCalling rows of one ToolACE dialog."""
+    require(record, "toolace", "system", "conversations")
     tools = tools_from_prompt(str(record.get("system") or ""))
     if not tools:
         raise SkipRecord("no tools in the system prompt")
@@ -161,7 +162,10 @@ def convert_record(record: Mapping[str, Any], index: int) -> list[dict[str, Any]
         if role is None:
             raise ValueError(f"unknown speaker {turn.get('from')!r}")
         if role == "assistant":
-            calls = parse_bracket_calls(str(value), names)
+            try:
+                calls = parse_bracket_calls(str(value), names)
+            except ValueError as exc:
+                raise ValueError(f"malformed call list {str(value)[:80]!r}: {exc}") from None
             turns.append((role, calls if calls is not None else str(value)))
         else:
             turns.append((role, value))

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from toolrl.core.bfcl import as_tool_call
-from toolrl.data.convert import decode_json, function_row
+from toolrl.data.convert import decode_json, function_row, require
 
 _SCALARS = {"str": "string", "string": "string", "int": "integer", "integer": "integer",
             "float": "number", "number": "number", "double": "number", "bool": "boolean",
@@ -63,6 +63,7 @@ def xlam_tool(tool: Mapping[str, Any]) -> dict[str, Any]:
 
 def convert_record(record: Mapping[str, Any], index: int) -> list[dict[str, Any]]:
     """The FunctionCalling row of one xLAM record."""
+    require(record, "xlam", "query", "tools", "answers")
     query = record["query"]
     if not isinstance(query, str) or not query.strip():
         raise ValueError("'query' is empty")
