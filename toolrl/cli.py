@@ -90,7 +90,7 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from toolrl.trainer.trainer import run_evaluation
+    from toolrl.trainer.evaluate import run_evaluation
 
     return _run_experiment("eval", args,
                            lambda cfg: run_evaluation(cfg, args.model, args.output_dir))
