@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from toolrl.core.bfcl import (
+    BFCL_UNSCORABLE,
     CATEGORIES,
     SCORABLE,
     category_of,
@@ -62,8 +63,8 @@ def _decode_json_fields(row: dict[str, Any]) -> dict[str, Any]:
 def normalize_row(row: dict[str, Any]) -> dict[str, Any]:
     """A BFCL-layout or toolrl row in toolrl's form (``messages``, ``tools``, ``category``).
 
-    The category is the row's own, else BFCL's reading of its id when that names a category
-    toolrl scores, else the one its ground truth and tools imply (`category_of`).
+    The category is the row's own, else BFCL's reading of its id when that names a BFCL
+    category, else the one its ground truth and tools imply (`category_of`).
     """
     row = _decode_json_fields(dict(row))
     if "messages" not in row and "question" in row:
@@ -84,7 +85,7 @@ def normalize_row(row: dict[str, Any]) -> dict[str, Any]:
                         else {"type": "function", "function": f} for f in functions]
     if not row.get("category"):
         from_id = category_from_id(str(row.get("id", "")))
-        if from_id in SCORABLE:
+        if from_id in SCORABLE or from_id in BFCL_UNSCORABLE:  # BFCL's id names its category
             row["category"] = from_id
         elif "ground_truth" in row:
             row["category"] = category_of(len(row["ground_truth"]), len(row.get("tools") or []))

@@ -191,7 +191,8 @@ def test_categories_and_counts():
 @pytest.mark.parametrize("category,why", [
     ("simple_java", "Java"), ("simple_javascript", "JavaScript"),
     ("multi_turn_base", "multi-turn"), ("memory_kv", "memory"), ("web_search_base", "search"),
-    ("format_sensitivity", "not a scoring"), ("live_simple_0", "unknown BFCL category")])
+    ("format_sensitivity", "not a scoring"), ("live_simple_0", "unknown BFCL category"),
+    ("restaurant", "unknown BFCL category")])
 def test_categories_toolrl_cannot_score_are_clear_errors(category, why):
     with pytest.raises(ValueError, match=why):
         check_mode(category)

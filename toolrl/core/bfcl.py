@@ -61,20 +61,24 @@ BFCL_CATEGORIES = ("simple_python", "multiple", "parallel", "parallel_multiple",
 
 SCORABLE = tuple(dict.fromkeys((*CATEGORIES, "relevance", *BFCL_CATEGORIES)))
 
-_UNSCORABLE = (  # (name prefix, why toolrl does not score it); first match wins
-    ("simple_javascript", "its values are JavaScript source strings that BFCL parses with its "
-                          "JavaScript type converter"),
-    ("simple_java", "its values are Java source strings that BFCL parses with its Java type "
-                    "converter"),
-    ("multi_turn", "multi-turn entries are scored by executing BFCL's stateful backends"),
-    ("memory", "agentic memory entries are scored by BFCL's memory backends"),
-    ("web_search", "agentic web-search entries are scored on the final answer of a live search"),
-    ("format_sensitivity", "it is not a scoring category"),
-    ("exec", "executable categories call real APIs"),
-    ("rest", "executable categories call real APIs"),
-    ("sql", "it is an unused BFCL category"),
-    ("chatable", "it is an unused BFCL category"),
-)
+_JAVA = "its values are Java source strings that BFCL parses with its Java type converter"
+_JS = ("its values are JavaScript source strings that BFCL parses with its JavaScript type "
+       "converter")
+_MULTI = "multi-turn entries are scored by executing BFCL's stateful backends"
+_EXEC = "executable categories call real APIs"
+BFCL_UNSCORABLE: dict[str, str] = {  # BFCL's other category names, and why toolrl skips them
+    "simple_java": _JAVA, "simple_javascript": _JS,
+    **dict.fromkeys(("multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param",
+                     "multi_turn_long_context", "multi_turn_composite"), _MULTI),
+    **dict.fromkeys(("memory_kv", "memory_vector", "memory_rec_sum"),
+                    "agentic memory entries are scored by BFCL's memory backends"),
+    **dict.fromkeys(("web_search_base", "web_search_no_snippet"),
+                    "agentic web-search entries are scored on the answer of a live search"),
+    "format_sensitivity": "it is not a scoring category",
+    **dict.fromkeys(("exec_simple", "exec_multiple", "exec_parallel", "exec_parallel_multiple",
+                     "rest"), _EXEC),
+    **dict.fromkeys(("sql", "chatable"), "it is an unused BFCL category"),
+}
 
 
 def check_mode(category: str | None, num_expected: int | None = None) -> str:
@@ -87,10 +91,10 @@ def check_mode(category: str | None, num_expected: int | None = None) -> str:
         return "irrelevance" if num_expected == 0 else "simple" if num_expected == 1 \
             else "parallel"
     if category not in SCORABLE:
-        why = next((w for prefix, w in _UNSCORABLE if category.startswith(prefix)), None)
-        if why:
-            raise ValueError(f"toolrl cannot score BFCL category {category!r}: {why}; it "
-                             f"scores {', '.join(BFCL_CATEGORIES)}")
+        if category in BFCL_UNSCORABLE:
+            raise ValueError(f"toolrl cannot score BFCL category {category!r}: "
+                             f"{BFCL_UNSCORABLE[category]}; it scores "
+                             f"{', '.join(BFCL_CATEGORIES)}")
         raise ValueError(f"unknown BFCL category {category!r}; valid: {', '.join(SCORABLE)}")
     if "relevance" in category:
         return "irrelevance" if "irrelevance" in category else "relevance"
