@@ -41,8 +41,29 @@ class EnvConfig:
 
 
 @dataclass
+class MixtureSource:
+    """More task rows for one run, from another env: its file(s) or its own generator.
+
+    Each row gets ``env`` (and ``env_kwargs``) unless it names its own, so one experiment can
+    train on, e.g., FunctionCalling rows, Bank tasks and Calculator tasks at once.
+    """
+
+    env: str = ""  # a registered env id (required)
+    env_kwargs: dict[str, Any] = field(default_factory=dict)  # make_env kwargs of its rows
+    train_file: str | None = None  # None: the env's generator
+    val_file: str | None = None
+    train_size: int = 1024  # generator rows (with no file)
+    val_size: int = 32
+    task_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
 class DataConfig:
-    """Where task rows come from: files, or the env's own seeded task generator."""
+    """Where task rows come from: files, or the env's own seeded task generator.
+
+    A row may name its own env (``env``, a registered id) and ``env_kwargs``; rows without one
+    run in ``env.id`` with ``env.kwargs``. ``mixture`` adds rows of other envs.
+    """
 
     train_file: str | None = None  # .json / .jsonl / .parquet; None: the env's generator
     val_file: str | None = None
@@ -51,6 +72,7 @@ class DataConfig:
     task_kwargs: dict[str, Any] = field(default_factory=dict)  # e.g. {difficulty: 1}
     batch_size: int = 8  # tasks per step (each sampled `algorithm.group_size` times)
     shuffle: bool = True
+    mixture: list[MixtureSource] = field(default_factory=list)  # rows of more envs
 
 
 @dataclass
@@ -92,6 +114,7 @@ class RolloutConfig:
     max_tokens_per_turn: int = 64
     max_turns: int = 4
     max_total_tokens: int = 1024  # prompt + all turns
+    max_prompt_tokens: int | None = None  # first prompt; None: min(max_total_tokens // 2, 512)
     val_temperature: float = 0.0  # validation decodes greedily by default
     engine: EngineConfig = field(default_factory=EngineConfig)
 
@@ -157,6 +180,7 @@ class ExperimentConfig:
     critic: CriticConfig = field(default_factory=CriticConfig)
     reward: dict[str, Any] = field(default_factory=lambda: {
         "rewards": [{"name": "success", "weight": 1.0}]})
+    env_rewards: dict[str, Any] = field(default_factory=dict)  # env id -> its own reward set
     resources: ResourcesConfig = field(default_factory=ResourcesConfig)
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
@@ -241,6 +265,24 @@ def validate(cfg: ExperimentConfig) -> None:
             cfg.algorithm.group_size < 2:
         raise ConfigError(f"algorithm.advantage={cfg.algorithm.advantage} compares samples "
                           "of a group: algorithm.group_size must be >= 2")
+    for i, source in enumerate(cfg.data.mixture):
+        if not source.env:
+            raise ConfigError(f"data.mixture[{i}].env is required (a registered env id)")
+        if source.train_file is None and source.train_size < 1:
+            raise ConfigError(f"data.mixture[{i}] ({source.env}): give train_file or a "
+                              f"train_size >= 1")
+    from toolrl.core.reward import RewardConfig, RewardConfigError
+
+    for env_id, reward_cfg in cfg.env_rewards.items():
+        try:
+            RewardConfig.from_config(reward_cfg)
+        except RewardConfigError as exc:
+            raise ConfigError(f"env_rewards[{env_id!r}]: {exc}") from None
+    prompt = cfg.rollout.max_prompt_tokens
+    if prompt is not None and not 1 <= prompt < cfg.rollout.max_total_tokens:
+        raise ConfigError(f"rollout.max_prompt_tokens ({prompt}) must be >= 1 and leave room "
+                          f"for the response in rollout.max_total_tokens "
+                          f"({cfg.rollout.max_total_tokens})")
     if cfg.rollout.max_total_tokens > cfg.rollout.engine.max_model_len:
         raise ConfigError(f"rollout.max_total_tokens ({cfg.rollout.max_total_tokens}) exceeds "
                           f"rollout.engine.max_model_len ({cfg.rollout.engine.max_model_len})")
@@ -268,6 +310,11 @@ def _explain(exc: ConfigKeyError | ValidationError) -> str:
     first = str(exc).splitlines()[0]
     if isinstance(exc, ConfigKeyError):
         parent = full_key.rsplit(".", 1)[0] if "." in full_key else ""
+        owner = getattr(exc, "object_type", None)
+        if is_dataclass(owner) and owner is not ExperimentConfig and not parent:
+            # inside a list (data.mixture[i]) OmegaConf loses the path: name the owner
+            return (f"unknown config key {full_key!r}. {first}. Valid keys of "
+                    f"{owner.__name__}: {sorted(f.name for f in fields(owner))}")
         valid = _valid_keys(parent)
         return f"unknown config key {full_key!r}. {first}. Valid keys" + \
             (f" under {parent!r}" if parent else "") + f": {valid}"
