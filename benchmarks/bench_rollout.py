@@ -117,15 +117,11 @@ def main(argv: list[str] | None = None) -> int:
         turn_tokens = turn_tokens[:1]
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+    from toolrl import batch as B
     from toolrl.core.registration import register_env
     from toolrl.models.tiny import build_tiny_model
-    from toolrl.rollout import (
-        EngineConfig,
-        RolloutConfig,
-        RolloutWorker,
-        SamplingConfig,
-        make_rollout_input,
-    )
+    from toolrl.rollout.engine import EngineConfig, SamplingConfig
+    from toolrl.rollout.worker import RolloutConfig, RolloutWorker, make_rollout_input
 
     env_cls = latency_env_class()
     register_env(ENV_ID, env_cls)
@@ -136,9 +132,9 @@ def main(argv: list[str] | None = None) -> int:
     config = RolloutConfig(
         engine=EngineConfig(model=model, max_model_len=2048, kv_cache_gib=1.0,
                             block_size=args.block_size, multiprocessing=False),
-        sampling=SamplingConfig(max_tokens=turn_tokens[0], ignore_eos=True),
-        max_prompt_len=512, max_response_len=1536, env_id=ENV_ID,
-        env_kwargs={"turns": t}, concurrency=n, seed=0)
+        max_tokens_per_turn=turn_tokens[0], ignore_eos=True, max_prompt_tokens=512,
+        max_total_tokens=2048, max_turns=32, env_id=ENV_ID, env_kwargs={"turns": t},
+        concurrency=n, seed=0)
     worker = RolloutWorker(config)
     block = worker.engine.block_size
     rows = env_cls.make_tasks(n)
@@ -185,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         td = worker.rollout(make_rollout_input(rows))
         wall = time.perf_counter() - t0
         tokens = int(td["response_mask"].sum())
-        finished = [r["num_turns"] for r in td["episodes"]]
+        finished = [r.num_turns for r in B.trajectories(td)]
         assert finished == [t] * n, f"episodes did not run {t} turns: {finished}"
         return tokens, wall
 

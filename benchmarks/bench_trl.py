@@ -151,8 +151,8 @@ def toolrl_worker(spec_path: Path) -> int:
             trainer.step += 1
             step_s = time.perf_counter() - start
             rollout = metrics["timing/rollout_s"] + metrics.get("timing/reward_s", 0.0)
-            episodes = B.get_non_tensor(trainer._last_batch, B.EPISODES)
-            calls = sum(len(t.get("calls", [])) for e in episodes for t in e["turns"])
+            episodes = B.trajectories(trainer._last_batch)
+            calls = sum(len(t.results) for e in episodes for t in e.turns)
             send({"event": "step", "step": trainer.step, "step_s": step_s, "rollout_s": rollout,
                   "update_s": step_s - rollout,
                   "sampled_tokens": metrics.get("rollout/sampled_tokens", float("nan")),

@@ -5,7 +5,7 @@ from its ``toolrl.envs`` entry point (``builtin = "toolrl.envs"`` in toolrl's py
 env modules themselves load only when an env is made.
 """
 
-from toolrl.core.registration import register_env
+from toolrl import register_env
 
 BUILTIN_ENVS = {
     "toolrl/Calculator-v0": "toolrl.envs.calculator:CalculatorEnv",

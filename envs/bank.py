@@ -23,9 +23,7 @@ import copy
 import random
 from typing import Any
 
-from toolrl.core.env import ToolEnv, Turn
-from toolrl.core.tools import ToolResult, tool
-from toolrl.core.types import ParseResult, ToolCall
+from toolrl import ParseResult, ToolCall, ToolEnv, ToolResult, Turn, tool
 
 TRANSFER_LIMIT_CENTS = 200_000
 SCENARIOS = ("internal_transfer", "external_transfer", "update_email", "over_limit",

@@ -23,9 +23,7 @@ import operator
 import random
 from typing import Any
 
-from toolrl.core.env import OracleUnavailable, ToolEnv, Turn
-from toolrl.core.tools import tool
-from toolrl.core.types import ParseResult, ToolCall
+from toolrl import OracleUnavailable, SubmitAnswer, ToolCall, submit_tool, tool
 
 SYSTEM_PROMPT = "Use the tools to compute, then call submit with the answer."
 OPS = ("add", "sub", "mul", "div", "pow")
@@ -129,7 +127,7 @@ def make_task(rng: random.Random, difficulty: int, style: str = "mixed") -> dict
             "difficulty": difficulty, "category": f"d{difficulty}"}
 
 
-class CalculatorEnv(ToolEnv):
+class CalculatorEnv(SubmitAnswer):
     """Arithmetic with tools; the episode ends when ``submit`` is called (or on plain text)."""
 
     system_prompt = SYSTEM_PROMPT
@@ -143,7 +141,6 @@ class CalculatorEnv(ToolEnv):
         self.difficulty = difficulty
         self.style = style
         self.oracle = oracle
-        self.submitted: float | None = None
         self._oracle_plan: list[list[Any]] | None = None
 
     @classmethod
@@ -225,23 +222,9 @@ class CalculatorEnv(ToolEnv):
             raise ValueError("operands too large for pow")
         return _num(float(a) ** b)
 
-    @tool(inline=True)
-    def submit(self, answer: float) -> str:
-        """Submit the final answer.
-
-        Args:
-            answer: the answer
-        """
-        self.submitted = answer
-        return "submitted"
+    submit = submit_tool(float)
 
     # --- episode logic ---------------------------------------------------------------------
-    def on_turn(self, parse: ParseResult, results: list[Any]) -> Turn:
-        submitted = any(c.name == "submit" and r.ok
-                        for c, r in zip(parse.calls, results, strict=True))
-        final_text = not parse.calls and not parse.errors
-        return Turn(terminated=submitted or final_text)
-
     def evaluate(self) -> bool:
         if self.submitted is None:
             return False
@@ -251,9 +234,6 @@ class CalculatorEnv(ToolEnv):
         except OverflowError:  # an integer beyond float range (valid JSON): not the answer
             return False
         return abs(submitted - truth) <= 1e-6 * max(1.0, abs(truth))
-
-    def state_snapshot(self) -> dict[str, Any]:
-        return {"submitted": self.submitted}
 
     def oracle_action(self) -> str:
         plan = self._oracle_plan

@@ -5,15 +5,15 @@ format: a list of expected calls, each ``{function_name: {param: [acceptable val
 ``""`` among the values means the parameter may be omitted. Categories: toolrl's ``simple``,
 ``multiple``, ``parallel``, ``parallel_multiple``, ``irrelevance`` (no call expected),
 ``relevance`` (any well-formed call), and BFCL's single-turn names (``simple_python``,
-``live_multiple``, ...; see `toolrl.core.bfcl.BFCL_CATEGORIES`).
+``live_multiple``, ...; see `toolrl.bfcl.BFCL_CATEGORIES`).
 
 Nothing is executed: the episode is one assistant turn. The calls are validated against the
 tools' JSON schemas (typed errors in ``info["errors"]``) and checked against the ground truth
-with the shared BFCL AST checker (`toolrl.core.bfcl.check_parsed`), which decides ``success``;
+with the shared BFCL AST checker (`toolrl.bfcl.check_parsed`), which decides ``success``;
 as in BFCL, a malformed call fails the turn unless ``strict_parse=False``.
 
 Rows come from `load_tasks` (JSON, JSONL or parquet; BFCL's question and possible-answer files
-via `toolrl.data.bfcl.load_bfcl`), from `toolrl data convert` (public training sets), or from
+via `toolrl.data.load_bfcl`), from `toolrl data convert` (public training sets), or from
 `make_tasks`, a seeded synthetic generator over a handful of everyday functions. Row fields:
 ``id``, ``category``, ``messages`` (or BFCL ``question``), ``tools`` (OpenAI schemas, or BFCL
 ``function``), ``ground_truth``.
@@ -26,22 +26,7 @@ import random
 from pathlib import Path
 from typing import Any
 
-from toolrl.core.bfcl import (
-    BFCL_UNSCORABLE,
-    CATEGORIES,
-    SCORABLE,
-    category_of,
-    check_mode,
-    check_parsed,
-    ground_truth_calls,
-    parse_ground_truth,
-    tool_schemas,
-)
-from toolrl.core.env import ToolEnv, Turn
-from toolrl.core.tools import Tool
-from toolrl.core.types import ParseResult, ToolCall
-from toolrl.data.bfcl import category_from_id, is_bfcl_row, load_bfcl
-from toolrl.data.loader import load_rows
+from toolrl import ParseResult, Tool, ToolCall, ToolEnv, Turn, bfcl, data
 
 SYSTEM_PROMPT = ("Call the functions needed to answer. If none of them fits, answer in plain "
                  "text without calling any.")
@@ -84,20 +69,21 @@ def normalize_row(row: dict[str, Any]) -> dict[str, Any]:
         row["tools"] = [f if f.get("type") == "function" and "function" in f
                         else {"type": "function", "function": f} for f in functions]
     if not row.get("category"):
-        from_id = category_from_id(str(row.get("id", "")))
-        if from_id in SCORABLE or from_id in BFCL_UNSCORABLE:  # BFCL's id names its category
+        from_id = data.category_from_id(str(row.get("id", "")))
+        if from_id in bfcl.SCORABLE or from_id in bfcl.BFCL_UNSCORABLE:  # the id names it
             row["category"] = from_id
         elif "ground_truth" in row:
-            row["category"] = category_of(len(row["ground_truth"]), len(row.get("tools") or []))
+            row["category"] = bfcl.category_of(len(row["ground_truth"]),
+                                               len(row.get("tools") or []))
     return row
 
 
 def load_tasks(path: str | Path, answers: str | Path | None = None) -> list[dict[str, Any]]:
     """Rows from JSON, JSONL or parquet. A BFCL question file (or any file with ``answers``, a
     BFCL possible-answer file) is joined with its answers by id first (`load_bfcl`)."""
-    rows = load_rows(path)
-    if answers is not None or (rows and all(is_bfcl_row(r) for r in rows)):
-        return load_bfcl(path, answers)
+    rows = data.load_rows(path)
+    if answers is not None or (rows and all(data.is_bfcl_row(r) for r in rows)):
+        return data.load_bfcl(path, answers)
     rows = [normalize_row(r) for r in rows]
     for row in rows:
         if "ground_truth" not in row:
@@ -205,7 +191,7 @@ def make_task(rng: random.Random, category: str) -> dict[str, Any]:
     elif category == "irrelevance":
         called, offered = [], rng.sample(names, rng.randint(1, 3))
     else:
-        raise ValueError(f"unknown category {category!r}; valid: {', '.join(CATEGORIES)}")
+        raise ValueError(f"unknown category {category!r}; valid: {', '.join(bfcl.CATEGORIES)}")
     offered = list(dict.fromkeys(offered if offered is not None else called))
     rng.shuffle(offered)
     clauses, truth, seen = [], [], set()
@@ -224,8 +210,8 @@ def make_task(rng: random.Random, category: str) -> dict[str, Any]:
 
 def oracle_calls(ground_truth: list[dict[str, Any]],
                  tools: list[dict[str, Any]] | None = None) -> list[ToolCall]:
-    """Calls that pass the check (`toolrl.core.bfcl.ground_truth_calls`)."""
-    return ground_truth_calls(ground_truth, tools)
+    """Calls that pass the check (`toolrl.bfcl.ground_truth_calls`)."""
+    return bfcl.ground_truth_calls(ground_truth, tools)
 
 
 _PLACEHOLDERS = {"string": "example", "integer": 1, "number": 1.0, "float": 1.0,
@@ -234,7 +220,7 @@ _PLACEHOLDERS = {"string": "example", "integer": 1, "number": 1.0, "float": 1.0,
 
 def placeholder_call(tools: list[dict[str, Any]]) -> list[ToolCall]:
     """A well-formed call of the first tool (relevance rows expect any call)."""
-    schemas = tool_schemas(tools)
+    schemas = bfcl.tool_schemas(tools)
     if not schemas:
         return []
     name, schema = next(iter(schemas.items()))
@@ -263,10 +249,10 @@ class FunctionCallingEnv(ToolEnv):
                  categories: list[str] | None = None, strict_parse: bool = True,
                  **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.categories = list(categories or CATEGORIES)
-        unknown = [c for c in self.categories if c not in CATEGORIES]
+        self.categories = list(categories or bfcl.CATEGORIES)
+        unknown = [c for c in self.categories if c not in bfcl.CATEGORIES]
         if unknown:
-            raise ValueError(f"no synthetic rows of {unknown}; choose from {list(CATEGORIES)}")
+            raise ValueError(f"no synthetic rows of {unknown}; choose from {list(bfcl.CATEGORIES)}")
         self.strict_parse = strict_parse
         self.dataset = load_tasks(data, answers) if data else None
         self.check: dict[str, Any] = {}
@@ -276,7 +262,7 @@ class FunctionCallingEnv(ToolEnv):
                    categories: list[str] | None = None, **kwargs: Any) -> list[dict[str, Any]]:
         """``n`` synthetic rows cycling through ``categories`` (default: all five)."""
         rng = random.Random(f"function_calling:{split}:{seed}")
-        cats = list(categories or CATEGORIES)
+        cats = list(categories or bfcl.CATEGORIES)
         rows = []
         for i in range(n):
             row = make_task(rng, cats[i % len(cats)] if n >= len(cats) else rng.choice(cats))
@@ -295,8 +281,8 @@ class FunctionCallingEnv(ToolEnv):
             if row.get("category") not in ("irrelevance", "relevance"):
                 raise ValueError(f"FunctionCalling row {row.get('id')!r} has no ground_truth")
             row["ground_truth"] = []
-        parse_ground_truth(row["ground_truth"])  # malformed ground truth fails here, loudly
-        check_mode(row.get("category"), len(row["ground_truth"]))  # and unscorable categories
+        bfcl.parse_ground_truth(row["ground_truth"])  # malformed ground truth fails here, loudly
+        bfcl.check_mode(row.get("category"), len(row["ground_truth"]))  # and unscorable categories
         self.check = {}
         self.last_parse = ParseResult(calls=[], text="")
 
@@ -308,7 +294,7 @@ class FunctionCallingEnv(ToolEnv):
         return Turn(terminated=True)
 
     def evaluate(self) -> bool:
-        result = check_parsed([self.last_parse], self.row["ground_truth"],
+        result = bfcl.check_parsed([self.last_parse], self.row["ground_truth"],
                               self.row.get("category"), self.row.get("tools"),
                               strict_parse=self.strict_parse)
         self.check = {"valid": result.valid, "error": result.error,
@@ -321,7 +307,7 @@ class FunctionCallingEnv(ToolEnv):
     def oracle_action(self) -> str:
         tools = self.row.get("tools")
         calls = oracle_calls(self.row["ground_truth"], tools)
-        if not calls and check_mode(self.row.get("category"), 0) == "relevance":
+        if not calls and bfcl.check_mode(self.row.get("category"), 0) == "relevance":
             calls = placeholder_call(tools or [])
         if not calls:
             return "None of the available functions can help with that."

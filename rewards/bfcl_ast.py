@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from toolrl.core.bfcl import check_parsed
-from toolrl.core.reward import RewardResult, Trajectory, reward
+from toolrl import RewardResult, Trajectory, bfcl, reward
 
 
 @reward("bfcl_ast")
@@ -19,6 +18,7 @@ def bfcl_ast(traj: Trajectory, *, strict_parse: bool = True) -> RewardResult:
     """
     if "ground_truth" not in traj.row:
         raise ValueError("task row has no 'ground_truth' (BFCL possible answers)")
-    verdict = check_parsed(traj.parses(), traj.row["ground_truth"], traj.row.get("category"),
-                           traj.row.get("tools") or traj.tools, strict_parse=strict_parse)
+    verdict = bfcl.check_parsed(traj.parses(), traj.row["ground_truth"],
+                                traj.row.get("category"), traj.row.get("tools") or traj.tools,
+                                strict_parse=strict_parse)
     return RewardResult(1.0 if verdict.valid else 0.0, reason=verdict.error)

@@ -6,7 +6,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from toolrl.core.reward import RewardResult, Trajectory, reward
+from toolrl import RewardResult, Trajectory, reward
 
 
 @reward("exec_state")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from toolrl.core.reward import RewardResult, Trajectory, reward
+from toolrl import RewardResult, Trajectory, reward
 
 
 @reward("format")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from toolrl.core.reward import Trajectory, reward
+from toolrl import Trajectory, reward
 
 
 @reward("length_penalty")
@@ -22,9 +22,7 @@ class LengthPenalty:
         self.max_tokens, self.buffer = max_tokens, buffer
 
     def __call__(self, traj: Trajectory) -> float:
-        length = traj.response_length
-        if length is None:
-            raise ValueError("trajectory has no response_length (num_tokens)")
+        length = traj.sampled_tokens
         if length > self.max_tokens:
             return -1.0
         start = self.max_tokens - self.buffer

@@ -7,7 +7,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from toolrl.core.reward import RewardError, RewardResult, Trajectory, reward
+from toolrl import RewardError, RewardResult, Trajectory, reward
 
 
 @reward("remote")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from toolrl.core.reward import RewardResult, Trajectory, reward
+from toolrl import RewardResult, Trajectory, reward
 
 
 @reward("tool_error_penalty")
@@ -23,7 +23,7 @@ class ToolErrorPenalty:
         self.types = None if types is None else frozenset(types)
 
     def __call__(self, traj: Trajectory) -> RewardResult:
-        counts = [sum(1 for e in turn.tool_errors
+        counts = [sum(1 for e in turn.errors
                       if self.types is None or e.get("type") in self.types)
                   for turn in traj.turns]
         per_turn = [-min(self.max_penalty, self.penalty * n) for n in counts]

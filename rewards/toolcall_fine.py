@@ -17,8 +17,7 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
-from toolrl.core.bfcl import match_value, parse_ground_truth, tool_schemas
-from toolrl.core.reward import RewardResult, Trajectory, reward
+from toolrl import RewardResult, Trajectory, bfcl, reward
 
 
 @reward("toolcall_fine")
@@ -42,10 +41,10 @@ class ToolCallFine:
     def __call__(self, traj: Trajectory) -> RewardResult:
         if "ground_truth" not in traj.row:
             raise ValueError("task row has no 'ground_truth' (BFCL possible answers)")
-        expected = parse_ground_truth(traj.row["ground_truth"])
+        expected = bfcl.parse_ground_truth(traj.row["ground_truth"])
         parses = traj.parses()
         predicted = [c for p in parses for c in p.calls]
-        schemas = tool_schemas(traj.row.get("tools") or traj.tools) \
+        schemas = bfcl.tool_schemas(traj.row.get("tools") or traj.tools) \
             if self.value_match == "bfcl" else {}
         parts = fine_grained(predicted, expected, self.value_match, schemas)
         correct = self.low + (self.high - self.low) * parts["normalized"]
@@ -98,7 +97,7 @@ def fine_grained(predicted: list[Any], expected: list[tuple[str, dict[str, list[
 
 def _value_ok(value: Any, acceptable: list[Any], schema: Any, mode: str) -> bool:
     if mode == "bfcl":
-        return not match_value(value, acceptable, schema)
+        return not bfcl.match_value(value, acceptable, schema)
     return any(exact_equal(value, a) for a in acceptable)
 
 

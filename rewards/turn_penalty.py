@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from toolrl.core.reward import Trajectory, reward
+from toolrl import Trajectory, reward
 
 
 @reward("turn_penalty")

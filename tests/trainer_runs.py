@@ -9,7 +9,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def register_test_rewards() -> None:
     """A dense, varied reward even for a random model: the share of digits in its text."""
-    from toolrl.core.reward import REWARDS, reward
+    from toolrl.reward import REWARDS, reward
 
     if "test_digit_fraction" in REWARDS:
         return

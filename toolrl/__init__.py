@@ -1,48 +1,109 @@
 """toolrl: reinforcement learning of tool-calling language models.
 
-The public API is re-exported here; everything else is reachable by module path. Env-related
-names are loaded lazily (``import toolrl`` stays light for Ray workers).
+The public API, everything an env or reward author needs, is re-exported here; built-in envs,
+rewards and the examples import only from ``toolrl`` (as a third-party plugin does)::
+
+    import toolrl
+    from toolrl import RewardResult, ToolEnv, Trajectory, Turn, reward, tool
+
+- envs: `ToolEnv` (a Gymnasium env whose action is an assistant message), `Turn`, `tool` /
+  `Tool`, `ToolFailure`, `SubmitAnswer` / `submit_tool` (episodes that end with a
+  ``submit(answer)`` call),
+  `register_env`, `make_env`, `env_ids`, the wrappers, `run_episode` and `check_tool_env`;
+- what an episode is: `Trajectory` (the one record of a finished episode, what a reward
+  receives) with its `TurnRecord` per assistant turn, `ToolOutput`, `ParseResult`, `ToolCall`;
+- rewards: the `reward` decorator, `RewardResult`, `RewardError`, the `RewardFn` protocol;
+- helpers for plugins: `bfcl` (BFCL's checker semantics), `data` (task-row loaders,
+  BFCL's files), `get_format` (tool-call formats), `BackgroundLoop`;
+- rollouts of your own: `EpisodeRunner` (subclass its hooks to change the episode loop) with
+  `EpisodeState`, `EpisodeConfig`, `TurnOutput`, `SamplingConfig`; `RolloutWorker`,
+  `RolloutConfig`, `EngineConfig`, `make_rollout_input`.
+
+Names load lazily (``import toolrl`` stays light for Ray and vLLM worker processes).
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+import lazy_loader
 
 from toolrl.registry import Registry, RegistryError
 
 if TYPE_CHECKING:
-    from toolrl.core.env import Episode, ToolEnv, run_episode
-    from toolrl.core.parse import get_format
+    from toolrl import data
+    from toolrl.core import bfcl
+    from toolrl.core.background import BackgroundLoop
+    from toolrl.core.checks import check_tool_env
+    from toolrl.core.env import (
+        OracleUnavailable,
+        SubmitAnswer,
+        ToolEnv,
+        Turn,
+        oracle_policy,
+        resolve_astep,
+        run_episode,
+        submit_tool,
+    )
+    from toolrl.core.parse import ToolCallFormat, get_format
     from toolrl.core.registration import env_ids, make_env, register_env
-    from toolrl.core.tools import Tool, ToolFailure, tool
-    from toolrl.core.types import ParseResult, ToolCall
+    from toolrl.core.tools import Tool, ToolFailure, ToolResult, tool
+    from toolrl.core.trajectory import (
+        FINISH_REASONS,
+        TokenStream,
+        ToolOutput,
+        Trajectory,
+        TurnRecord,
+    )
+    from toolrl.core.types import ERROR_TYPES, ParseError, ParseResult, ToolCall, as_tool_call
     from toolrl.core.wrappers import MaxTurns, ObservationBudget, ToolTimeout, ToolWrapper
+    from toolrl.reward.api import (
+        BatchedRewardFn,
+        RewardError,
+        RewardFn,
+        RewardResult,
+        get_reward_spec,
+        reward,
+    )
+    from toolrl.rollout.engine import EngineConfig, SamplingConfig
+    from toolrl.rollout.episode import EpisodeConfig, EpisodeRunner, EpisodeState, TurnOutput
+    from toolrl.rollout.worker import RolloutConfig, RolloutWorker, make_rollout_input
 
 __version__ = "0.1.0"
 
-_LAZY = {
-    "ToolEnv": "toolrl.core.env", "Episode": "toolrl.core.env", "run_episode": "toolrl.core.env",
-    "get_format": "toolrl.core.parse",
-    "register_env": "toolrl.core.registration", "make_env": "toolrl.core.registration",
-    "env_ids": "toolrl.core.registration",
-    "Tool": "toolrl.core.tools", "ToolFailure": "toolrl.core.tools", "tool": "toolrl.core.tools",
-    "ToolCall": "toolrl.core.types", "ParseResult": "toolrl.core.types",
-    "MaxTurns": "toolrl.core.wrappers", "ObservationBudget": "toolrl.core.wrappers",
-    "ToolTimeout": "toolrl.core.wrappers", "ToolWrapper": "toolrl.core.wrappers",
-}
-
+__getattr__, _, _lazy = lazy_loader.attach(__name__, submodules=["data"], submod_attrs={
+    "core": ["bfcl"],
+    "core.background": ["BackgroundLoop"],
+    "core.checks": ["check_tool_env"],
+    "core.env": ["OracleUnavailable", "SubmitAnswer", "ToolEnv", "Turn", "oracle_policy",
+                 "resolve_astep", "run_episode", "submit_tool"],
+    "core.parse": ["ToolCallFormat", "get_format"],
+    "core.registration": ["env_ids", "make_env", "register_env"],
+    "core.tools": ["Tool", "ToolFailure", "ToolResult", "tool"],
+    "core.trajectory": ["FINISH_REASONS", "TokenStream", "ToolOutput", "Trajectory",
+                        "TurnRecord"],
+    "core.types": ["ERROR_TYPES", "ParseError", "ParseResult", "ToolCall", "as_tool_call"],
+    "core.wrappers": ["MaxTurns", "ObservationBudget", "ToolTimeout", "ToolWrapper"],
+    "reward.api": ["BatchedRewardFn", "RewardError", "RewardFn", "RewardResult",
+                   "get_reward_spec", "reward"],
+    "rollout.engine": ["EngineConfig", "SamplingConfig"],
+    "rollout.episode": ["EpisodeConfig", "EpisodeRunner", "EpisodeState", "TurnOutput"],
+    "rollout.worker": ["RolloutConfig", "RolloutWorker", "make_rollout_input"],
+})
 __all__ = [
-    "Episode", "MaxTurns", "ObservationBudget", "ParseResult", "Registry", "RegistryError", "Tool",
-    "ToolCall", "ToolEnv", "ToolFailure", "ToolTimeout", "ToolWrapper", "__version__", "env_ids",
-    "get_format", "make_env", "register_env", "run_episode", "tool",
+    "ERROR_TYPES", "FINISH_REASONS", "BackgroundLoop", "BatchedRewardFn", "EngineConfig",
+    "EpisodeConfig", "EpisodeRunner", "EpisodeState", "MaxTurns", "ObservationBudget",
+    "OracleUnavailable", "ParseError", "ParseResult", "Registry", "RegistryError", "RewardError",
+    "RewardFn", "RewardResult", "RolloutConfig", "RolloutWorker", "SamplingConfig",
+    "SubmitAnswer", "TokenStream", "Tool", "ToolCall", "ToolCallFormat", "ToolEnv",
+    "ToolFailure", "ToolOutput", "ToolResult", "ToolTimeout", "ToolWrapper", "Trajectory", "Turn",
+    "TurnOutput", "TurnRecord", "__version__",
+    "as_tool_call", "bfcl", "check_tool_env", "data", "env_ids", "get_format",
+    "get_reward_spec", "make_env", "make_rollout_input", "oracle_policy", "register_env",
+    "resolve_astep", "reward",
+    "run_episode", "submit_tool", "tool",
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'toolrl' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+def __dir__() -> list[str]:
+    return list(__all__)

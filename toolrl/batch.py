@@ -1,8 +1,8 @@
 """The data contract: every batch that crosses a process boundary is a `TensorDict`.
 
 Key names live here, each documented once. Tensors are what trains; `NonTensorStack` holds
-per-sample Python objects (messages, tools, task rows, episode records); `NonTensorData` holds
-batch-wide values. Layout of a rollout batch of B samples:
+per-sample Python objects (task rows, group ids, the episodes' `Trajectory` records);
+`NonTensorData` holds batch-wide values. Layout of a rollout batch of B samples:
 
     prompts         [B, P]    left-padded prompt ids
     responses       [B, R]    right-padded response ids (model tokens and tool observations)
@@ -43,7 +43,7 @@ RETURNS = "returns"  # [B, R] returns (targets of the critic)
 UID = "uid"  # per-sample group id (NonTensorStack of str): samples of one task share it
 POLICY_VERSION = "policy_version"  # [B] version of the weights that generated each sample
 ROWS = "rows"  # per-sample task rows (NonTensorStack of dict)
-EPISODES = "episodes"  # per-sample episode records (NonTensorStack of dict)
+TRAJECTORIES = "trajectories"  # per-sample `toolrl.core.trajectory.Trajectory` (NonTensorStack)
 
 
 # --- padding ---------------------------------------------------------------------------------
@@ -136,6 +136,11 @@ def get_non_tensor(td: TensorDict, key: str) -> list[Any]:
     if isinstance(value, NonTensorData):
         return [value.data] * td.batch_size[0]
     return list(value)
+
+
+def trajectories(td: TensorDict) -> list[Any]:
+    """The batch's `toolrl.core.trajectory.Trajectory` records, one per sample, in order."""
+    return get_non_tensor(td, TRAJECTORIES)
 
 
 def set_meta(td: TensorDict, key: str, value: Any) -> None:

@@ -28,7 +28,7 @@ def _score_calls(args: argparse.Namespace) -> int:
 
     from rich.console import Console
 
-    from toolrl.core.bfcl_scores import score_calls, stats_table
+    from toolrl.reward.score_calls import score_calls, stats_table
 
     try:
         stats = score_calls(args.reward, args.input, args.output, kwargs=json.loads(args.kwargs),
@@ -58,7 +58,7 @@ def _data_convert(args: argparse.Namespace) -> int:
 
 
 def _rewards(args: argparse.Namespace) -> int:
-    from toolrl.core.reward import REWARDS, get_reward_spec
+    from toolrl.reward import REWARDS, get_reward_spec
 
     for name in REWARDS.names():
         print(f"{name:20s} {get_reward_spec(name).description}")
@@ -84,7 +84,7 @@ def _check_env(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from toolrl.trainer.trainer import run_training
+    from toolrl.trainer.run import run_training
 
     return _run_experiment("train", args, run_training)
 

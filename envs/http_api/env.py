@@ -28,9 +28,7 @@ from urllib.parse import quote
 import httpx
 from toolrl.envs.http_api.service import CATALOG, CATEGORIES, ThreadedServer
 
-from toolrl.core.env import ToolEnv
-from toolrl.core.tools import Tool, ToolFailure
-from toolrl.core.types import ToolCall
+from toolrl import Tool, ToolCall, ToolEnv, ToolFailure
 
 SYSTEM_PROMPT = ("You are a shopping assistant with access to a store API. Use the tools to do "
                  "what the user asks, then confirm briefly.")

@@ -23,9 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from toolrl.core.env import BackgroundLoop, ToolEnv, Turn
-from toolrl.core.tools import Tool, ToolFailure, ToolResult, tool
-from toolrl.core.types import ParseResult, ToolCall
+from toolrl import BackgroundLoop, SubmitAnswer, Tool, ToolCall, ToolFailure, submit_tool
 
 SERVER_SCRIPT = Path(__file__).with_name("server.py")
 SYSTEM_PROMPT = "Use the tools to find the answer, then call submit with it."
@@ -71,7 +69,7 @@ def answers_match(given: Any, truth: Any) -> bool:
         return a == b
 
 
-class MCPEnv(ToolEnv):
+class MCPEnv(SubmitAnswer):
     """Tool calls served by an MCP server.
 
     Args:
@@ -90,7 +88,6 @@ class MCPEnv(ToolEnv):
         self.url = url
         self.command = list(command) if command else [sys.executable, str(SERVER_SCRIPT)]
         self.connect_timeout = connect_timeout
-        self.submitted: str | None = None
         self._bg = BackgroundLoop("toolrl-mcp")
         self._client: Any = None
         self._remote: list[Tool] = []
@@ -169,27 +166,11 @@ class MCPEnv(ToolEnv):
     def episode_tools(self) -> list[Tool]:
         return [*self.connect(), self.submit]
 
-    @tool(inline=True)
-    def submit(self, answer: str) -> str:
-        """Submit the final answer.
-
-        Args:
-            answer: the answer
-        """
-        self.submitted = answer
-        return "submitted"
-
-    def on_turn(self, parse: ParseResult, results: list[ToolResult]) -> Turn:
-        submitted = any(c.name == "submit" and r.ok
-                        for c, r in zip(parse.calls, results, strict=True))
-        return Turn(terminated=submitted or (not parse.calls and not parse.errors))
+    submit = submit_tool(str)
 
     def evaluate(self) -> bool:
         return self.submitted is not None and answers_match(self.submitted,
                                                             self.row["ground_truth"])
-
-    def state_snapshot(self) -> dict[str, Any]:
-        return {"submitted": self.submitted}
 
     def oracle_action(self) -> str:
         calls = self.row.get("oracle_calls") or []

@@ -23,9 +23,7 @@ from toolrl.envs.python_sandbox.sandbox import (
 )
 from toolrl.envs.python_sandbox.sandbox import run_python as run_sandboxed
 
-from toolrl.core.env import ToolEnv, Turn
-from toolrl.core.tools import ToolFailure, ToolResult, tool
-from toolrl.core.types import ParseResult, ToolCall
+from toolrl import SubmitAnswer, ToolCall, ToolFailure, submit_tool, tool
 
 SYSTEM_PROMPT = "Use run_python to compute the answer (print it), then call submit with it."
 
@@ -86,7 +84,7 @@ def make_task(rng: random.Random, kind: str) -> dict[str, Any]:
     return {"category": kind, "question": question, "ground_truth": answer, "code": code}
 
 
-class PythonSandboxEnv(ToolEnv):
+class PythonSandboxEnv(SubmitAnswer):
     """Compute answers with sandboxed Python.
 
     Args:
@@ -106,7 +104,6 @@ class PythonSandboxEnv(ToolEnv):
                 f"enabled: sysctl kernel.unprivileged_userns_clone=1).")
         super().__init__(**kwargs)
         self.limits = limits if isinstance(limits, Limits) else Limits(**(limits or {}))
-        self.submitted: float | None = None
 
     @classmethod
     def make_tasks(cls, n: int, seed: int = 0, split: str = "train",
@@ -146,20 +143,7 @@ class PythonSandboxEnv(ToolEnv):
             out += f"\n[exit code {result.exit_code}{reason}]"
         return out
 
-    @tool(inline=True)
-    def submit(self, answer: float) -> str:
-        """Submit the final answer.
-
-        Args:
-            answer: the answer
-        """
-        self.submitted = answer
-        return "submitted"
-
-    def on_turn(self, parse: ParseResult, results: list[ToolResult]) -> Turn:
-        submitted = any(c.name == "submit" and r.ok
-                        for c, r in zip(parse.calls, results, strict=True))
-        return Turn(terminated=submitted or (not parse.calls and not parse.errors))
+    submit = submit_tool(float)
 
     def evaluate(self) -> bool:
         try:
@@ -167,9 +151,6 @@ class PythonSandboxEnv(ToolEnv):
                 self.row["ground_truth"])
         except OverflowError:  # an integer beyond float range (valid JSON): not the answer
             return False
-
-    def state_snapshot(self) -> dict[str, Any]:
-        return {"submitted": self.submitted}
 
     def oracle_action(self) -> str:
         if self.turn == 0 and self.row.get("code"):

@@ -13,8 +13,9 @@ deltas, budgets and the batch layout stay toolrl's:
 
 Inserted tokens condition the model but are not trained on: they carry mask 0 and log-prob 0,
 exactly like tool results. Use it from a rollout config with
-``RolloutConfig(runner=TwoStageRunner)`` (or ``runner="two_stage:TwoStageRunner"`` when this
-file is importable), or run this file to see a few episodes of the tiny model::
+``toolrl.RolloutConfig(runner=TwoStageRunner)`` (or ``rollout.runner: two_stage:TwoStageRunner``
+in an experiment config, when this file is importable), or run this file to see a few episodes
+of the tiny model::
 
     .venv/bin/python examples/two_stage_rollout/two_stage.py --episodes 2
 """
@@ -22,12 +23,15 @@ file is importable), or run this file to see a few episodes of the tiny model::
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
+import subprocess
+import sys
 import tempfile
 from typing import Any
 
-from toolrl.rollout.engine import SamplingConfig
-from toolrl.rollout.episode import EpisodeRunner, EpisodeState, TurnOutput
+import toolrl
+from toolrl import EpisodeRunner, EpisodeState, SamplingConfig, TurnOutput
 
 
 class TwoStageRunner(EpisodeRunner):
@@ -86,42 +90,39 @@ class TwoStageRunner(EpisodeRunner):
 
 
 def main(argv: list[str] | None = None) -> None:
-    from toolrl.envs.calculator import CalculatorEnv
-
-    from toolrl.batch import EPISODES, RESPONSE_MASK, RESPONSES, get_non_tensor
-    from toolrl.models.tiny import build_tiny_model
-    from toolrl.rollout import EngineConfig, RolloutConfig, RolloutWorker, make_rollout_input
-
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", help="model directory (default: build the tiny model)")
     parser.add_argument("--episodes", type=int, default=2)
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    model = args.model or str(build_tiny_model(os.path.join(tempfile.gettempdir(),
-                                                            "toolrl-tiny-two-stage")))
-    config = RolloutConfig(
-        engine=EngineConfig(model=model, max_model_len=2048, kv_cache_gib=0.25,
-                            multiprocessing=False),
-        sampling=SamplingConfig(max_tokens=64), max_prompt_len=1024, max_response_len=512,
+    model = args.model or os.path.join(tempfile.gettempdir(), "toolrl-tiny-two-stage")
+    if not os.path.exists(os.path.join(model, "config.json")):
+        subprocess.run([sys.executable, "-m", "toolrl.cli", "make-tiny-model", "--out", model],
+                       check=True)
+    config = toolrl.RolloutConfig(
+        engine=toolrl.EngineConfig(model=model, max_model_len=2048, kv_cache_gib=0.25,
+                                   multiprocessing=False),
+        max_tokens_per_turn=64, max_prompt_tokens=1024, max_total_tokens=1536,
         env_id="toolrl/Calculator-v0", env_kwargs={"max_turns": 3}, runner=TwoStageRunner)
-    worker = RolloutWorker(config)
+    worker = toolrl.RolloutWorker(config)
     try:
-        rows = CalculatorEnv.make_tasks(args.episodes, seed=0)
-        out = worker.rollout(make_rollout_input(rows))
+        env = toolrl.make_env("toolrl/Calculator-v0")
+        rows = env.unwrapped.make_tasks(args.episodes, seed=0)
+        env.close()
+        trajs = asyncio.run(worker.run_episodes(rows, seeds=list(range(len(rows)))))
         tok = worker.engine.tokenizer
-        for i, record in enumerate(get_non_tensor(out, EPISODES)):
-            n = record["response_len"]
-            ids = out[RESPONSES][i, :n].tolist()
-            mask = out[RESPONSE_MASK][i, :n].tolist()
-            print(f"episode {i}: {record['num_turns']} turns, finish={record['finish_reason']}")
-            for turn in record["turns"]:
-                pieces, start = [], turn["start"]
-                for j in range(turn["start"], turn["end"] + 1):
-                    if j == turn["end"] or mask[j] != mask[start]:
-                        tag = "sampled" if mask[start] else "inserted"
-                        pieces.append(f"[{tag}] {tok.decode(ids[start:j])!r}")
-                        start = j
-                print("  turn", turn["index"], " ".join(pieces))
+        for i, traj in enumerate(trajs):
+            ids, mask = traj.tokens.response_ids, traj.tokens.response_mask
+            print(f"episode {i}: {traj.num_turns} turns, finish={traj.finish_reason}")
+            for k, turn in enumerate(traj.turns):
+                start, end = turn.action_span
+                pieces, first = [], start
+                for j in range(start, end + 1):
+                    if j == end or mask[j] != mask[first]:
+                        tag = "sampled" if mask[first] else "inserted"
+                        pieces.append(f"[{tag}] {tok.decode(ids[first:j])!r}")
+                        first = j
+                print("  turn", k, " ".join(pieces))
     finally:
         worker.shutdown()
 

@@ -300,5 +300,5 @@ def test_run_episode_with_async_policy_and_isolation():
 
     rows, eps = asyncio.run(many())
     for row, ep in zip(rows, eps, strict=True):
-        assert ep.success and ep.total_reward == 1.0
-        assert ep.state == {"log": [row["question"]], "answer": row["ground_truth"]}
+        assert ep.success and ep.env_reward == 1.0
+        assert ep.final_state == {"log": [row["question"]], "answer": row["ground_truth"]}

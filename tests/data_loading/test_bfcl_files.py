@@ -16,9 +16,9 @@ from toolrl.core.bfcl import check_mode, ground_truth_calls
 from toolrl.core.env import run_episode
 from toolrl.core.parse import get_format
 from toolrl.core.registration import make_env
-from toolrl.core.reward import Trajectory, build_reward
 from toolrl.core.types import ToolCall
 from toolrl.data.bfcl import LANGUAGE_HINT, load_bfcl
+from toolrl.reward import build_reward
 
 HERMES = get_format("hermes")
 
@@ -206,10 +206,8 @@ def test_ground_truth_scores_one_and_a_wrong_call_zero_for_every_row(bfcl_dir, t
                                                                         text="Sure."), False)):
                 kwargs = {} if policy is None else {"policy": policy}
                 ep = asyncio.run(asyncio.wait_for(run_episode(env, row=row, **kwargs), 60))
-                assert ep.success is success, (row["id"], success, ep.state)
-                _, info = env.reset(options=row)
-                trajs.append(Trajectory.from_episode(ep, row, tools=info["tools"],
-                                                     format=info["format"]))
+                assert ep.success is success, (row["id"], success, ep.final_state)
+                trajs.append(ep)
                 expected.append(1.0 if success else 0.0)
     finally:
         env.close()

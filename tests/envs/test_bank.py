@@ -30,10 +30,10 @@ def test_scripted_policy_reaches_the_expected_state_in_every_scenario(env):
     assert {r["category"] for r in rows} == set(SCENARIOS)
     for row in rows:
         ep = asyncio.run(run_episode(env, row=row))
-        assert ep.success and ep.state == row["expected_state"], row["category"]
+        assert ep.success and ep.final_state == row["expected_state"], row["category"]
         users = [m["content"] for m in ep.messages if m["role"] == "user"]
         assert users == row["user_script"]  # the customer revealed one line per text turn
-        changed = ep.state != row["db"]
+        changed = ep.final_state != row["db"]
         assert changed == (row["category"] in ("internal_transfer", "external_transfer",
                                                "update_email"))
 
@@ -111,13 +111,13 @@ def test_64_concurrent_episodes_do_not_leak_state():
     for i, ep in enumerate(episodes):
         row = rows[i // 2]
         if i % 2 == 0:
-            assert ep.success and ep.state == row["expected_state"]
+            assert ep.success and ep.final_state == row["expected_state"]
         else:
             transfers = row["category"] in ("internal_transfer", "external_transfer")
             assert ep.success is not transfers
             if transfers:  # exactly one half-size transfer, in this episode's db only
-                [tx] = ep.state["transactions"]
+                [tx] = ep.final_state["transactions"]
                 gold = next(c for c in row["ground_truth"] if c["name"] == "transfer")
                 assert tx["amount_cents"] == round(gold["arguments"]["amount"] * 50)
     # ids are per episode, never shared: every episode numbers its first transaction T1
-    assert all(tx["id"] == "T1" for ep in episodes for tx in ep.state["transactions"])
+    assert all(tx["id"] == "T1" for ep in episodes for tx in ep.final_state["transactions"])

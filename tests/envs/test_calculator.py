@@ -51,8 +51,8 @@ def test_system_prompt_and_tools_are_small():
 def test_scripted_policy_solves_every_difficulty(env, difficulty):
     for row in CalculatorEnv.make_tasks(10, seed=difficulty, difficulty=difficulty):
         ep = asyncio.run(run_episode(env, row=row))
-        assert ep.success and ep.terminated and ep.infos[-1]["success"] is True
-        assert len(ep.infos) == difficulty + 1 and not ep.errors
+        assert ep.success and ep.finish_reason == "terminated" and ep.info["success"] is True
+        assert len(ep.turns) == difficulty + 1 and not ep.errors
 
 
 def test_outcome_is_the_exact_answer_within_tolerance(env):
@@ -85,7 +85,8 @@ def test_random_op_oracle_keeps_the_format_and_operands_but_not_the_operation(di
     try:
         for row in rows:
             ep = asyncio.run(run_episode(env, row=row))
-            assert ep.terminated and not ep.errors  # every call is well-formed and runs
+            # every call is well-formed and runs
+            assert ep.finish_reason == "terminated" and not ep.errors
             calls = [json.loads(re.fullmatch(r"<tool_call>(.*)</tool_call>", m["content"])[1])
                      for m in ep.messages if m["role"] == "assistant"]
             results = [m["content"] for m in ep.messages if m["role"] == "tool"]

@@ -16,10 +16,9 @@ DIST = "toolrl-custom-env"
 
 EPISODE = """
 import asyncio, json, toolrl
-from toolrl.core.env import run_episode
 env = toolrl.make_env("custom/UnitConvert-v0")
-episode = asyncio.run(run_episode(env, seed=0))
-print(json.dumps({"success": episode.success, "turns": len(episode.infos),
+episode = asyncio.run(toolrl.run_episode(env, seed=0))
+print(json.dumps({"success": episode.success, "turns": len(episode.turns),
                   "ids": toolrl.env_ids()}))
 env.close()
 """

@@ -6,8 +6,9 @@ import asyncio
 import json
 
 import pytest
-from toolrl.envs.function_calling import CATEGORIES, FunctionCallingEnv, load_tasks
+from toolrl.envs.function_calling import FunctionCallingEnv, load_tasks
 
+from toolrl.core.bfcl import CATEGORIES
 from toolrl.core.env import run_episode
 from toolrl.core.registration import make_env
 
@@ -33,8 +34,8 @@ def test_synthetic_rows_cover_the_five_categories(env):
         if row["category"] in ("multiple", "parallel_multiple"):
             assert len(row["tools"]) > len({next(iter(g)) for g in row["ground_truth"]})
         ep = asyncio.run(run_episode(env, row=row))
-        assert ep.success and ep.infos[-1]["success"], row
-        assert len(ep.infos) == 1 and ep.terminated  # one turn
+        assert ep.success and ep.info["success"], row
+        assert len(ep.turns) == 1 and ep.finish_reason == "terminated"  # one turn
 
 
 def test_outcome_follows_bfcl_possible_answers(env):

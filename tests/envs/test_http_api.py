@@ -32,7 +32,7 @@ def test_service_is_a_real_http_server(store_url):
 def test_scripted_policy_places_the_expected_orders(env):
     for row in HttpApiEnv.make_tasks(6, seed=0):
         ep = asyncio.run(run_episode(env, row=row))
-        assert ep.success and ep.state == row["expected_state"], row["question"]
+        assert ep.success and ep.final_state == row["expected_state"], row["question"]
         assert not ep.errors
 
 

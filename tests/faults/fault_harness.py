@@ -27,10 +27,11 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
-from toolrl.core.env import Episode, ToolEnv, Turn, run_episode
+from toolrl.core.env import ToolEnv, Turn, run_episode
 from toolrl.core.parse import ToolCallFormat
 from toolrl.core.registration import register_env
 from toolrl.core.tools import tool
+from toolrl.core.trajectory import Trajectory
 from toolrl.core.types import ParseResult, ToolCall
 
 FAULT_ENV = "toolrl-faults/Fault-v0"
@@ -213,10 +214,10 @@ def assert_conserved(ids_in: Iterable[Any], ids_out: Iterable[Any]) -> None:
 
 async def play_batch(make_env: Callable[[], Any], rows: Sequence[dict[str, Any]],
                      policy: Callable[..., Any] | None = None, *,
-                     timeout: float = 60.0) -> dict[str, Episode]:
+                     timeout: float = 60.0) -> dict[str, Trajectory]:
     """Play one episode per row concurrently (a fresh env each), within ``timeout`` seconds;
-    returns ``{row id: Episode}`` after checking that none was lost or duplicated."""
-    async def one(row: dict[str, Any]) -> tuple[str, Episode]:
+    returns ``{row id: Trajectory}`` after checking that none was lost or duplicated."""
+    async def one(row: dict[str, Any]) -> tuple[str, Trajectory]:
         env = make_env()
         try:
             kwargs = {"policy": policy} if policy is not None else {}
@@ -229,9 +230,9 @@ async def play_batch(make_env: Callable[[], Any], rows: Sequence[dict[str, Any]]
     return dict(out)
 
 
-def turn_errors(episode: Episode, turn: int = 0) -> list[str]:
+def turn_errors(episode: Trajectory, turn: int = 0) -> list[str]:
     """The typed error kinds of one turn."""
-    return [e["type"] for e in episode.infos[turn].get("errors", [])]
+    return [e["type"] for e in episode.turns[turn].errors]
 
 
 # --- a real HTTP server for a tiny ASGI app ----------------------------------------------------

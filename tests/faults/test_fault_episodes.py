@@ -21,6 +21,7 @@ from fault_harness import FAULT_ENV, assert_conserved, fault_row
 from transformers import AutoTokenizer
 
 from toolrl import batch as B
+from toolrl.core.trajectory import Trajectory
 from toolrl.rollout.chat import ChatRenderer
 from toolrl.rollout.engine import Completion, EngineConfig, SamplingConfig
 from toolrl.rollout.worker import RolloutConfig, RolloutWorker, make_rollout_input, resolve_runner
@@ -62,8 +63,9 @@ class ScriptedRolloutWorker(RolloutWorker):
 def rollout_config(model: str, **changes) -> RolloutConfig:
     engine = EngineConfig(model=model, max_model_len=MAX_PROMPT + MAX_RESPONSE, kv_cache_gib=0.25,
                           gpu_memory_utilization=0.1, multiprocessing=False)
-    base = dict(engine=engine, sampling=SamplingConfig(max_tokens=8), max_prompt_len=MAX_PROMPT,
-                max_response_len=MAX_RESPONSE, env_id=FAULT_ENV, concurrency=4, seed=0,
+    base = dict(engine=engine, max_tokens_per_turn=8, max_prompt_tokens=MAX_PROMPT,
+                max_total_tokens=MAX_PROMPT + MAX_RESPONSE, max_turns=32, env_id=FAULT_ENV,
+                concurrency=4, seed=0,
                 env_kwargs={"max_output_chars": 200, "tool_timeout": 0.3})
     return RolloutConfig(**{**base, **changes})
 
@@ -74,14 +76,14 @@ def scripted(tiny_model_dir):
     return ScriptedRolloutWorker(rollout_config(str(tiny_model_dir)), tokenizer)
 
 
-def records_of(td, rows, n: int = 1) -> list[dict]:
-    """The batch's episode records, after checking one output per input, in order."""
-    records = B.get_non_tensor(td, B.EPISODES)
+def records_of(td, rows, n: int = 1) -> list[Trajectory]:
+    """The batch's trajectories, after checking one output per input, in order."""
+    records = B.trajectories(td)
     assert td.batch_size[0] == len(rows) * n == len(records)
     expected = [r["id"] for r in rows for _ in range(n)]
-    assert_conserved(expected, [rec["task_id"] for rec in records])
-    assert [rec["task_id"] for rec in records] == expected  # and in input order
-    assert B.get_non_tensor(td, B.UID) == [rec["uid"] for rec in records]
+    assert_conserved(expected, [rec.id for rec in records])
+    assert [rec.id for rec in records] == expected  # and in input order
+    assert B.get_non_tensor(td, B.UID) == [rec.uid for rec in records]
     assert [row["id"] for row in B.get_non_tensor(td, B.ROWS)] == expected
     return records
 
@@ -90,9 +92,9 @@ def healthy(i: int) -> dict:
     return fault_row(f"ok-{i}", "echo", text="fine")
 
 
-def assert_healthy(rec: dict) -> None:
-    assert rec["finish_reason"] == "terminated" and rec["success"], rec["error"]
-    assert rec["num_turns"] == 3 and rec["error"] is None
+def assert_healthy(rec: Trajectory) -> None:
+    assert rec.finish_reason == "terminated" and rec.success, rec.error
+    assert rec.num_turns == 3 and rec.error is None
 
 
 @pytest.mark.timeout(120)
@@ -103,9 +105,9 @@ def test_reset_raises_is_an_error_record_and_the_batch_goes_on(scripted):
     records = records_of(td, rows)
     for i, rec in enumerate(records):
         if i % 2 == 0:
-            assert rec["finish_reason"] == "error" and rec["num_turns"] == 0
-            assert rec["error"] == f"reset: RuntimeError: injected reset failure in reset-{i // 2}"
-            assert td[B.RESPONSE_MASK][i].sum() == 0 and rec["response_len"] == 0
+            assert rec.finish_reason == "error" and rec.num_turns == 0
+            assert rec.error == f"reset: RuntimeError: injected reset failure in reset-{i // 2}"
+            assert td[B.RESPONSE_MASK][i].sum() == 0 and rec.response_tokens == 0
         else:
             assert_healthy(rec)
             assert td[B.RESPONSE_MASK][i].sum() > 0
@@ -120,11 +122,11 @@ def test_step_raises_is_an_error_record_and_the_batch_goes_on(scripted, fail_tur
     records = records_of(td, rows)
     for i, rec in enumerate(records):
         if i % 2 == 0:
-            assert rec["finish_reason"] == "error"
-            assert rec["error"] == (f"step: RuntimeError: injected step failure in step-{i // 2} "
+            assert rec.finish_reason == "error"
+            assert rec.error == (f"step: RuntimeError: injected step failure in step-{i // 2} "
                                     f"on turn {fail_turn}")
             # the turns played before the failure keep their tokens (mask on sampled ones)
-            assert rec["num_turns"] == fail_turn
+            assert rec.num_turns == fail_turn
             assert td[B.RESPONSE_MASK][i].sum() == fail_turn * len(scripted.engine.ids)
         else:
             assert_healthy(rec)
@@ -137,7 +139,7 @@ def test_close_raises_keeps_the_finished_episode(scripted):
     td = scripted.rollout(make_rollout_input(rows))
     records = records_of(td, rows)
     for rec in records:
-        assert rec["finish_reason"] == "terminated" and rec["error"] is None
+        assert rec.finish_reason == "terminated" and rec.error is None
 
 
 @pytest.mark.timeout(120)
@@ -150,7 +152,7 @@ def test_text_the_tokenizer_rejects_is_an_error_record(scripted):
     records = records_of(td, rows)
     for i, rec in enumerate(records):
         if i % 2 == 0:
-            assert rec["finish_reason"] == "error" and rec["error"].startswith("observation: ")
+            assert rec.finish_reason == "error" and rec.error.startswith("observation: ")
         else:
             assert_healthy(rec)
 
@@ -163,7 +165,7 @@ def test_a_mixed_batch_of_env_faults_has_one_output_per_input(scripted):
     rows.insert(3, {"id": "no-such-env", "env": "toolrl-faults/NoSuchEnv-v0", "question": "q"})
     td = scripted.rollout(make_rollout_input(rows, n=2))
     records = records_of(td, rows, n=2)
-    reasons = Counter(rec["finish_reason"] for rec in records)
+    reasons = Counter(rec.finish_reason for rec in records)
     assert reasons == {"error": 2 * (3 * 4 + 1), "terminated": 2 * 2 * 4}
     uids = B.get_non_tensor(td, B.UID)
     assert all(count == 2 for count in Counter(uids).values())  # GRPO groups intact
@@ -198,19 +200,19 @@ def test_real_rollout_worker_keeps_every_episode_through_tool_and_env_faults(vll
     td = vllm_worker.rollout(make_rollout_input(rows, n=2))
     records = records_of(td, rows, n=2)
     for rec in records:
-        task = rec["task_id"]
+        task = rec.id
         if task.startswith("tool-"):
             kind = tool_faults[task.removeprefix("tool-")][1]
-            assert rec["finish_reason"] == "terminated" and rec["success"], (task, rec["error"])
-            assert [e["type"] for e in rec["turns"][0]["errors"]] == ([kind] if kind else [])
-            assert rec["turns"][1]["errors"] == []
+            assert rec.finish_reason == "terminated" and rec.success, (task, rec.error)
+            assert [e["type"] for e in rec.turns[0].errors] == ([kind] if kind else [])
+            assert rec.turns[1].errors == []
         elif task in ("env-reset", "env-step", "env-bad_text"):
-            assert rec["finish_reason"] == "error", task
+            assert rec.finish_reason == "error", task
         else:
-            assert rec["finish_reason"] == "terminated" and rec["success"], (task, rec["error"])
+            assert rec.finish_reason == "terminated" and rec.success, (task, rec.error)
     mask = td[B.RESPONSE_MASK]
     for i, rec in enumerate(records):
-        assert int(mask[i].sum()) == rec["num_sampled_tokens"]
-        sampled = sum(t["end"] - t["start"] for t in rec["turns"])
-        assert rec["num_sampled_tokens"] == sampled
+        assert int(mask[i].sum()) == rec.sampled_tokens
+        sampled = sum(t.action_span[1] - t.action_span[0] for t in rec.turns)
+        assert rec.sampled_tokens == sampled
     assert vllm_worker.check_health()

@@ -240,7 +240,7 @@ def test_a_batch_of_hostile_episodes_keeps_every_episode(texts):
     episodes = asyncio.run(play_batch(lambda: make_env("toolrl/Calculator-v0"), rows, policy,
                                       timeout=60))
     assert_conserved(list(by_id), episodes)
-    assert all(ep.terminated or ep.truncated for ep in episodes.values())
+    assert all(ep.finish_reason in ("terminated", "truncated") for ep in episodes.values())
 
 
 def test_parsers_return_parse_results_for_hostile_text():

@@ -159,10 +159,10 @@ def runs(planted):
     out = {}
     for name, ep in episodes.items():
         tools = [m["content"] for m in ep.messages if m["role"] == "tool"]
-        errors = [[e["type"] for e in info["errors"]] for info in ep.infos]
+        errors = [[e["type"] for e in t.errors] for t in ep.turns]
         # after every escape attempt the sandbox still runs code and the episode ends
         assert tools[1] == "42\n" and errors[1:] == [[], []], (name, tools, errors)
-        assert ep.terminated and ep.success, name
+        assert ep.finish_reason == "terminated" and ep.success, name
         out[name] = {"output": tools[0], "errors": errors[0]}
     assert set(out) == {*ESCAPES, "healthy"}
     return out

@@ -35,7 +35,7 @@ def http_rows(prefix: str, n: int = 4) -> list[dict]:
 
 
 def kinds(ep) -> list[list[str]]:
-    return [[e["type"] for e in info["errors"]] for info in ep.infos]
+    return [[e["type"] for e in t.errors] for t in ep.turns]
 
 
 def tool_outputs(ep) -> list[str]:
@@ -112,7 +112,8 @@ def test_http_service_that_never_answers_times_out(black_hole):
         lambda: make_env(HTTP_ENV, base_url=black_hole, tool_timeout=0.4), rows, timeout=60))
     for ep in episodes.values():
         assert kinds(ep) == [["timeout"], ["timeout"], []]
-        assert ep.terminated and not ep.success and ep.state == {"orders": None}
+        assert ep.finish_reason == "terminated" and not ep.success
+        assert ep.final_state == {"orders": None}
 
 
 async def faulty_store(scope, receive, send):
@@ -137,7 +138,8 @@ def test_http_service_answering_500_or_garbage():
         garbage, error = tool_outputs(ep)
         assert "\ufffd" in garbage and garbage.endswith("not json")  # as valid text
         assert json.loads(error)["message"].startswith("HTTP 500")
-        assert ep.terminated and not ep.success and ep.state == {"orders": None}
+        assert ep.finish_reason == "terminated" and not ep.success
+        assert ep.final_state == {"orders": None}
 
 
 # --- MCP -----------------------------------------------------------------------------------
@@ -164,7 +166,7 @@ def test_mcp_server_crashes_mid_call():
         assert kinds(ep) == [[], ["tool_exception"], ["tool_exception"], []]
         outputs = tool_outputs(ep)
         assert outputs[0] == "hi" and "Connection closed" in outputs[1]
-        assert ep.terminated and ep.success
+        assert ep.finish_reason == "terminated" and ep.success
 
 
 def test_mcp_server_killed_between_turns():
@@ -186,7 +188,7 @@ def test_mcp_server_killed_between_turns():
                          tool_timeout=20), rows, policy, timeout=90))
     ep = episodes["mcp-killed"]
     assert killed and kinds(ep) == [[], ["tool_exception"], []]
-    assert ep.terminated and ep.success
+    assert ep.finish_reason == "terminated" and ep.success
 
 
 def test_mcp_http_server_crashes_mid_call():
@@ -201,4 +203,4 @@ def test_mcp_http_server_crashes_mid_call():
         assert proc.wait(timeout=10) == 17  # the server really died mid-call
     ep = episodes["mcp-http"]
     assert kinds(ep) == [[], ["tool_exception"], ["tool_exception"], []]
-    assert ep.terminated and ep.success
+    assert ep.finish_reason == "terminated" and ep.success

@@ -36,9 +36,10 @@ def play(rows, **env_kwargs):
 
 
 def assert_episode_went_on(ep) -> None:
-    assert ep.terminated and ep.success, "the episode did not reach its end after the fault"
+    assert ep.finish_reason == "terminated" and ep.success, \
+        "the episode did not reach its end after the fault"
     echoes = [m["content"] for m in ep.messages if m.get("name") == "echo"]
-    assert ep.infos[1]["errors"] == [] and echoes[-1] == "still here"
+    assert ep.turns[1].errors == [] and echoes[-1] == "still here"
 
 
 def test_a_tool_that_raises_is_a_tool_exception():
@@ -127,7 +128,7 @@ def test_a_mixed_batch_of_tool_faults_keeps_every_episode():
     for row in rows:
         ep = episodes[row["id"]]
         assert_episode_went_on(ep)
-        assert ep.messages[1]["content"] == "next" and len(ep.infos) == 3
+        assert ep.messages[1]["content"] == "next" and len(ep.turns) == 3
     healthy = [ep for i, ep in episodes.items() if i.endswith("-echo")]
     assert all(turn_errors(ep) == [] for ep in healthy)
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import os
 
-from toolrl.core.reward import RewardResult, Trajectory, reward
+from toolrl.core.trajectory import Trajectory
+from toolrl.reward import RewardResult, reward
 
 
 @reward("t_value")

@@ -10,15 +10,10 @@ import toolrl.rewards  # noqa: F401  (registers the built-ins, as the entry poin
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from toolrl.core.reward import (
-    REWARDS,
-    RewardConfigError,
-    RewardResult,
-    Trajectory,
-    TurnRecord,
-    make_reward,
-)
+from toolrl.core.parse import get_format
+from toolrl.core.trajectory import Trajectory, TurnRecord
 from toolrl.core.types import ParseError, ParseResult, ToolCall
+from toolrl.reward import REWARDS, RewardConfigError, RewardResult, make_reward
 
 SETTINGS = settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 BUILTINS = ["answer_match", "bfcl_ast", "exec_state", "format", "length_penalty", "remote",
@@ -28,7 +23,7 @@ BUILTINS = ["answer_match", "bfcl_ast", "exec_state", "format", "length_penalty"
 def score(name, traj, **kwargs) -> RewardResult:
     import asyncio
 
-    from toolrl.core.reward import to_result
+    from toolrl.reward import to_result
 
     return to_result(asyncio.run(make_reward(name, **kwargs).one(traj)))
 
@@ -302,22 +297,22 @@ def test_property_length_penalty(length, max_tokens, data):
     fn = make_reward("length_penalty", max_tokens=max_tokens, buffer=buffer)
     import asyncio
 
-    s = asyncio.run(fn.one(Trajectory(response_length=length)))
-    s_next = asyncio.run(fn.one(Trajectory(response_length=length + 1)))
+    s = asyncio.run(fn.one(Trajectory(sampled_tokens=length)))
+    s_next = asyncio.run(fn.one(Trajectory(sampled_tokens=length + 1)))
     assert -1.0 <= s_next <= s <= 0.0
     assert (s == 0.0) == (length <= max_tokens - buffer)
     assert (s == -1.0) == (length > max_tokens or (buffer > 0 and length == max_tokens))
 
 
-def test_length_penalty_config_and_missing_length():
+def test_length_penalty_config_and_sampled_tokens():
     with pytest.raises(ValueError, match="max_tokens"):
         make_reward("length_penalty", max_tokens=0)
     with pytest.raises(RewardConfigError, match="max_tokens"):
         make_reward("length_penalty")  # required kwarg
-    with pytest.raises(ValueError, match="response_length"):
-        score("length_penalty", Trajectory(), max_tokens=10)
-    assert score("length_penalty", Trajectory.from_dict({"num_tokens": 9}),
-                 max_tokens=8, buffer=0).score == -1.0
+    # the length is the tokens the policy sampled, not the observation tokens in the response
+    long = Trajectory.from_dict({"sampled_tokens": 9, "response_tokens": 30})
+    assert score("length_penalty", long, max_tokens=8, buffer=0).score == -1.0
+    assert score("length_penalty", long, max_tokens=9, buffer=0).score == 0.0
 
 
 @given(st.integers(0, 20), st.floats(0, 1), st.integers(0, 5), st.floats(0, 3))
@@ -333,7 +328,7 @@ def test_property_turn_penalty(n, penalty, free, cap):
                          max_size=4), min_size=1, max_size=5))
 @SETTINGS
 def test_property_tool_error_penalty(errors_per_turn):
-    turns = [TurnRecord(parse=ParseResult([], ""), tool_errors=[
+    turns = [TurnRecord(parse=ParseResult([], ""), errors=[
         {"type": e, "tool": "t", "message": "m"} for e in errs]) for errs in errors_per_turn]
     t = Trajectory(turns=turns)
     res = score("tool_error_penalty", t, penalty=0.1, max_penalty=10.0)
@@ -353,21 +348,27 @@ def test_format_and_bfcl_ast_through_the_real_parser():
                '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}',
                '<tool_call>{"name": "mul", "arguments": {"a": 1}}</tool_call>',
                "The answer is 3."]
-    t = Trajectory.from_dict({"turns": [{"action": a} for a in actions], "tools": tools,
-                              "format": "hermes",
-                              "row": {"category": "simple",
-                                      "ground_truth": [{"add": {"a": [1], "b": [2]}}]}})
+    row = {"category": "simple", "ground_truth": [{"add": {"a": [1], "b": [2]}}]}
+    t = Trajectory(turns=parsed(actions, "hermes"), tools=tools, format="hermes", row=row)
     res = score("format", t)
     assert res.per_turn == [1.0, 0.0, 0.0, 0.0, 1.0]
     assert "invalid_json" in res.reason and "unclosed_tag" in res.reason
     # the parse errors of turns 2-3 fail the exact match, even though turn 1 was right
     assert score("bfcl_ast", t).score == 0.0
-    one = Trajectory.from_dict({"turns": [{"action": actions[0]}], "tools": tools,
-                                "format": "hermes", "row": t.row})
+    one = Trajectory(turns=parsed(actions[:1], "hermes"), tools=tools, row=row)
     assert score("bfcl_ast", one).score == 1.0
-    mistral = Trajectory.from_dict({
-        "turns": [{"action": '[TOOL_CALLS][{"name": "add", "arguments": {"a": 1, "b": 2}}]'}],
-        "tools": tools, "format": "mistral", "row": t.row})
+    mistral = Trajectory(
+        turns=parsed(['[TOOL_CALLS][{"name": "add", "arguments": {"a": 1, "b": 2}}]'], "mistral"),
+        tools=tools, format="mistral", row=row)
     assert score("bfcl_ast", mistral).score == 1.0 and score("format", mistral).score == 1.0
-    with pytest.raises(ValueError, match="names no format"):
-        score("format", Trajectory.from_dict({"turns": [{"action": actions[0]}]}))
+    # rewards read the env's parse and never parse the text again: a turn recorded without
+    # one holds no call, whatever its text says
+    unparsed = Trajectory(turns=[TurnRecord(action=actions[0])], tools=tools, row=row,
+                          format="hermes")
+    assert score("bfcl_ast", unparsed).score == 0.0
+
+
+def parsed(actions, fmt):
+    """Turns as an env of format ``fmt`` records them (its one parse of each action)."""
+    parser = get_format(fmt)
+    return [TurnRecord(action=a, parse=parser.parse(a)) for a in actions]

@@ -14,15 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
-from toolrl.core.reward import (
-    RewardConfig,
-    RewardConfigError,
-    RewardResult,
-    Trajectory,
-    TurnRecord,
-    build_reward,
-)
+from toolrl.core.trajectory import Trajectory, TurnRecord
 from toolrl.core.types import ParseError, ParseResult, ToolCall
+from toolrl.reward import RewardConfig, RewardConfigError, RewardResult, build_reward
 
 
 def rows(*values, ids=None):
@@ -91,7 +85,7 @@ def test_failing_reward_uses_fallback_is_counted_and_logged_once(caplog):
         {"name": "t_fail_on", "alias": "flaky", "kwargs": {"ids": ["s1", "s3"]}, "fallback": -1},
         {"name": "t_value", "kwargs": {"key": "a"}}], "fallback": 0.0})
     trajs = rows(*({"a": 1.0} for _ in range(4)))
-    with caplog.at_level(logging.ERROR, logger="toolrl.core.reward"):
+    with caplog.at_level(logging.ERROR, logger="toolrl.reward.compose"):
         out = fn.score(trajs)
         out2 = fn.score(trajs)
     assert out.components["flaky"] == [1.0, -1.0, 1.0, -1.0]
@@ -197,14 +191,15 @@ def test_trajectory_dict_round_trip_and_pickle():
                    turns=[TurnRecord(action="<tool_call>x", parse=ParseResult(
                        calls=[ToolCall("f", {"a": [1, {"b": 2}]}, id="c1")], text="t",
                        errors=[ParseError("invalid_json", "m", (0, 3))], repaired=True),
-                       tool_errors=[{"type": "timeout", "tool": "f", "message": "slow"}],
+                       errors=[{"type": "timeout", "tool": "f", "message": "slow"}],
                        reward=0.5)],
                    row={"id": 7, "ground_truth": []}, info={"success": True},
-                   final_state={"x": 1}, response_length=12,
+                   final_state={"x": 1}, sampled_tokens=12,
                    tools=[{"type": "function", "function": {"name": "f"}}], format="hermes")
     d = t.to_dict()
     assert Trajectory.from_dict(pickle.loads(pickle.dumps(d))) == t
-    assert Trajectory.from_dict({**d, "finish_reason": "stop"}).extra == {"finish_reason": "stop"}
+    with pytest.raises(ValueError, match="unknown trajectory key"):
+        Trajectory.from_dict({**d, "num_tokens": 12})
     # the composition accepts dicts (as they arrive from a TensorDict NonTensorStack)
     out = build_reward(["success"]).score([d])
     assert out.scores == [1.0]
@@ -214,8 +209,8 @@ def test_trajectories_through_a_tensordict_non_tensor_stack():
     from tensordict import NonTensorStack, TensorDict
 
     trajs = rows({"a": 1.0}, {"a": 2.0}, {"a": 3.0})
-    td = TensorDict({"episodes": NonTensorStack(*[t.to_dict() for t in trajs])}, batch_size=[3])
-    back = list(td[1:]["episodes"])
+    td = TensorDict({"trajectories": NonTensorStack(*trajs)}, batch_size=[3])
+    back = list(td[1:]["trajectories"])
     out = build_reward([{"name": "t_value", "kwargs": {"key": "a"}}]).score(back)
     assert out.scores == [2.0, 3.0]
 
@@ -261,7 +256,7 @@ def test_process_pool_crash_is_a_counted_error_and_the_pool_recovers():
 
 
 def test_pool_needs_a_picklable_reward():
-    from toolrl.core.reward import REWARDS, reward
+    from toolrl.reward import REWARDS, reward
 
     @reward("t_local_only")
     def local(traj):

@@ -18,7 +18,8 @@ EXAMPLE = Path(__file__).parents[2] / "examples" / "custom_reward"
 SCRIPT = r"""
 import json, sys
 from omegaconf import OmegaConf
-from toolrl.core.reward import REWARDS, Trajectory, build_reward
+from toolrl.core.trajectory import Trajectory
+from toolrl.reward import REWARDS, build_reward
 
 cfg = OmegaConf.load(sys.argv[1])
 tools = [{"type": "function", "function": {"name": "f", "parameters": {

@@ -12,8 +12,8 @@ import pytest
 from toolrl.core.env import run_episode
 from toolrl.core.parse import get_format
 from toolrl.core.registration import make_env
-from toolrl.core.reward import Trajectory, build_reward
 from toolrl.core.types import ToolCall
+from toolrl.reward import build_reward
 
 HERMES = get_format("hermes")
 
@@ -54,10 +54,7 @@ def episodes(env_id, rows, policy):
         out = []
         for row in rows:
             kwargs = {} if policy is None else {"policy": policy}
-            ep = asyncio.run(asyncio.wait_for(run_episode(env, row=row, **kwargs), 60))
-            _, info = env.reset(options=row)
-            out.append((ep, Trajectory.from_episode(ep, row, tools=info["tools"],
-                                                    format=info["format"])))
+            out.append(asyncio.run(asyncio.wait_for(run_episode(env, row=row, **kwargs), 60)))
         return out
     finally:
         env.close()
@@ -77,13 +74,13 @@ def fc_rows():
 def test_bfcl_ast_agrees_with_function_calling_success(fc_rows, policy):
     eps = episodes("toolrl/FunctionCalling-v0", fc_rows, POLICIES[policy])
     with build_reward(["bfcl_ast", {"name": "success", "alias": "env_success"}]) as fn:
-        out = fn.score([t for _, t in eps])
-    assert out.components["bfcl_ast"] == [1.0 if ep.success else 0.0 for ep, _ in eps]
+        out = fn.score(eps)
+    assert out.components["bfcl_ast"] == [1.0 if ep.success else 0.0 for ep in eps]
     assert out.components["bfcl_ast"] == out.components["env_success"]
     if policy in ("oracle", "shout", "reversed"):
-        assert all(ep.success for ep, _ in eps)  # normalization and any-order hold end to end
+        assert all(ep.success for ep in eps)  # normalization and any-order hold end to end
     if policy in ("drop_last", "bump_ints", "always_call"):
-        assert not all(ep.success for ep, _ in eps)
+        assert not all(ep.success for ep in eps)
 
 
 def test_malformed_call_fails_bfcl_ast_strictly(fc_rows):
@@ -91,13 +88,12 @@ def test_malformed_call_fails_bfcl_ast_strictly(fc_rows):
         return env.unwrapped.oracle_action() + '<tool_call>{"name": </tool_call>'
 
     eps = episodes("toolrl/FunctionCalling-v0", fc_rows, broken)
-    strict = build_reward(["bfcl_ast"]).score([t for _, t in eps])
-    lenient = build_reward([{"name": "bfcl_ast", "kwargs": {"strict_parse": False}}]).score(
-        [t for _, t in eps])
-    for (ep, traj), s, loose in zip(eps, strict.scores, lenient.scores, strict=True):
+    strict = build_reward(["bfcl_ast"]).score(eps)
+    lenient = build_reward([{"name": "bfcl_ast", "kwargs": {"strict_parse": False}}]).score(eps)
+    for ep, s, loose in zip(eps, strict.scores, lenient.scores, strict=True):
         # BFCL decodes all or nothing: a malformed call fails the turn, and under irrelevance
         # makes it no call at all (a pass); the env judges the same way by default
-        assert s == (1.0 if traj.row["category"] == "irrelevance" else 0.0)
+        assert s == (1.0 if ep.row["category"] == "irrelevance" else 0.0)
         assert s == (1.0 if ep.success else 0.0)
         assert loose == 1.0  # lenient: the oracle's well-formed calls alone are judged
 
@@ -111,18 +107,18 @@ def test_answer_match_and_exec_state_agree_with_env_success():
 
     for policy, expected in ((None, 1.0), (wrong, 0.0)):
         eps = episodes("toolrl/Calculator-v0", calc_rows, policy)
-        out = build_reward(["answer_match", "success"]).score([t for _, t in eps])
+        out = build_reward(["answer_match", "success"]).score(eps)
         assert out.components["answer_match"] == out.components["success"] == [expected] * 6
 
     bank_rows = make_env("toolrl/Bank-v0").unwrapped.make_tasks(3, seed=0)
     eps = episodes("toolrl/Bank-v0", bank_rows, None)
     out = build_reward(["exec_state", "success", "tool_error_penalty", "format"]).score(
-        [t for _, t in eps])
+        eps)
     assert out.components["exec_state"] == out.components["success"] == [1.0] * 3
     assert out.components["format"] == [1.0] * 3
     assert out.components["tool_error_penalty"] == [0.0] * 3
     # an episode's trajectory is plain JSON data (what the remote reward POSTs)
-    wire = [json.loads(json.dumps(t.to_dict())) for _, t in eps]
+    wire = [json.loads(json.dumps(t.to_dict())) for t in eps]
     again = build_reward(["exec_state", "success", "tool_error_penalty", "format"]).score(wire)
     assert again.components == out.components
 
@@ -130,6 +126,6 @@ def test_answer_match_and_exec_state_agree_with_env_success():
         return "Sorry, I cannot help with that."
 
     eps = episodes("toolrl/Bank-v0", bank_rows, quit_early)
-    out = build_reward(["exec_state", "success"]).score([t for _, t in eps])
+    out = build_reward(["exec_state", "success"]).score(eps)
     assert out.components["exec_state"] == out.components["success"] == [0.0] * 3
     assert all(re.match(r"state\.\w+", r) for r in out.reasons["exec_state"])  # says where

@@ -13,7 +13,8 @@ import toolrl.rewards  # noqa: F401
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from toolrl.core.reward import RewardConfigError, Trajectory, build_reward
+from toolrl.core.trajectory import Trajectory
+from toolrl.reward import RewardConfigError, build_reward
 
 
 class Handler(BaseHTTPRequestHandler):

@@ -15,7 +15,8 @@ import pytest
 from toolrl.cli import main
 from toolrl.core.bfcl import CATEGORIES, as_tool_call
 from toolrl.core.parse import get_format
-from toolrl.core.reward import Trajectory, TurnRecord, build_reward
+from toolrl.core.trajectory import Trajectory, TurnRecord
+from toolrl.reward import build_reward
 
 CASES = Path(__file__).parents[1] / "data" / "score_calls_cases.jsonl"
 
@@ -55,15 +56,17 @@ def test_score_calls_matches_every_hand_label(cases, tmp_path, capsys):
 
 
 def test_training_path_through_the_real_parser_gives_the_same_verdicts(cases):
-    """Render each candidate as Hermes tool-call text, let the trajectory parse it with the real
-    parser, score with the composed bfcl_ast reward: every verdict equals the hand label."""
+    """Render each candidate as Hermes tool-call text, parse it with the real parser (as the env
+    does, once per turn), score with the composed bfcl_ast reward: every verdict equals the hand
+    label."""
     hermes = get_format("hermes")
     trajs = []
     for c in cases:
         calls = [as_tool_call(x) for x in c["candidate"]]
         text = hermes.render(calls, text="Let me check. ")
         trajs.append(Trajectory(
-            messages=[{"role": "assistant", "content": text}], turns=[TurnRecord(action=text)],
+            messages=[{"role": "assistant", "content": text}],
+            turns=[TurnRecord(action=text, parse=hermes.parse(text))],
             row={"id": c["id"], "category": c["category"], "ground_truth": c["ground_truth"]},
             tools=c["tools"], format="hermes"))
     with build_reward({"rewards": [{"name": "bfcl_ast"},

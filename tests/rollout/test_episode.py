@@ -26,7 +26,9 @@ from toolrl.core.env import ToolEnv, Turn
 from toolrl.core.parse import ToolCallFormat, get_format
 from toolrl.core.registration import register_env
 from toolrl.core.tools import tool
+from toolrl.core.trajectory import Trajectory
 from toolrl.core.types import ParseResult, ToolCall
+from toolrl.reward import build_reward
 from toolrl.rollout.engine import EngineConfig, SamplingConfig
 from toolrl.rollout.episode import EpisodeConfig, EpisodeRunner, TurnOutput
 from toolrl.rollout.worker import (
@@ -112,8 +114,9 @@ def worker(tiny_model_dir):
     config = RolloutConfig(
         engine=EngineConfig(model=str(tiny_model_dir), max_model_len=MAX_PROMPT + MAX_RESPONSE,
                             kv_cache_gib=0.25, multiprocessing=False),
-        sampling=SamplingConfig(max_tokens=24), max_prompt_len=MAX_PROMPT,
-        max_response_len=MAX_RESPONSE, env_id="toolrl/Calculator-v0", concurrency=16, seed=0)
+        max_tokens_per_turn=24, max_prompt_tokens=MAX_PROMPT,
+        max_total_tokens=MAX_PROMPT + MAX_RESPONSE, max_turns=32, env_id="toolrl/Calculator-v0",
+        concurrency=16, seed=0)
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     w = RolloutWorker(config)
     default_runner = w.runner
@@ -147,9 +150,9 @@ def runner_as(worker):
 
 
 def sample(td, i: int) -> dict:
-    """Unpadded tensors and the record of sample ``i``."""
-    rec = B.get_non_tensor(td, B.EPISODES)[i]
-    n = rec["response_len"]
+    """Unpadded tensors and the trajectory of sample ``i``."""
+    rec = B.trajectories(td)[i]
+    n = rec.response_tokens
     p_mask = td[B.ATTENTION_MASK][i, :MAX_PROMPT].bool()
     return {"rec": rec, "prompt": td[B.PROMPTS][i][p_mask].tolist(),
             "response": td[B.RESPONSES][i, :n].tolist(),
@@ -173,8 +176,8 @@ def assert_engine_logprobs_match_hf(hf, s: dict) -> None:
 def assert_mask_is_exactly_the_sampled_turns(s: dict) -> None:
     mask, rec = s["mask"], s["rec"]
     sampled = set()
-    for t in rec["turns"]:
-        sampled.update(range(t["start"], t["end"]))
+    for t in rec.turns:
+        sampled.update(range(*t.action_span))
     assert {j for j, m in enumerate(mask) if m} == sampled
     assert all(s["logp"][j] == 0.0 for j, m in enumerate(mask) if not m)
     assert all(s["logp"][j] < 0.0 for j, m in enumerate(mask) if m)
@@ -190,29 +193,55 @@ def test_multi_turn_calculator_masks_log_probs_and_tokens(worker, hf, runner_as)
     for i in range(3):
         s = sample(td, i)
         rec = s["rec"]
-        assert rec["finish_reason"] == "terminated" and rec["success"] is True
-        assert rec["num_turns"] == 3 and rec["turn_rewards"] == [0.0, 0.0, 1.0]
-        assert [c["name"] for t in rec["turns"] for c in t["calls"]] == \
-            [op for op, _, _ in rows[i]["plan"]] + ["submit"]
+        assert rec.finish_reason == "terminated" and rec.success is True
+        assert rec.num_turns == 3 and [t.env_reward for t in rec.turns] == [0.0, 0.0, 1.0]
+        assert [c.name for c in rec.calls] == [op for op, _, _ in rows[i]["plan"]] + ["submit"]
+        assert [r.name for t in rec.turns for r in t.results] == [c.name for c in rec.calls]
+        assert rec.tokens is None  # the batch holds the tokens; the spans index its rows
         assert_mask_is_exactly_the_sampled_turns(s)
         # every tool-result token has mask 0, and the tool results are really there
-        results = [m for m in rec["messages"] if m["role"] == "tool"]
-        for t, result, (op, _, _) in zip(rec["turns"], results, rows[i]["plan"], strict=False):
-            obs = s["response"][t["obs_start"]: t["obs_end"]]
-            assert set(s["mask"][t["obs_start"]: t["obs_end"]]) == {0}
+        results = [m for m in rec.messages if m["role"] == "tool"]
+        for t, result, (op, _, _) in zip(rec.turns, results, rows[i]["plan"], strict=False):
+            obs = s["response"][slice(*t.observation_span)]
+            assert set(s["mask"][slice(*t.observation_span)]) == {0}
             assert result["name"] == op
             assert f"<tool_response>{result['content']}</tool_response>" in tok.decode(obs)
         # token-in/token-out: the same ids as one render of the conversation up to the last
         # model turn (the final tool result is in the messages, not in the tokens)
-        last = max(j for j, m in enumerate(rec["messages"]) if m["role"] == "assistant")
-        assert rec["messages"][last + 1:] == [
+        last = max(j for j, m in enumerate(rec.messages) if m["role"] == "assistant")
+        assert rec.messages[last + 1:] == [
             {"role": "tool", "name": "submit", "content": "submitted"}]
-        full = tok.apply_chat_template(rec["messages"][: last + 1], tools=rec["tools"],
+        full = tok.apply_chat_template(rec.messages[: last + 1], tools=rec.tools,
                                        return_dict=False)
         ids = s["prompt"] + s["response"]
         assert full[: len(ids)] == ids and tok.decode(full[len(ids):]) == "\n"
         assert_engine_logprobs_match_hf(hf, s)
-    json.dumps(B.get_non_tensor(td, B.EPISODES))  # records are plain JSON
+    for t in B.trajectories(td):  # records are plain JSON, and come back equal
+        assert Trajectory.from_dict(json.loads(json.dumps(t.to_dict()))) == t
+
+
+def test_each_action_is_parsed_once_per_turn(worker, runner_as, monkeypatch):
+    """A 3-turn episode, then every reward that reads calls: three parses in all, the env's."""
+    calls = []
+    parse = ToolCallFormat.parse
+
+    def counted(self, text):
+        calls.append(text)
+        return parse(self, text)
+
+    monkeypatch.setattr(ToolCallFormat, "parse", counted)
+    runner = runner_as(OracleRunner)
+    row = CalculatorEnv.make_tasks(1, seed=1, difficulty=2)[0]
+    env = worker.make_env(row)
+    traj = asyncio.run(runner.run(env, row, seed=0))
+    env.close()
+    assert traj.num_turns == 3 and traj.success
+    assert calls == [t.action for t in traj.turns]
+    with build_reward(["format", "answer_match", "success", "tool_error_penalty",
+                       "turn_penalty"]) as fn:
+        out = fn.score([traj])
+    assert out.components["format"] == out.components["answer_match"] == [1.0]
+    assert calls == [t.action for t in traj.turns]  # the rewards parsed nothing again
 
 
 def test_free_sampling_groups(worker, hf):
@@ -223,16 +252,16 @@ def test_free_sampling_groups(worker, hf):
     responses = []
     for i in range(6):
         s = sample(td, i)
-        assert s["rec"]["finish_reason"] in ("terminated", "truncated", "length")
+        assert s["rec"].finish_reason in ("terminated", "truncated", "length")
         assert_mask_is_exactly_the_sampled_turns(s)
         assert_engine_logprobs_match_hf(hf, s)
         responses.append(tuple(s["response"]))
     assert len(set(responses[:3])) == 3  # samples of one group differ (per-episode seeds)
     assert td[B.POLICY_VERSION].tolist() == [worker.engine.weight_version] * 6
     metrics = rollout_metrics(td)
-    records = B.get_non_tensor(td, B.EPISODES)
+    records = B.trajectories(td)
     assert metrics["rollout/sampled_tokens"] == td[B.RESPONSE_MASK].sum().item()
-    assert metrics["rollout/turns_mean"] == sum(r["num_turns"] for r in records) / 6
+    assert metrics["rollout/turns_mean"] == sum(r.num_turns for r in records) / 6
     assert sum(v for k, v in metrics.items() if k.startswith("rollout/finish_")) == \
         pytest.approx(1.0)
     # prompts are left-padded, responses right-padded
@@ -246,8 +275,11 @@ def test_response_budget_ends_a_turn_with_length(worker):
                                          max_response_len=10))
     env = worker.make_env({"env": "toolrl/Calculator-v0"})
     result = asyncio.run(runner.run(env, CalculatorEnv.make_tasks(1, seed=3)[0], seed=1))
-    assert result.finish_reason == "length"
-    assert len(result.response_ids) == 10 and result.response_mask == [1] * 10
+    assert result.finish_reason == "length" and result.num_turns == 1
+    assert len(result.tokens.response_ids) == 10 and result.tokens.response_mask == [1] * 10
+    # the env never saw the cut turn; the runner parsed it once, with the env's format
+    turn = result.turns[0]
+    assert turn.parse == get_format("hermes").parse(turn.action) and turn.results == []
 
 
 @pytest.mark.parametrize("overflow", ["stop", "truncate"])
@@ -261,8 +293,10 @@ def test_an_observation_that_does_not_fit_ends_with_context(worker, runner_as, o
     result = asyncio.run(runner.run(env, row, seed=0))
     assert result.finish_reason == "context" and result.num_turns == 1
     expected = first_turn if overflow == "stop" else first_turn + 5
-    assert len(result.response_ids) == expected
-    assert result.response_mask == [1] * first_turn + [0] * (expected - first_turn)
+    assert len(result.tokens.response_ids) == expected
+    assert result.tokens.response_mask == [1] * first_turn + [0] * (expected - first_turn)
+    span = result.turns[0].observation_span
+    assert span == (None if overflow == "stop" else (first_turn, expected))
 
 
 def test_bad_rows_become_error_records_and_the_batch_goes_on(worker):
@@ -270,10 +304,11 @@ def test_bad_rows_become_error_records_and_the_batch_goes_on(worker):
     no_truth = {"id": "bad", "question": "What is 1 plus 1?"}
     unknown_env = {"id": "nowhere", "env": "toolrl/NoSuchEnv-v0", "question": "hi"}
     td = worker.rollout(make_rollout_input([good, no_truth, unknown_env]))
-    recs = B.get_non_tensor(td, B.EPISODES)
-    assert recs[0]["finish_reason"] != "error"
-    assert recs[1]["finish_reason"] == "error" and "ground_truth" in recs[1]["error"]
-    assert recs[2]["finish_reason"] == "error" and "NoSuchEnv" in recs[2]["error"]
+    recs = B.trajectories(td)
+    assert recs[0].finish_reason != "error"
+    assert recs[1].finish_reason == "error" and "ground_truth" in recs[1].error
+    assert recs[2].finish_reason == "error" and "NoSuchEnv" in recs[2].error
+    assert [r.row for r in recs] == [good, no_truth, unknown_env]
     assert td[B.RESPONSE_MASK][1:].sum() == 0
 
 
@@ -281,9 +316,9 @@ def test_episodes_overlap_while_tools_wait(worker):
     rows = [dict(r, env="toolrl-test/Latency-v0") for r in LatencyEnv.make_tasks(8)]
     LatencyEnv.max_inflight = 0
     td = worker.rollout(make_rollout_input(rows))
-    recs = B.get_non_tensor(td, B.EPISODES)
-    assert all(r["num_turns"] == 2 and r["finish_reason"] == "terminated" for r in recs)
-    assert all(lat >= 0.3 for r in recs for t in r["turns"] for lat in t["latencies"])
+    recs = B.trajectories(td)
+    assert all(r.num_turns == 2 and r.finish_reason == "terminated" for r in recs)
+    assert all(out.latency >= 0.3 for r in recs for t in r.turns for out in t.results)
     assert LatencyEnv.max_inflight > 1  # one episode's tool wait did not block the others
     worker.config.concurrency = 1
     try:
@@ -309,7 +344,7 @@ def test_load_weights_bumps_the_policy_version(worker, hf):
     assert version == worker.policy_version() == worker.engine.weight_version
     td = worker.rollout(make_rollout_input(CalculatorEnv.make_tasks(1, seed=6)))
     assert td[B.POLICY_VERSION].tolist() == [version]
-    assert B.get_non_tensor(td, B.EPISODES)[0]["policy_version"] == version
+    assert B.trajectories(td)[0].policy_version == version
     assert worker.check_health()
 
 
@@ -332,9 +367,9 @@ def test_two_stage_example_think_then_call(worker, hf, runner_as):
         s = sample(td, i)
         assert_engine_logprobs_match_hf(hf, s)
         assert all(s["logp"][j] == 0.0 for j, m in enumerate(s["mask"]) if not m)
-        for t in s["rec"]["turns"]:
-            ids = s["response"][t["start"]: t["end"]]
-            mask = s["mask"][t["start"]: t["end"]]
+        for t in s["rec"].turns:
+            ids = s["response"][slice(*t.action_span)]
+            mask = s["mask"][slice(*t.action_span)]
             runs = [(m, j) for j, m in enumerate(mask) if j == 0 or mask[j - 1] != m]
             # inserted <think> | sampled thought | inserted (</think>) + prefix | sampled call
             assert [m for m, _ in runs] == [0, 1, 0, 1]
@@ -342,4 +377,4 @@ def test_two_stage_example_think_then_call(worker, hf, runner_as):
             assert ids[a:b] == think_open
             assert ids[c:d][-len(transition):] == transition
             assert tok.decode(ids[:d]).endswith("</think>\n<tool_call>")
-            assert t["text"].startswith("<think>")
+            assert t.action.startswith("<think>")

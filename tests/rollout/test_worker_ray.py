@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM
 
 from toolrl import batch as B
 from toolrl.controller import RayResourcePool, RayWorkerGroup
-from toolrl.rollout.engine import EngineConfig, SamplingConfig
+from toolrl.rollout.engine import EngineConfig
 from toolrl.rollout.worker import RolloutConfig, RolloutWorker, make_rollout_input
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
@@ -20,7 +20,7 @@ def test_rollout_worker_in_a_ray_group(ray_cluster, tiny_model_dir):
     config = RolloutConfig(
         engine=EngineConfig(model=str(tiny_model_dir), max_model_len=768, kv_cache_gib=0.25,
                             multiprocessing=False),
-        sampling=SamplingConfig(max_tokens=16), max_prompt_len=512, max_response_len=256,
+        max_tokens_per_turn=16, max_prompt_tokens=512, max_total_tokens=768, max_turns=32,
         env_id="toolrl/Calculator-v0", concurrency=8)
     pool = RayResourcePool([1], name="rollout-test", cpus_per_process=0.5)
     group = RayWorkerGroup(pool, RolloutWorker, config, call_timeout_s=600,
@@ -34,9 +34,9 @@ def test_rollout_worker_in_a_ray_group(ray_cluster, tiny_model_dir):
         assert td.batch_size == torch.Size([6])
         assert td[B.RESPONSES].shape == (6, 256) and td[B.PROMPTS].shape == (6, 512)
         assert B.get_non_tensor(td, B.UID) == [r["id"] for r in rows for _ in range(2)]
-        records = B.get_non_tensor(td, B.EPISODES)
-        assert [r["task_id"] for r in records] == [r["id"] for r in rows for _ in range(2)]
-        assert all(r["num_sampled_tokens"] == int(m.sum())
+        records = B.trajectories(td)
+        assert [r.id for r in records] == [r["id"] for r in rows for _ in range(2)]
+        assert all(r.sampled_tokens == int(m.sum())
                    for r, m in zip(records, td[B.RESPONSE_MASK], strict=True))
 
         model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)

@@ -9,6 +9,7 @@ import pytest
 from trainer_runs import run_training_in_process, small_run_overrides
 
 from toolrl.cli import main
+from toolrl.core.trajectory import Trajectory
 from toolrl.data.bfcl import load_bfcl
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -67,7 +68,10 @@ def test_mixed_run_logs_per_env_metrics_and_eval_writes_bfcl_table(
     assert "reward/test_digit_fraction" in keys and "reward/toolcall_fine" not in keys
     dumped = [json.loads(line) for line in (run / "rollouts" / "step_2.jsonl").read_text()
               .splitlines()]
-    assert dumped
+    assert dumped  # each line: the episode's Trajectory and the reward it got
+    trajs = [Trajectory.from_dict({k: v for k, v in d.items() if k != "reward"}) for d in dumped]
+    assert all(t.row.get("id") and t.turns for t in trajs)
+    assert len({t.policy_version for t in trajs}) == 1  # one batch, one version of weights
 
     val = tmp_path / "bfcl_val.jsonl"
     val.write_text("".join(json.dumps(r) + "\n" for r in bfcl_rows(tmp_path)))

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from toolrl.core.reward import Trajectory
+from toolrl.core.trajectory import Trajectory, TurnRecord
 from toolrl.rollout.worker import row_env
 from toolrl.trainer.config import ConfigError, MixtureSource, load_config
 from toolrl.trainer.evaluate import result_tables, summarize
@@ -50,10 +50,8 @@ def test_row_env_applies_the_config_kwargs_to_their_own_env_only():
 
 
 def traj(env_row, success, text="7"):
-    from toolrl.core.reward import TurnRecord
-
-    return Trajectory(turns=[TurnRecord(action=text)], row=env_row,
-                      info={"success": success})
+    return Trajectory(turns=[TurnRecord(action=text)], row=env_row, success=success,
+                      info={"success": success}, sampled_tokens=len(text))
 
 
 def test_reward_sets_score_each_env_with_its_own_set():
@@ -76,8 +74,8 @@ def test_reward_sets_score_each_env_with_its_own_set():
 
 
 def test_success_by_and_config_keys(tmp_path):
-    episodes = [{"success": s} for s in (True, False, True, True)]
-    assert success_by("val/success", episodes, [FC, FC, BANK, CALC]) == {
+    trajs = [traj({}, s) for s in (True, False, True, True)]
+    assert success_by("val/success", trajs, [FC, FC, BANK, CALC]) == {
         f"val/success/{FC}": 0.5, f"val/success/{BANK}": 1.0, f"val/success/{CALC}": 1.0}
     cfg = load_config("configs/function_calling_mixed.yaml")
     assert [s.env for s in cfg.data.mixture] == [BANK, CALC]
@@ -97,8 +95,8 @@ def test_summarize_reports_categories_envs_and_bfcl_averages():
             + [{"category": "simple"}] * 2  # toolrl's own category: not a BFCL row
             + [{"category": "d1", "env": CALC}] * 2)
     wins = [True, True, True, False, True, False, True, True, False, True]
-    episodes = [{"success": w} for w in wins]
-    results = summarize(episodes, rows, [float(w) for w in wins], FC)
+    trajs = [traj(row, w) for row, w in zip(rows, wins, strict=True)]
+    results = summarize(trajs, [float(w) for w in wins], FC)
     assert results["num_tasks"] == 10 and results["success"] == 0.7
     assert results["per_category"]["simple_python"] == {"n": 4, "success": 0.75,
                                                         "reward_mean": 0.75}
@@ -112,5 +110,5 @@ def test_summarize_reports_categories_envs_and_bfcl_averages():
     titles = [t.title for t in result_tables(results)]
     assert titles[:3] == ["eval by category", "eval by env", "BFCL categories"]
     assert "BFCL live" in titles
-    single = summarize(episodes[:2], rows[6:8], [1.0, 1.0], FC)
+    single = summarize(trajs[6:8], [1.0, 1.0], FC)
     assert "per_env" not in single and "bfcl" not in single

@@ -25,8 +25,8 @@ from toolrl.trainer.pipeline import (
     RolloutFailedError,
     with_tis_default,
 )
+from toolrl.trainer.run import run_training
 from toolrl.trainer.tracking import read_metrics
-from toolrl.trainer.trainer import run_training
 from toolrl.workers.actor import ActorWorker
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -153,14 +153,14 @@ def test_pipeline_bounds_staleness_syncs_the_actors_weights_and_resumes(
 
     # resumed from step 2: batch 3 is generated again from the same task rows, on the restored
     # weights (pushed to the engine at restore, so the batch is on-policy)
-    first_tasks = [d["task_id"] for d in _dumped(out, 3)]
+    first_tasks = [d["row"]["id"] for d in _dumped(out, 3)]
     resumed = PipelineTrainer(load_config(CONFIG, overrides(tiny_model_dir, out, **{
         "trainer.total_steps": 3, "trainer.save_every": 2, "actor.lr": 1e-3})))
     try:
         resumed.fit()
     finally:
         resumed.close()
-    assert [d["task_id"] for d in _dumped(out, 3)] == first_tasks
+    assert [d["row"]["id"] for d in _dumped(out, 3)] == first_tasks
     row = read_metrics(out / "metrics.jsonl")[-1]
     assert row["step"] == 3 and row["pipeline/staleness_max"] == 0.0
 

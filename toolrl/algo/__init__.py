@@ -1,4 +1,4 @@
-"""Pure RL math on tensors: advantage estimators, policy/value losses, KL estimators.
+"""Pure RL math on tensors: credit assignment, advantage estimators, policy/value losses, KL.
 
 Nothing here knows about Ray, workers or TensorDict: every function takes and returns
 ``torch.Tensor`` (``[B, R]`` per response token) so it can be unit-tested by hand.
@@ -10,6 +10,7 @@ from toolrl.algo.advantage import (
     compute_advantage,
     register_advantage,
 )
+from toolrl.algo.credit import place_rewards
 from toolrl.algo.kl import KL_KINDS, apply_kl_in_reward, kl_penalty
 from toolrl.algo.loss import (
     AGG_MODES,
@@ -50,6 +51,7 @@ __all__ = [
     "masked_sum",
     "masked_var",
     "masked_whiten",
+    "place_rewards",
     "register_advantage",
     "register_policy_loss",
     "value_loss",

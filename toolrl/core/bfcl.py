@@ -42,13 +42,12 @@ BFCL categories toolrl cannot score (Java/JavaScript, multi-turn, agentic) are a
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from toolrl.core.types import ParseResult, ToolCall
+from toolrl.core.types import ParseResult, ToolCall, as_tool_call
 
 # --- categories ------------------------------------------------------------------------------
 CATEGORIES = ("simple", "multiple", "parallel", "parallel_multiple", "irrelevance")
@@ -151,30 +150,6 @@ def tool_schemas(tools: Sequence[Mapping[str, Any]] | None) -> dict[str, dict[st
             raise ValueError(f"tool {fn['name']!r}: 'parameters' must be an object")
         out[fn["name"]] = dict(params)
     return out
-
-
-def as_tool_call(obj: ToolCall | Mapping[str, Any]) -> ToolCall:
-    """A ToolCall from a ToolCall, ``{"name", "arguments"}`` or OpenAI ``{"function": {...}}``.
-
-    ``arguments`` may be a JSON string (OpenAI style); it is decoded.
-    """
-    if isinstance(obj, ToolCall):
-        return obj
-    if not isinstance(obj, Mapping):
-        raise ValueError(f"a call must be an object with 'name' and 'arguments', got {obj!r}")
-    fn = obj["function"] if isinstance(obj.get("function"), Mapping) else obj
-    name = fn.get("name")
-    if not isinstance(name, str):
-        raise ValueError(f"a call needs a string 'name', got {obj!r}")
-    args = fn.get("arguments", {})
-    if isinstance(args, str):
-        try:
-            args = json.loads(args) if args.strip() else {}
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"call {name!r}: arguments are not valid JSON: {exc}") from None
-    if args is None:
-        args = {}
-    return ToolCall(name=name, arguments=args, id=obj.get("id"))
 
 
 def parse_ground_truth(ground_truth: Sequence[Any]) -> list[tuple[str, dict[str, list[Any]]]]:

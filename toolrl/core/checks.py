@@ -23,8 +23,9 @@ from typing import Any
 
 import jsonschema
 
-from toolrl.core.env import Episode, run_episode
+from toolrl.core.env import run_episode
 from toolrl.core.registration import ensure_registered, make_env
+from toolrl.core.trajectory import Trajectory
 from toolrl.registry import RegistryError
 
 __all__ = ["CheckReport", "CheckResult", "check_tool_env"]
@@ -58,11 +59,11 @@ class CheckReport:
         return "\n".join(lines)
 
 
-def _fingerprint(ep: Episode) -> dict[str, Any]:
+def _fingerprint(ep: Trajectory) -> dict[str, Any]:
     """What must be identical between two plays of one episode (timings excluded)."""
-    return {"messages": ep.messages, "rewards": ep.rewards, "success": ep.success,
-            "state": ep.state, "terminated": ep.terminated, "truncated": ep.truncated,
-            "errors": ep.errors}
+    return {"messages": ep.messages, "rewards": [t.env_reward for t in ep.turns],
+            "success": ep.success, "state": ep.final_state, "finish": ep.finish_reason,
+            "errors": [t.errors for t in ep.turns]}
 
 
 def _check_gymnasium(env_id: str, kwargs: dict[str, Any]) -> CheckResult:
@@ -106,7 +107,7 @@ def _check_schemas(tools: list[dict[str, Any]]) -> CheckResult:
     return CheckResult("tool schemas", True, f"{len(names)} tools")
 
 
-def _check_round_trip(env: Any, ep: Episode) -> CheckResult:
+def _check_round_trip(env: Any, ep: Trajectory) -> CheckResult:
     parser = env.unwrapped.parser
     for message in ep.messages:
         if message["role"] != "assistant":
@@ -139,7 +140,7 @@ def check_tool_env(env_id: str, *, seed: int = 0,
         return report
     report.results.append(_run(lambda: _check_gymnasium(env_id, kwargs), "gymnasium check_env"))
 
-    def play(env: Any, **options: Any) -> Episode:
+    def play(env: Any, **options: Any) -> Trajectory:
         return asyncio.run(run_episode(env, **options))
 
     def episodes() -> list[CheckResult]:
@@ -162,7 +163,7 @@ def check_tool_env(env_id: str, *, seed: int = 0,
             reused = [play(a, row=rows[0]), play(a, row=rows[1])]
             fresh = play(b, row=rows[1])
 
-            async def both() -> list[Episode]:
+            async def both() -> list[Trajectory]:
                 return list(await asyncio.gather(run_episode(c, row=rows[0]),
                                                  run_episode(b, row=rows[1])))
 

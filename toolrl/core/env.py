@@ -27,7 +27,7 @@ import copy
 import dataclasses
 import inspect
 import string
-import threading
+import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
@@ -38,18 +38,19 @@ from gymnasium import spaces
 
 from toolrl.core.parse import ToolCallFormat, get_format
 from toolrl.core.tools import Tool, ToolResult, error_observation, make_error
+from toolrl.core.trajectory import Trajectory, TurnRecord
 from toolrl.core.types import ParseResult, ToolCall
 
 __all__ = [
-    "BackgroundLoop",
-    "Episode",
     "MessagesSpace",
     "OracleUnavailable",
+    "SubmitAnswer",
     "ToolEnv",
     "Turn",
     "oracle_policy",
     "resolve_astep",
     "run_episode",
+    "submit_tool",
 ]
 
 PRINTABLE = string.printable
@@ -117,75 +118,6 @@ class Turn:
     messages: list[Message] = field(default_factory=list)
     terminated: bool = False
     reward: float | None = None
-
-
-class BackgroundLoop:
-    """An asyncio loop on a daemon thread, for resources that outlive one caller's loop (an
-    MCP session, a local server). `run` awaits a coroutine on it from any loop; `run_sync`
-    blocks. Started lazily, stopped by `stop`."""
-
-    def __init__(self, name: str = "toolrl-bg") -> None:
-        self.name = name
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
-
-    @property
-    def loop(self) -> asyncio.AbstractEventLoop:
-        with self._lock:
-            if self._loop is None:
-                loop = asyncio.new_event_loop()
-                ready = threading.Event()
-
-                def main() -> None:
-                    asyncio.set_event_loop(loop)
-                    loop.call_soon(ready.set)
-                    loop.run_forever()
-
-                self._thread = threading.Thread(target=main, name=self.name, daemon=True)
-                self._thread.start()
-                ready.wait()
-                self._loop = loop
-            return self._loop
-
-    @property
-    def started(self) -> bool:
-        return self._loop is not None
-
-    def call_soon(self, callback: Callable[[], Any]) -> None:
-        """Schedule a plain callback on the loop (thread-safe)."""
-        self.loop.call_soon_threadsafe(callback)
-
-    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop)
-
-    async def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Await ``coro`` on the background loop (cancelling the caller cancels it there)."""
-        try:
-            if asyncio.get_running_loop() is self._loop:
-                return await coro
-        except RuntimeError:
-            pass
-        return await asyncio.wrap_future(self.submit(coro))
-
-    def run_sync(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
-        future = self.submit(coro)
-        try:
-            return future.result(timeout)
-        except concurrent.futures.TimeoutError:
-            future.cancel()
-            raise TimeoutError(f"{self.name}: no result within {timeout} s") from None
-
-    def stop(self, timeout: float = 10.0) -> None:
-        with self._lock:
-            loop, thread, self._loop, self._thread = self._loop, self._thread, None, None
-        if loop is None:
-            return
-        loop.call_soon_threadsafe(loop.stop)
-        if thread is not None:
-            thread.join(timeout)
-        if not loop.is_running():
-            loop.close()
 
 
 class ToolEnv(gym.Env[list, str]):
@@ -374,8 +306,9 @@ class ToolEnv(gym.Env[list, str]):
                             f"{type(action).__name__}")
         self.turn += 1
         self.messages.append({"role": "assistant", "content": action})
-        parse = self.parser.parse(action)
-        skipped = len(parse.calls) - self.max_calls_per_turn
+        parsed = self.parser.parse(action)  # the turn's one parse (rewards read it)
+        skipped = len(parsed.calls) - self.max_calls_per_turn
+        parse = parsed
         if skipped > 0:  # the turn's calls are the ones that ran
             parse = dataclasses.replace(parse, calls=parse.calls[:self.max_calls_per_turn])
         if len(parse.calls) == 1:  # the common case: no task to schedule, no loop round trip
@@ -400,8 +333,9 @@ class ToolEnv(gym.Env[list, str]):
             errors.append(make_error("parse_error", None, perr.message))
         turn = self.on_turn(parse, results)
         observation.extend(turn.messages)
-        info: dict[str, Any] = {"calls": list(parse.calls), "parse": parse, "errors": errors,
-                                "latencies": [r.latency for r in results], "turn": self.turn}
+        info: dict[str, Any] = {"calls": list(parse.calls), "parse": parsed, "results": results,
+                                "errors": errors, "latencies": [r.latency for r in results],
+                                "turn": self.turn}
         reward = 0.0
         if turn.reward is not None:
             info["turn_reward"] = float(turn.reward)
@@ -469,6 +403,42 @@ class ToolEnv(gym.Env[list, str]):
         return self.parser.render(calls, text)
 
 
+def submit_tool(answer_type: type = float) -> Tool:
+    """A ``submit(answer)`` tool for a `SubmitAnswer` env: it records ``self.submitted``.
+
+    Assign it in the class body where the tool should be listed (tools are offered in
+    definition order): ``submit = submit_tool(float)`` (or ``str`` for a text answer).
+    """
+
+    def submit(self: Any, answer: Any) -> str:
+        """Submit the final answer.
+
+        Args:
+            answer: the answer
+        """
+        self.submitted = answer
+        return "submitted"
+
+    submit.__annotations__ = {"answer": answer_type, "return": str}
+    return Tool.from_function(submit, inline=True)
+
+
+class SubmitAnswer(ToolEnv):
+    """A `ToolEnv` whose episode ends when the model submits an answer (a `submit_tool` call
+    that succeeded) or writes a message without any call. ``self.submitted`` holds the answer
+    (None before a submit); the state snapshot is ``{"submitted": ...}``."""
+
+    submitted: Any = None
+
+    def on_turn(self, parse: ParseResult, results: list[ToolResult]) -> Turn:
+        submitted = any(c.name == "submit" and r.ok
+                        for c, r in zip(parse.calls, results, strict=True))
+        return Turn(terminated=submitted or (not parse.calls and not parse.errors))
+
+    def state_snapshot(self) -> dict[str, Any]:
+        return {"submitted": self.submitted}
+
+
 # --- running episodes --------------------------------------------------------------------------
 Policy = Callable[[Any, list[Message]], "str | Awaitable[str]"]
 
@@ -491,55 +461,33 @@ def oracle_policy(env: gym.Env, messages: list[Message]) -> str:
     return env.unwrapped.oracle_action()
 
 
-@dataclass
-class Episode:
-    """A finished episode: the transcript and what the env reported."""
-
-    messages: list[Message]
-    rewards: list[float]
-    infos: list[dict[str, Any]]
-    success: bool
-    state: dict[str, Any]
-    terminated: bool
-    truncated: bool
-
-    @property
-    def total_reward(self) -> float:
-        return float(sum(self.rewards))
-
-    @property
-    def errors(self) -> list[dict[str, Any]]:
-        return [e for info in self.infos for e in info.get("errors", [])]
-
-
 async def run_episode(env: gym.Env, policy: Policy = oracle_policy, *,
                       row: dict[str, Any] | None = None, seed: int | None = None,
-                      max_steps: int = 100) -> Episode:
-    """Play one episode with ``policy(env, messages) -> action`` (sync or async).
+                      max_steps: int = 100) -> Trajectory:
+    """Play one episode with ``policy(env, messages) -> action`` (sync or async) and return
+    its `Trajectory` (no tokens: the policy speaks text).
 
     The default policy is the env's scripted oracle, which makes correct transcripts for tests
     and for a supervised warm start.
     """
-    observation, _ = env.reset(seed=seed, options=row)
-    messages = list(observation)
+    observation, info = env.reset(seed=seed, options=row)
+    base = env.unwrapped
+    traj = Trajectory(messages=list(observation), row=copy.deepcopy(base.row or {}),
+                      tools=list(info.get("tools") or []), format=info.get("format"), seed=seed)
     astep = resolve_astep(env)
-    rewards: list[float] = []
-    infos: list[dict[str, Any]] = []
-    terminated = truncated = False
     for _ in range(max_steps):
-        action = policy(env, messages)
+        action = policy(env, traj.messages)
         if inspect.isawaitable(action):
             action = await action
-        messages.append({"role": "assistant", "content": action})
+        traj.messages.append({"role": "assistant", "content": action})
+        start = time.perf_counter()
         observation, reward, terminated, truncated, info = await astep(action)
-        messages.extend(observation)
-        rewards.append(float(reward))
-        infos.append(info)
+        turn = TurnRecord.from_step(action, reward, info)
+        turn.env_s = time.perf_counter() - start
+        traj.turns.append(turn)
+        traj.messages.extend(observation)
         if terminated or truncated:
-            break
-    else:
-        raise RuntimeError(f"episode did not end within {max_steps} steps")
-    base = env.unwrapped
-    return Episode(messages=messages, rewards=rewards, infos=infos,
-                   success=bool(infos[-1].get("success", False)),
-                   state=base.state_snapshot(), terminated=terminated, truncated=truncated)
+            traj.finish("terminated" if terminated else "truncated", info,
+                        base.state_snapshot())
+            return traj
+    raise RuntimeError(f"episode did not end within {max_steps} steps")

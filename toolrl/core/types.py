@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +28,31 @@ class ToolCall:
         return out
 
 
+def as_tool_call(obj: ToolCall | Mapping[str, Any]) -> ToolCall:
+    """A ToolCall from a ToolCall, ``{"name", "arguments", "id"}`` or OpenAI
+    ``{"function": {...}}``.
+
+    ``arguments`` may be a JSON string (OpenAI style); it is decoded.
+    """
+    if isinstance(obj, ToolCall):
+        return obj
+    if not isinstance(obj, Mapping):
+        raise ValueError(f"a call must be an object with 'name' and 'arguments', got {obj!r}")
+    fn = obj["function"] if isinstance(obj.get("function"), Mapping) else obj
+    name = fn.get("name")
+    if not isinstance(name, str):
+        raise ValueError(f"a call needs a string 'name', got {obj!r}")
+    args = fn.get("arguments", {})
+    if isinstance(args, str):
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"call {name!r}: arguments are not valid JSON: {exc}") from None
+    if args is None:
+        args = {}
+    return ToolCall(name=name, arguments=args, id=obj.get("id"))
+
+
 @dataclass(frozen=True)
 class ParseError:
     """A structured reason why part of a message was not a valid tool call."""
@@ -47,6 +74,25 @@ class ParseResult:
     @property
     def ok(self) -> bool:
         return not self.errors
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON data; `from_dict` restores an equal ParseResult."""
+        return {"calls": [{"name": c.name, "arguments": c.arguments, "id": c.id}
+                          for c in self.calls],
+                "text": self.text, "repaired": self.repaired,
+                "errors": [{"kind": e.kind, "message": e.message,
+                            "span": None if e.span is None else list(e.span)}
+                           for e in self.errors]}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ParseResult:
+        errors = [ParseError(kind=e["kind"], message=e.get("message", ""),
+                             span=None if e.get("span") is None else
+                             (int(e["span"][0]), int(e["span"][1])))
+                  for e in data.get("errors") or []]
+        return cls(calls=[as_tool_call(c) for c in data.get("calls") or []],
+                   text=data.get("text") or "", errors=errors,
+                   repaired=bool(data.get("repaired", False)))
 
 
 # Typed error kinds an episode reports in ``info["errors"]`` (each error is a dict with ``type``,

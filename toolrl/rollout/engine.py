@@ -28,7 +28,6 @@ import dataclasses
 import json
 import logging
 import os
-import threading
 import uuid
 from collections.abc import Coroutine, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -36,6 +35,8 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import torch
+
+from toolrl.core.background import BackgroundLoop
 
 T = TypeVar("T")
 GiB = 1 << 30
@@ -235,12 +236,13 @@ class VLLMEngine:
         self._check_backend()
         self._checkpoint_names = _checkpoint_weight_names(config.model)
         self._tied = _ties_embeddings(config.model)
-        self._loop = _LoopThread(name="toolrl-vllm-engine")
+        self._loop = BackgroundLoop("toolrl-vllm-engine", error=EngineError).start()
         before = _child_pids()
         try:
             with _engine_env(config):
                 args = config.engine_args()
-                self._llm = self._loop.call(self._start(args), timeout=config.startup_timeout_s)
+                self._llm = self._loop.run_sync(self._start(args),
+                                                timeout=config.startup_timeout_s)
         except BaseException as e:
             self._engine_pids = sorted(_child_pids() - before)
             self.shutdown()
@@ -402,7 +404,7 @@ class VLLMEngine:
         timeout = self.config.shutdown_timeout_s
         if llm is not None:
             with contextlib.suppress(Exception):
-                self._loop.call(_shutdown_llm(llm, timeout), timeout=timeout + 10)
+                self._loop.run_sync(_shutdown_llm(llm, timeout), timeout=timeout + 10)
         loop = getattr(self, "_loop", None)
         if loop is not None:
             loop.stop()
@@ -586,40 +588,6 @@ def _block(coro: Coroutine[Any, Any, T], timeout: float | None) -> T:
     coro.close()
     raise RuntimeError("a *_sync engine method was called from a running event loop; "
                        "await the coroutine instead")
-
-
-class _LoopThread:
-    """An asyncio loop running forever in a daemon thread."""
-
-    def __init__(self, name: str) -> None:
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.loop.run_forever()
-
-    def call(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
-        """Run ``coro`` on the loop and block for its result."""
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-    async def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Await ``coro`` on the loop from any other loop (or directly on this one)."""
-        if asyncio.get_running_loop() is self.loop:
-            return await coro
-        if self.loop.is_closed() or not self._thread.is_alive():
-            coro.close()
-            raise EngineError("the engine has been shut down")
-        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self.loop))
-
-    def stop(self) -> None:
-        if self.loop.is_closed():
-            return
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(timeout=30)
-        if not self._thread.is_alive():
-            self.loop.close()
 
 
 __all__ = [

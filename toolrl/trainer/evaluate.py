@@ -20,6 +20,7 @@ from rich.table import Table
 
 from toolrl import batch as B
 from toolrl.core.bfcl_scores import leaderboard, leaderboard_tables
+from toolrl.core.trajectory import Trajectory
 from toolrl.trainer.config import ExperimentConfig
 from toolrl.trainer.mixture import env_of
 
@@ -42,10 +43,8 @@ def run_evaluation(cfg: ExperimentConfig, model: str, output_dir: str | os.PathL
         trainer.score(batch)
     finally:
         trainer.close()
-    episodes = B.get_non_tensor(batch, B.EPISODES)
-    rows = B.get_non_tensor(batch, B.ROWS)
     scores = batch[B.TOKEN_LEVEL_SCORES].sum(-1).tolist()
-    results = summarize(episodes, rows, scores, cfg.env.id)
+    results = summarize(B.trajectories(batch), scores, cfg.env.id)
     results = {"model": model, "env": cfg.env.id, **results}
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -55,12 +54,14 @@ def run_evaluation(cfg: ExperimentConfig, model: str, output_dir: str | os.PathL
     return results
 
 
-def summarize(episodes: Sequence[Mapping[str, Any]], rows: Sequence[Mapping[str, Any]],
-              scores: Sequence[float], default_env: str) -> dict[str, Any]:
+def summarize(trajs: Sequence[Trajectory], scores: Sequence[float], default_env: str
+              ) -> dict[str, Any]:
     """Success and reward overall, per category, per env and (BFCL rows) BFCL's averages."""
+    rows = [t.row for t in trajs]
+
     def stats(indices: list[int]) -> dict[str, float]:
         return {"n": len(indices),
-                "success": sum(bool(episodes[i]["success"]) for i in indices) / len(indices),
+                "success": sum(trajs[i].success for i in indices) / len(indices),
                 "reward_mean": sum(scores[i] for i in indices) / len(indices)}
 
     by_category: dict[str, list[int]] = {}
@@ -79,7 +80,7 @@ def summarize(episodes: Sequence[Mapping[str, Any]], rows: Sequence[Mapping[str,
     if len(by_env) > 1:
         results["per_env"] = {k: stats(v) for k, v in sorted(by_env.items())}
     if bfcl:
-        counts = {c: (sum(bool(episodes[i]["success"]) for i in v), len(v))
+        counts = {c: (sum(trajs[i].success for i in v), len(v))
                   for c, v in sorted(bfcl.items())}
         results["bfcl"] = {"per_category": {c: {"correct": k, "n": n, "accuracy": k / n}
                                             for c, (k, n) in counts.items()},

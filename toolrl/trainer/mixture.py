@@ -12,8 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from toolrl.core.reward import ComposedReward, RewardResult, Trajectory, build_reward
+from toolrl.core.trajectory import Trajectory
 from toolrl.data import load_rows
+from toolrl.reward import ComposedReward, RewardResult, build_reward
 
 Row = dict[str, Any]
 
@@ -98,10 +99,10 @@ class RewardSets:
             fn.close()
 
 
-def success_by(prefix: str, episodes: Sequence[Mapping[str, Any]], keys: Sequence[str]
+def success_by(prefix: str, trajs: Sequence[Trajectory], keys: Sequence[str]
                ) -> dict[str, float]:
-    """``{f"{prefix}/{key}": success rate}`` over the episodes grouped by ``keys``."""
+    """``{f"{prefix}/{key}": success rate}`` over the trajectories grouped by ``keys``."""
     groups: dict[str, list[bool]] = {}
-    for episode, key in zip(episodes, keys, strict=True):
-        groups.setdefault(key, []).append(bool(episode["success"]))
+    for traj, key in zip(trajs, keys, strict=True):
+        groups.setdefault(key, []).append(traj.success)
     return {f"{prefix}/{key}": sum(v) / len(v) for key, v in sorted(groups.items())}

@@ -2,10 +2,11 @@
 
     rollout -> reward -> log-probs -> advantage -> update -> sync
 
-The driver holds the schedule and the small math (rewards on tokens, advantages); workers do
-the heavy work: `RolloutWorker` (a vLLM engine running multi-turn episodes), `ActorWorker`
-(FSDP2 policy), `RefWorker` and `CriticWorker` (PPO). Roles on the same pool share one process
-per bundle, so on one machine the weights go from the actor to the engine in-process.
+The driver holds the schedule; the math is `toolrl.algo`'s (rewards on tokens, advantages),
+and episodes arrive as `toolrl.core.trajectory.Trajectory` records. Workers do the heavy work:
+`RolloutWorker` (a vLLM engine running multi-turn episodes), `ActorWorker` (FSDP2 policy),
+`RefWorker` and `CriticWorker` (PPO). Roles on the same pool share one process per bundle, so
+on one machine the weights go from the actor to the engine in-process.
 """
 
 from __future__ import annotations
@@ -25,14 +26,12 @@ from rich.table import Table
 from tensordict import TensorDict
 
 from toolrl import batch as B
-from toolrl.algo import apply_kl_in_reward, compute_advantage
+from toolrl.algo import apply_kl_in_reward, compute_advantage, place_rewards
 from toolrl.controller import ResourcePoolManager, RoleSpec, init_ray
 from toolrl.controller.worker_group import WorkerGroupError, spawn
-from toolrl.core.reward import Trajectory, TurnRecord
+from toolrl.core.trajectory import Trajectory
 from toolrl.data import TaskLoader, load_rows
-from toolrl.rollout.engine import EngineConfig, SamplingConfig
-from toolrl.rollout.worker import RolloutConfig as WorkerRolloutConfig
-from toolrl.rollout.worker import RolloutWorker, make_rollout_input, rollout_metrics
+from toolrl.rollout.worker import RolloutConfig, RolloutWorker, make_rollout_input, rollout_metrics
 from toolrl.trainer import checkpoint as ckpt
 from toolrl.trainer.config import ExperimentConfig, save_config
 from toolrl.trainer.mixture import RewardSets, env_of, mixture_rows, success_by
@@ -161,24 +160,12 @@ class Trainer:
         with self.console.status("starting workers (vLLM engines, FSDP actors)"):
             self.handles = spawn(manager, roles, call_timeout_s=self.cfg.trainer.call_timeout_s)
 
-    def rollout_config(self, greedy: bool = False) -> WorkerRolloutConfig:
-        r = self.cfg.rollout
-        e = r.engine
-        engine = EngineConfig(model=self.model_path, backend="gpu" if e.device == "cuda"
-                              else "cpu", dtype=e.dtype, max_model_len=e.max_model_len,
-                              kv_cache_gib=e.kv_cache_gib,
-                              gpu_memory_utilization=e.gpu_memory_utilization,
-                              enforce_eager=e.enforce_eager, seed=self.cfg.seed,
-                              enable_prefix_caching=e.enable_prefix_caching,
-                              multiprocessing=e.multiprocessing)
-        sampling = SamplingConfig(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-                                  max_tokens=r.max_tokens_per_turn)
-        prompt_len = r.max_prompt_tokens or min(r.max_total_tokens // 2, 512)
-        return WorkerRolloutConfig(engine=engine, sampling=sampling, max_prompt_len=prompt_len,
-                                   max_response_len=r.max_total_tokens - prompt_len,
-                                   max_turns=r.max_turns, concurrency=r.concurrency,
-                                   env_id=self.cfg.env.id, env_kwargs=dict(self.cfg.env.kwargs),
-                                   seed=self.cfg.seed)
+    def rollout_config(self) -> RolloutConfig:
+        """The ``rollout:`` section with what the trainer knows: the model, env and seed."""
+        cfg = self.cfg
+        engine = _replace(cfg.rollout.engine, model=self.model_path, seed=cfg.seed)
+        return _replace(cfg.rollout, engine=engine, env_id=cfg.env.id,
+                        env_kwargs=dict(cfg.env.kwargs), seed=cfg.seed)
 
     # --- one step ------------------------------------------------------------------------------
     def train_step(self) -> dict[str, float]:
@@ -219,11 +206,10 @@ class Trainer:
         metrics.update(reward_metrics)
         metrics.update(adv_metrics)
         metrics.update(rollout_metrics(batch))
-        episodes = B.get_non_tensor(batch, B.EPISODES)
-        metrics["train/success"] = sum(bool(e["success"]) for e in episodes) / len(episodes)
+        trajs = B.trajectories(batch)
+        metrics["train/success"] = sum(t.success for t in trajs) / len(trajs)
         if self.mixed:
-            metrics.update(success_by("train/success", episodes,
-                                      self._envs(B.get_non_tensor(batch, B.ROWS))))
+            metrics.update(success_by("train/success", trajs, self._envs(trajs)))
         self._last_batch = batch
         return metrics
 
@@ -244,30 +230,13 @@ class Trainer:
                                             greedy=greedy)
 
     def score(self, batch: TensorDict) -> dict[str, float]:
-        """Reward plugins -> ``token_level_scores`` (outcome on the last sampled token)."""
-        episodes = B.get_non_tensor(batch, B.EPISODES)
-        rows = B.get_non_tensor(batch, B.ROWS)
-        trajs = [trajectory_of(e, r) for e, r in zip(episodes, rows, strict=True)]
-        results, reward_metrics = self.reward.score(trajs, self._envs(rows))
+        """Reward plugins -> ``token_level_scores`` (`toolrl.algo.credit.place_rewards`)."""
+        trajs = B.trajectories(batch)
+        results, reward_metrics = self.reward.score(trajs, self._envs(trajs))
         totals = [r.score for r in results]
-        mask = batch[B.RESPONSE_MASK]
-        scores = torch.zeros(mask.shape, dtype=torch.float32)
-        for i, res in enumerate(results):
-            positions = mask[i].nonzero().flatten()
-            if len(positions) == 0:
-                continue
-            per_turn = res.per_turn
-            turns = episodes[i]["turns"]
-            if per_turn and len(per_turn) == len(turns):
-                for t, value in zip(turns, per_turn, strict=True):
-                    end = min(int(t["end"]), mask.shape[1]) - 1
-                    if end >= 0:
-                        scores[i, end] += float(value)
-                outcome = totals[i] - sum(per_turn)
-            else:
-                outcome = totals[i]
-            scores[i, positions[-1]] += float(outcome)
-        batch.set(B.TOKEN_LEVEL_SCORES, scores)
+        batch.set(B.TOKEN_LEVEL_SCORES, place_rewards(
+            batch[B.RESPONSE_MASK], totals, [r.per_turn for r in results],
+            [t.turn_ends() for t in trajs]))
         metrics = {k: float(v) for k, v in reward_metrics.items()}
         metrics["train/reward_mean"] = float(sum(totals) / max(len(totals), 1))
         return metrics
@@ -300,17 +269,16 @@ class Trainer:
         of several envs) per env."""
         batch = self.rollout(self.val_rows, 1, seed=self._seed("val"),
                              greedy=self.cfg.rollout.val_temperature == 0.0)
-        episodes = B.get_non_tensor(batch, B.EPISODES)
-        rows = B.get_non_tensor(batch, B.ROWS)
-        out = {"val/success": sum(bool(e["success"]) for e in episodes) / len(episodes)}
+        trajs = B.trajectories(batch)
+        out = {"val/success": sum(t.success for t in trajs) / len(trajs)}
         by_cat: dict[str, list[bool]] = {}
-        for e, r in zip(episodes, rows, strict=True):
-            by_cat.setdefault(str(r.get("category", "all")), []).append(bool(e["success"]))
+        for t in trajs:
+            by_cat.setdefault(str(t.row.get("category", "all")), []).append(t.success)
         if len(by_cat) > 1:
             out.update({f"val/success/{c}": sum(v) / len(v) for c, v in by_cat.items()})
         if self.mixed:
-            out.update(success_by("val/success", episodes, self._envs(rows)))
-        out["val/reward_mean"] = sum(float(e["reward"]) for e in episodes) / len(episodes)
+            out.update(success_by("val/success", trajs, self._envs(trajs)))
+        out["val/reward_mean"] = sum(t.env_reward for t in trajs) / len(trajs)
         return out
 
     # --- the loop ------------------------------------------------------------------------------
@@ -351,15 +319,10 @@ class Trainer:
         n = self.cfg.trainer.log_rollouts
         if not n or self._last_batch is None:
             return
-        episodes = B.get_non_tensor(self._last_batch, B.EPISODES)[:n]
-        rows = B.get_non_tensor(self._last_batch, B.ROWS)[:n]
+        trajs = B.trajectories(self._last_batch)[:n]
         scores = self._last_batch[B.TOKEN_LEVEL_SCORES].sum(-1).tolist()[:n]
-        self.tracker.log_rollouts(self.step, [
-            {"task_id": e.get("task_id"), "uid": e.get("uid"), "reward": s,
-             "success": e["success"], "finish_reason": e["finish_reason"],
-             "policy_version": e.get("policy_version"), "messages": e["messages"],
-             "ground_truth": r.get("ground_truth")}
-            for e, r, s in zip(episodes, rows, scores, strict=True)])
+        self.tracker.log_rollouts(self.step, [{"reward": s, **t.to_dict()}
+                                              for t, s in zip(trajs, scores, strict=True)])
 
     def summarize(self, first_val: float | None, last: Mapping[str, float]) -> None:
         table = Table(title=f"{self.cfg.experiment_name}: done at step {self.step}")
@@ -428,8 +391,9 @@ class Trainer:
         """The run's rows come from more than one env (per-env metrics are logged)."""
         return len(self.env_ids) > 1
 
-    def _envs(self, rows: Sequence[Mapping[str, Any]]) -> list[str]:
-        return [env_of(r, self.cfg.env.id) for r in rows]
+    def _envs(self, trajs: Sequence[Trajectory]) -> list[str]:
+        """The env of each trajectory's row."""
+        return [env_of(t.row, self.cfg.env.id) for t in trajs]
 
     def _seed(self, what: str, step: int | None = None) -> int:
         """Sampling seed of this step (or ``step``): a function of (seed, step), so a resumed
@@ -438,17 +402,6 @@ class Trainer:
         return zlib.crc32(f"{self.cfg.seed}:{what}:{step}".encode()) % (2**31 - 1)
 
     _last_batch: TensorDict | None = None
-
-
-def run_training(cfg: ExperimentConfig) -> dict[str, float]:
-    """`toolrl train`: build the workers, fit, shut everything down."""
-    from toolrl.trainer.pipeline import PipelineTrainer
-
-    trainer = PipelineTrainer(cfg) if cfg.trainer.mode == "pipeline" else Trainer(cfg)
-    try:
-        return trainer.fit()
-    finally:
-        trainer.close()
 
 
 def _mismatch_metrics(batch: TensorDict) -> dict[str, float]:
@@ -471,20 +424,6 @@ def _truncate_metrics(path: Path, step: int) -> None:
     tmp = path.with_suffix(".jsonl.tmp")
     tmp.write_text("".join(line + "\n" for line in keep))
     tmp.replace(path)
-
-
-def trajectory_of(record: Mapping[str, Any], row: Mapping[str, Any]) -> Trajectory:
-    """A reward `Trajectory` from a rollout episode record."""
-    turns = [TurnRecord(action=t.get("text", ""), tool_errors=list(t.get("errors", [])),
-                        reward=t.get("turn_reward")) for t in record.get("turns", [])]
-    info = dict(record.get("final_info") or {})
-    info.setdefault("success", bool(record.get("success")))  # cut by a budget: not a success
-    return Trajectory(messages=list(record.get("messages", [])), turns=turns, row=dict(row),
-                      info=info,
-                      final_state=record.get("state"),
-                      response_length=record.get("num_sampled_tokens"),
-                      tools=list(record.get("tools") or []),
-                      format=record.get("format") or "hermes")
 
 
 @contextmanager

@@ -24,6 +24,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from tensordict import TensorDict
 
 from toolrl.batch import ATTENTION_MASK, PROMPTS, RESPONSE_MASK, build_rollout_batch
+from toolrl.core.trajectory import Trajectory
 from toolrl.workers.scoring import enable_scoring, score_responses
 
 
@@ -39,36 +40,45 @@ def oracle_transcripts(env_id: str, rows: Sequence[Mapping[str, Any]], tokenizer
                        env_kwargs: Mapping[str, Any] | None = None, max_len: int = 1024,
                        max_turns: int = 16) -> list[Transcript]:
     """Play ``rows`` with the env's oracle and return the token streams (too long: dropped)."""
+    import asyncio
+
     import toolrl
     from toolrl.rollout.chat import ChatRenderer
 
     renderer = ChatRenderer(tokenizer)
     env = toolrl.make_env(env_id, **dict(env_kwargs or {}))
-    base = env.unwrapped
-    eos = tokenizer.eos_token_id
-    out = []
     try:
-        for i, row in enumerate(rows):
-            obs, info = env.reset(seed=i, options=dict(row))
-            tools = info.get("tools")
-            ids = list(renderer.render_prompt(obs, tools))
-            mask = [0] * len(ids)
-            for _ in range(max_turns):
-                action = base.oracle_action()
-                act = [*tokenizer.encode(action, add_special_tokens=False), eos]
-                ids += act
-                mask += [1] * len(act)
-                obs, _, terminated, truncated, info = env.step(action)
-                if terminated or truncated:
-                    break
-                delta = renderer.render_delta(obs, tools)
-                ids += delta
-                mask += [0] * len(delta)
-            if len(ids) <= max_len:
-                out.append(Transcript(ids, mask))
+        trajs = [asyncio.run(toolrl.run_episode(env, row=dict(row), seed=i,
+                                                max_steps=max_turns))
+                 for i, row in enumerate(rows)]
     finally:
         env.close()
+    out = []
+    for traj in trajs:
+        transcript = transcript_of(traj, renderer)
+        if len(transcript.input_ids) <= max_len:
+            out.append(transcript)
     return out
+
+
+def transcript_of(traj: Trajectory, renderer: Any) -> Transcript:
+    """An episode's token stream as a rollout would produce it (the first prompt, each action's
+    tokens + eos, each observation's template delta but the last); the loss is on actions."""
+    eos = renderer.tokenizer.eos_token_id
+    first = next(i for i, m in enumerate(traj.messages) if m.get("role") == "assistant")
+    ids = list(renderer.render_prompt(traj.messages[:first], traj.tools))
+    mask = [0] * len(ids)
+    rest = traj.messages[first:]
+    starts = [i for i, m in enumerate(rest) if m.get("role") == "assistant"]
+    for k, (turn, start) in enumerate(zip(traj.turns, starts, strict=True)):
+        act = [*renderer.tokenizer.encode(turn.action, add_special_tokens=False), eos]
+        ids += act
+        mask += [1] * len(act)
+        if k + 1 < len(starts):  # the last observation ends the episode: not rendered
+            delta = renderer.render_delta(rest[start + 1:starts[k + 1]], traj.tools)
+            ids += delta
+            mask += [0] * len(delta)
+    return Transcript(ids, mask)
 
 
 def shared_prefix_batch(transcripts: Sequence[Transcript], pad_token_id: int) -> TensorDict:

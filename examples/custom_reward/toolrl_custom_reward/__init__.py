@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from toolrl.core.reward import RewardResult, Trajectory, reward
+from toolrl import RewardResult, Trajectory, reward
 
 
 @reward("keyword_bonus")

@@ -6,14 +6,16 @@ import random
 from typing import Any, Literal
 
 import toolrl
-from toolrl.core.env import Turn
 
 FACTORS = {("km", "mi"): 0.621371, ("mi", "km"): 1.609344, ("kg", "lb"): 2.204623,
            ("lb", "kg"): 0.453592, ("m", "ft"): 3.280840, ("ft", "m"): 0.3048}
 
 
-class UnitConvertEnv(toolrl.ToolEnv):
-    """Unit conversion: one tool call, one submit; success = answer within 0.1%."""
+class UnitConvertEnv(toolrl.SubmitAnswer):
+    """Unit conversion: one tool call, one submit; success = answer within 0.1%.
+
+    A `toolrl.SubmitAnswer` env: its episode ends with a ``submit`` call (``self.submitted``)
+    or a message without any call."""
 
     system_prompt = "Convert with the convert tool, then call submit with the result."
     default_max_turns = 4
@@ -47,19 +49,7 @@ class UnitConvertEnv(toolrl.ToolEnv):
             raise ValueError(f"cannot convert {from_unit} to {to_unit}")
         return round(value * FACTORS[from_unit, to_unit], 4)
 
-    @toolrl.tool(inline=True)
-    def submit(self, answer: float) -> str:
-        """Submit the final answer.
-
-        Args:
-            answer: the converted value
-        """
-        self.submitted = answer
-        return "submitted"
-
-    def on_turn(self, parse, results) -> Turn:
-        done = any(c.name == "submit" and r.ok for c, r in zip(parse.calls, results, strict=True))
-        return Turn(terminated=done or not parse.calls)
+    submit = toolrl.submit_tool(float)
 
     def evaluate(self) -> bool:
         truth = float(self.row["ground_truth"])
