@@ -17,12 +17,6 @@ def _make_tiny_model(args: argparse.Namespace) -> int:
     return 0
 
 
-def _demo(args: argparse.Namespace) -> int:
-    from toolrl.demo import run_demo
-
-    return run_demo(args.model, num_samples=args.num_samples, max_tokens=args.max_tokens)
-
-
 def _score_calls(args: argparse.Namespace) -> int:
     import json
 
@@ -112,12 +106,6 @@ def _run_experiment(command: str, args: argparse.Namespace,
     return 0
 
 
-def _test_scheduler(args: argparse.Namespace) -> int:
-    from toolrl.testing.scheduler import main as scheduler_main
-
-    return scheduler_main(args.args)
-
-
 def build_parser() -> argparse.ArgumentParser:
     from toolrl.models.tiny import SIZES
 
@@ -129,12 +117,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--size", choices=sorted(SIZES), default="small")
     p.set_defaults(func=_make_tiny_model)
-
-    p = sub.add_parser("demo", help="the longest end-to-end path that exists, on the tiny model")
-    p.add_argument("--model", required=True, help="model directory or hub id")
-    p.add_argument("--num-samples", type=int, default=8)
-    p.add_argument("--max-tokens", type=int, default=64)
-    p.set_defaults(func=_demo)
 
     p = sub.add_parser("train", help="run an RL experiment from a config file")
     p.add_argument("--config", required=True, help="YAML file (see configs/)")
@@ -183,12 +165,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--kwargs", default="{}", help="JSON object of env kwargs")
     p.set_defaults(func=_check_env)
-
-    # Every argument (options and `-- pytest args` included) goes to the scheduler's own parser.
-    p = sub.add_parser("test-scheduler", add_help=False, prefix_chars="\0",
-                       help="pack test files onto free GPUs by their declared need (see --help)")
-    p.add_argument("args", nargs=argparse.REMAINDER)
-    p.set_defaults(func=_test_scheduler)
     return parser
 
 

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from toolrl.core.types import ToolCall
-from toolrl.data.convert import SkipRecord, conversation_rows, require
+from toolrl.data.records import SkipRecord, conversation_rows, require
 
 _TURN = re.compile(r"(?:^|\n)\s*(USER|ASSISTANT|FUNCTION RESPONSE):", re.MULTILINE)
 _ROLES = {"USER": "user", "ASSISTANT": "assistant", "FUNCTION RESPONSE": "tool"}

@@ -14,7 +14,7 @@ from typing import Any
 
 from toolrl.core.bfcl import as_tool_call
 from toolrl.core.types import ToolCall
-from toolrl.data.convert import SkipRecord, conversation_rows, decode_json, require
+from toolrl.data.records import SkipRecord, conversation_rows, decode_json, require
 from toolrl.data.toolace import literal
 
 _ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",

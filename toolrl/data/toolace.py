@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from toolrl.core.types import ToolCall
-from toolrl.data.convert import SkipRecord, conversation_rows, decode_json, require
+from toolrl.data.records import SkipRecord, conversation_rows, decode_json, require
 
 _ROLES = {"user": "user", "human": "user", "assistant": "assistant", "gpt": "assistant",
           "tool": "tool", "function": "tool", "observation": "tool"}

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from toolrl.core.bfcl import as_tool_call
-from toolrl.data.convert import decode_json, function_row, require
+from toolrl.data.records import decode_json, function_row, require
 
 _SCALARS = {"str": "string", "string": "string", "int": "integer", "integer": "integer",
             "float": "number", "number": "number", "double": "number", "bool": "boolean",

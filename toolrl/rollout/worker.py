@@ -337,7 +337,7 @@ class RolloutWorker(Worker):
 
     def make_env(self, row: Mapping[str, Any]) -> Any:
         """The env for one row (`row_env`)."""
-        from toolrl import make_env
+        from toolrl.core.registration import make_env
 
         env_id, kwargs = row_env(row, self.config.env_id, self.config.env_kwargs)
         return make_env(env_id, **kwargs)

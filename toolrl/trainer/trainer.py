@@ -447,9 +447,9 @@ def _replace(obj: Any, **changes: Any) -> Any:
 
 
 def _env_class(env_id: str) -> Any:
-    import toolrl
+    from toolrl.core.registration import make_env
 
-    env = toolrl.make_env(env_id)
+    env = make_env(env_id)
     try:
         return type(env.unwrapped)
     finally:

@@ -42,14 +42,14 @@ def oracle_transcripts(env_id: str, rows: Sequence[Mapping[str, Any]], tokenizer
     """Play ``rows`` with the env's oracle and return the token streams (too long: dropped)."""
     import asyncio
 
-    import toolrl
+    from toolrl.core.env import run_episode
+    from toolrl.core.registration import make_env
     from toolrl.rollout.chat import ChatRenderer
 
     renderer = ChatRenderer(tokenizer)
-    env = toolrl.make_env(env_id, **dict(env_kwargs or {}))
+    env = make_env(env_id, **dict(env_kwargs or {}))
     try:
-        trajs = [asyncio.run(toolrl.run_episode(env, row=dict(row), seed=i,
-                                                max_steps=max_turns))
+        trajs = [asyncio.run(run_episode(env, row=dict(row), seed=i, max_steps=max_turns))
                  for i, row in enumerate(rows)]
     finally:
         env.close()

@@ -23,7 +23,8 @@ import psutil
 import pytest
 from rich.console import Console
 
-from toolrl.testing import FileStatus, SchedulerOptions, collect, run_files
+from tools.gpu_scheduler import FileStatus, SchedulerOptions, collect, run_files
+from tools.gpu_scheduler.environment import REPO_ROOT
 
 pytestmark = pytest.mark.slow
 
@@ -193,8 +194,8 @@ def test_ctrl_c_reports_every_file_and_leaves_no_process(tmp_path):
     for name in ("hang_a", "hang_b", "hang_c"):
         write_test_file(folder, name, 1, 300, records, children=("group", "session"))
     log = tmp_path / "scheduler.out"
-    env = {**os.environ, "TMPDIR": str(tmproot), "COLUMNS": "200"}
-    cmd = [sys.executable, "-m", "toolrl.testing.scheduler", "suite", "--devices", "2",
+    env = {**os.environ, "TMPDIR": str(tmproot), "COLUMNS": "200", "PYTHONPATH": str(REPO_ROOT)}
+    cmd = [sys.executable, "-m", "tools.gpu_scheduler", "suite", "--devices", "2",
            "--timeout", "120", "--heartbeat", "1", "--kill-grace", "1"]
     with open(log, "w") as out:
         # Ctrl+C as from a terminal: a runner started in the background (or a library loaded

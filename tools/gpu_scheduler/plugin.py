@@ -1,4 +1,4 @@
-"""pytest plugin for files run by the device scheduler: ``pytest -p toolrl.testing.plugin``.
+"""pytest plugin for files run by the device scheduler: ``pytest -p tools.gpu_scheduler.plugin``.
 
 The scheduler loads it in every file's pytest run. It registers the ``devices`` marker (so
 ``--strict-markers`` accepts ``@pytest.mark.devices(2)``), names the devices the file was given
@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from toolrl.testing.collect import MARKER
+from tools.gpu_scheduler.collect import MARKER
 
 
 def visible_devices() -> list[str]:
@@ -21,13 +21,13 @@ def visible_devices() -> list[str]:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
-        "markers", f"{MARKER}(n): the test file needs n devices; the toolrl test scheduler "
+        "markers", f"{MARKER}(n): the test file needs n devices; the GPU test scheduler "
                    f"runs it with CUDA_VISIBLE_DEVICES set to n free ones")
 
 
 def pytest_report_header(config: pytest.Config) -> str:
     shown = os.environ.get("CUDA_VISIBLE_DEVICES", "<unset>")
-    return f"toolrl test scheduler: CUDA_VISIBLE_DEVICES={shown}"
+    return f"GPU test scheduler: CUDA_VISIBLE_DEVICES={shown}"
 
 
 @pytest.fixture

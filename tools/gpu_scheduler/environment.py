@@ -105,10 +105,17 @@ def base_environ(environ: Mapping[str, str] | None = None, *, loopback_guard: bo
     return env, notes
 
 
+REPO_ROOT = Path(__file__).resolve().parents[2]
+"""Where ``tools`` lives: on each file's ``PYTHONPATH``, so pytest finds the plugin from any
+working directory."""
+
+
 def job_environ(base: Mapping[str, str], devices: Sequence[str], temp_dir: Path) -> dict[str, str]:
-    """One file's environment: its ``CUDA_VISIBLE_DEVICES`` and its own local temp dir."""
+    """One file's environment: its ``CUDA_VISIBLE_DEVICES``, its own local temp dir, and the
+    scheduler's plugin importable (`REPO_ROOT` first on ``PYTHONPATH``)."""
     env = dict(base)
     env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
     env["TMPDIR"] = env["RAY_TMPDIR"] = str(temp_dir)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *filter(None, [env.get("PYTHONPATH")])])
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env

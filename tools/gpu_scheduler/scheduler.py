@@ -1,6 +1,6 @@
 """Pack test files onto free devices: each file is one pytest process on the devices it declares.
 
-    python -m toolrl.testing.scheduler tests/ --devices 4 --timeout 600 --heartbeat 60 -- -x
+    python -m tools.gpu_scheduler tests/ --devices 4 --timeout 600 --heartbeat 60 -- -x
 
 The schedule is greedy: whenever devices are free, the largest pending file that fits is
 started on the lowest free ids (``CUDA_VISIBLE_DEVICES``), so a gap left by a finished file
@@ -32,12 +32,12 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from toolrl.testing.collect import CollectError, TestFile, collect
-from toolrl.testing.environment import base_environ, job_environ, local_temp_root
-from toolrl.testing.inventory import InventoryError, resolve_devices
-from toolrl.testing.processes import add_tag, job_processes, signal_job, snapshot
+from tools.gpu_scheduler.collect import CollectError, TestFile, collect
+from tools.gpu_scheduler.environment import base_environ, job_environ, local_temp_root
+from tools.gpu_scheduler.inventory import InventoryError, resolve_devices
+from tools.gpu_scheduler.processes import add_tag, job_processes, signal_job, snapshot
 
-PLUGIN = "toolrl.testing.plugin"
+PLUGIN = "tools.gpu_scheduler.plugin"
 PYTEST_NO_TESTS = 5  # pytest's exit code when nothing was collected
 EXIT_INTERRUPTED = 130
 LOG_TAIL_LINES = 30
@@ -416,7 +416,7 @@ def exit_code(results: Sequence[FileResult], interrupted: bool) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="toolrl test-scheduler",
+        prog="python -m tools.gpu_scheduler",
         description="Pack test files onto free devices by their declared need "
                     "(DEVICES = N or @pytest.mark.devices(N)); arguments after -- go to pytest.")
     parser.add_argument("paths", nargs="*", default=["tests"], help="test files or directories")
@@ -468,7 +468,3 @@ def main(argv: Sequence[str] | None = None) -> int:
                        f"[{','.join(devices)}], timeout {args.timeout:g}s", style="bold"))
     results, scheduler = run_files(files, options, console)
     return exit_code(results, scheduler.interrupted)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -14,8 +14,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from toolrl.cli import main as toolrl_main
-from toolrl.testing import (
+from tools.gpu_scheduler import (
     CollectError,
     FileStatus,
     InventoryError,
@@ -28,16 +27,17 @@ from toolrl.testing import (
     parse_devices,
     run_files,
 )
-from toolrl.testing.collect import find_test_files
-from toolrl.testing.environment import (
+from tools.gpu_scheduler.collect import find_test_files
+from tools.gpu_scheduler.environment import (
+    REPO_ROOT,
     base_environ,
     filesystem_type,
     is_network_filesystem,
     job_environ,
     local_temp_root,
 )
-from toolrl.testing.processes import TAG_VARIABLE, add_tag, is_alive, job_processes, signal_job
-from toolrl.testing.scheduler import FileResult
+from tools.gpu_scheduler.processes import TAG_VARIABLE, add_tag, is_alive, job_processes, signal_job
+from tools.gpu_scheduler.scheduler import FileResult, main
 
 
 def write(path, text):
@@ -148,6 +148,7 @@ def test_child_environment_hygiene(tmp_path):
     assert job["CUDA_VISIBLE_DEVICES"] == "1,3"
     assert job["TMPDIR"] == job["RAY_TMPDIR"] == str(tmp_path)
     assert job_environ(env, [], tmp_path)["CUDA_VISIBLE_DEVICES"] == ""  # no GPU at all
+    assert job["PYTHONPATH"].split(os.pathsep)[0] == str(REPO_ROOT)  # the plugin imports
 
 
 def test_tags_find_processes_that_left_the_group():
@@ -205,10 +206,10 @@ def test_plugin_registers_the_marker_under_strict_markers(tmp_path):
         def test_devices(scheduled_devices):
             assert scheduled_devices == ["4", "7"]
         """)
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "4,7"}
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "4,7", "PYTHONPATH": str(REPO_ROOT)}
     cmd = [sys.executable, "-m", "pytest", "-q", "--strict-markers", "-p", "no:cacheprovider",
            "test_marked.py"]
-    res = subprocess.run([*cmd, "-p", "toolrl.testing.plugin"], cwd=tmp_path, env=env,
+    res = subprocess.run([*cmd, "-p", "tools.gpu_scheduler.plugin"], cwd=tmp_path, env=env,
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stdout + res.stderr
     bare = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True,
@@ -216,8 +217,14 @@ def test_plugin_registers_the_marker_under_strict_markers(tmp_path):
     assert bare.returncode != 0 and "'devices' not found in `markers`" in bare.stdout
 
 
-def test_cli_forwards_to_the_scheduler(tmp_path, capsys):
-    assert toolrl_main(["test-scheduler", str(tmp_path / "nope"), "--devices", "2"]) == 2
+def test_main_reports_bad_input(tmp_path, capsys):
+    assert main([str(tmp_path / "nope"), "--devices", "2"]) == 2
     assert "no such test file or directory" in capsys.readouterr().err
-    assert toolrl_main(["test-scheduler", str(tmp_path), "--devices", "1,1"]) == 2
+    assert main([str(tmp_path), "--devices", "1,1"]) == 2
     assert "repeated id" in capsys.readouterr().err
+
+
+def test_runs_as_a_module_from_the_repository_root():
+    res = subprocess.run([sys.executable, "-m", "tools.gpu_scheduler", "--help"], cwd=REPO_ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and "python -m tools.gpu_scheduler" in res.stdout
