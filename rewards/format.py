@@ -13,7 +13,7 @@ class FormatReward:
     malformed call, ``unknown_tool_penalty`` when it calls a tool the episode does not offer,
     ``repair_penalty`` when a json-repair fallback was needed. The episode's score is the
     ``mean`` (or ``min``) over assistant turns; 0 when there is none. Per-turn scores included.
-    Gate it on correctness (``gate: {on: bfcl_ast}``) so format alone does not pay.
+    Gate it on correctness (``gate: {reward: bfcl_ast}``) so format alone does not pay.
     """
 
     def __init__(self, parse_error_penalty: float = 1.0, unknown_tool_penalty: float = 1.0,

@@ -298,6 +298,25 @@ def _ratio_stats(log_ratio: Tensor, ratio: Tensor, m: Tensor) -> dict[str, Tenso
     }
 
 
+def _token_ratio(log_probs: Tensor, old_log_probs: Tensor, config: PolicyLossConfig
+                 ) -> tuple[Tensor, Tensor]:
+    """The per-token log-ratio (clamped to +-``log_ratio_clamp``) and the ratio."""
+    log_ratio = (log_probs - old_log_probs).clamp(-config.log_ratio_clamp, config.log_ratio_clamp)
+    return log_ratio, log_ratio.exp()
+
+
+def _clip_stats(r: Tensor, lo: float, hi: float, m: Tensor, adv: Tensor | None = None
+                ) -> dict[str, Tensor]:
+    """Shares of valid tokens clipped above (``r > hi``) and below (``r < lo``): with ``adv``
+    only where the clip binds (PPO: above for A > 0, below for A < 0)."""
+    upper, lower = r > hi, r < lo
+    if adv is not None:
+        upper, lower = (adv > 0) & upper, (adv < 0) & lower
+    return {"pg_clipfrac": masked_mean((upper | lower).to(m.dtype), m),
+            "pg_clipfrac_upper": masked_mean(upper.to(m.dtype), m),
+            "pg_clipfrac_lower": masked_mean(lower.to(m.dtype), m)}
+
+
 @register_policy_loss("ppo_clip")
 def ppo_clip_loss(
     log_probs: Tensor,
@@ -322,20 +341,13 @@ def ppo_clip_loss(
                   rollout_log_probs)
     m = response_mask.to(log_probs.dtype)
     adv = advantages.to(log_probs.dtype)
-    log_ratio = (log_probs - old_log_probs).clamp(-config.log_ratio_clamp, config.log_ratio_clamp)
-    ratio = log_ratio.exp()
+    log_ratio, ratio = _token_ratio(log_probs, old_log_probs, config)
     lo, hi = 1.0 - config.clip_ratio_low, 1.0 + config.clip_ratio_high
     unclipped = -adv * ratio
     clipped = -adv * ratio.clamp(lo, hi)
     pg_losses = torch.maximum(unclipped, clipped)
     r = ratio.detach()
-    upper = (adv > 0) & (r > hi)
-    lower = (adv < 0) & (r < lo)
-    stats = {
-        "pg_clipfrac": masked_mean((upper | lower).to(m.dtype), m),
-        "pg_clipfrac_upper": masked_mean(upper.to(m.dtype), m),
-        "pg_clipfrac_lower": masked_mean(lower.to(m.dtype), m),
-    }
+    stats = _clip_stats(r, lo, hi, m, adv)
     if config.clip_ratio_c is not None:
         dual = torch.minimum(pg_losses, -adv * config.clip_ratio_c)
         pg_losses = torch.where(adv < 0, dual, pg_losses)
@@ -373,14 +385,7 @@ def gspo_loss(
     ratio = log_ratio.exp()
     lo, hi = 1.0 - config.clip_ratio_low, 1.0 + config.clip_ratio_high
     pg_losses = torch.maximum(-adv * ratio, -adv * ratio.clamp(lo, hi))
-    r = ratio.detach()
-    upper = (adv > 0) & (r > hi)
-    lower = (adv < 0) & (r < lo)
-    stats = {
-        "pg_clipfrac": masked_mean((upper | lower).to(m.dtype), m),
-        "pg_clipfrac_upper": masked_mean(upper.to(m.dtype), m),
-        "pg_clipfrac_lower": masked_mean(lower.to(m.dtype), m),
-    }
+    stats = _clip_stats(ratio.detach(), lo, hi, m, adv)
     tok_log_ratio = (log_probs - old_log_probs).detach()
     stats.update(_ratio_stats(tok_log_ratio, tok_log_ratio.exp(), m))
     raw_tis = _tis_weights(old_log_probs, rollout_log_probs, config)
@@ -407,17 +412,11 @@ def cispo_loss(
                   rollout_log_probs)
     m = response_mask.to(log_probs.dtype)
     adv = advantages.to(log_probs.dtype)
-    log_ratio = (log_probs - old_log_probs).clamp(-config.log_ratio_clamp, config.log_ratio_clamp)
-    ratio = log_ratio.exp()
+    log_ratio, ratio = _token_ratio(log_probs, old_log_probs, config)
     lo, hi = 1.0 - config.clip_ratio_low, 1.0 + config.clip_ratio_high
     weight = ratio.detach().clamp(lo, hi)
     pg_losses = -weight * adv * log_probs
-    r = ratio.detach()
-    stats = {
-        "pg_clipfrac": masked_mean(((r > hi) | (r < lo)).to(m.dtype), m),
-        "pg_clipfrac_upper": masked_mean((r > hi).to(m.dtype), m),
-        "pg_clipfrac_lower": masked_mean((r < lo).to(m.dtype), m),
-    }
+    stats = _clip_stats(ratio.detach(), lo, hi, m)
     stats.update(_ratio_stats(log_ratio, ratio, m))
     raw_tis = _tis_weights(old_log_probs, rollout_log_probs, config)
     return _finish(pg_losses, response_mask, agg, config, raw_tis, stats)
