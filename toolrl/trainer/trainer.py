@@ -35,6 +35,7 @@ from toolrl.rollout.worker import RolloutConfig as WorkerRolloutConfig
 from toolrl.rollout.worker import RolloutWorker, make_rollout_input, rollout_metrics
 from toolrl.trainer import checkpoint as ckpt
 from toolrl.trainer.config import ExperimentConfig, save_config
+from toolrl.trainer.memory import check_memory
 from toolrl.trainer.tracking import Tracker
 from toolrl.workers.actor import ActorWorker, RefWorker
 from toolrl.workers.critic import CriticWorker
@@ -57,6 +58,10 @@ class Trainer:
     # --- setup ---------------------------------------------------------------------------------
     def setup(self) -> None:
         cfg = self.cfg
+        # a config that cannot fit the machine stops here, before anything is built or started
+        plan = check_memory(cfg)
+        if plan is not None:
+            self.console.log(plan.summary())
         self.run_dir.mkdir(parents=True, exist_ok=True)
         save_config(cfg, self.run_dir / "config.yaml")
         torch.manual_seed(cfg.seed)
@@ -82,8 +87,9 @@ class Trainer:
                 not _looks_like_hub_id(cfg.model.path):
             from toolrl.models.tiny import build_tiny_model
 
-            self.console.log(f"building the tiny model at {path}")
-            build_tiny_model(path, seed=cfg.seed)
+            self.console.log(f"building a {cfg.model.tiny_size} model (random weights) at "
+                             f"{path}")
+            build_tiny_model(path, seed=cfg.seed, size=cfg.model.tiny_size)
         elif not path.exists() and not _looks_like_hub_id(cfg.model.path):
             raise FileNotFoundError(f"model.path {cfg.model.path!r} does not exist")
         if not cfg.warm_start.enabled:
@@ -157,14 +163,19 @@ class Trainer:
 
     def rollout_config(self, greedy: bool = False) -> WorkerRolloutConfig:
         r = self.cfg.rollout
-        e = r.engine
-        engine = EngineConfig(model=self.model_path, backend="gpu" if e.device == "cuda"
-                              else "cpu", dtype=e.dtype, max_model_len=e.max_model_len,
+        e = self.engine_config
+        gpu = e.device == "cuda"
+        engine = EngineConfig(model=self.model_path, backend="gpu" if gpu else "cpu",
+                              dtype=str(e.dtype), max_model_len=e.max_model_len,
                               kv_cache_gib=e.kv_cache_gib,
-                              gpu_memory_utilization=e.gpu_memory_utilization,
-                              enforce_eager=e.enforce_eager, seed=self.cfg.seed,
+                              gpu_memory_utilization=float(e.gpu_memory_utilization or 0.0),
+                              enforce_eager=bool(e.enforce_eager), seed=self.cfg.seed,
                               enable_prefix_caching=e.enable_prefix_caching,
-                              multiprocessing=e.multiprocessing)
+                              multiprocessing=e.multiprocessing,
+                              weight_bucket_mb=self.cfg.actor.weight_bucket_mb,
+                              weight_transfer="nccl" if self.cfg.trainer.mode == "pipeline"
+                              else "ipc",
+                              enable_sleep_mode=gpu and bool(e.sleep_level))
         sampling = SamplingConfig(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
                                   max_tokens=r.max_tokens_per_turn)
         prompt_len = min(r.max_total_tokens // 2, 512)
@@ -172,7 +183,24 @@ class Trainer:
                                    max_response_len=r.max_total_tokens - prompt_len,
                                    max_turns=r.max_turns, concurrency=r.concurrency,
                                    env_id=self.cfg.env.id, env_kwargs=dict(self.cfg.env.kwargs),
-                                   seed=self.cfg.seed)
+                                   seed=self.cfg.seed if self.seeded else None)
+
+    @property
+    def engine_config(self) -> Any:
+        """``rollout.engine`` with the device's defaults filled in."""
+        return self.cfg.rollout.engine.resolved(self.cfg.trainer.mode)
+
+    @property
+    def seeded(self) -> bool:
+        """Whether episodes get sampling seeds (``rollout.seed_episodes``; default: on CPU)."""
+        flag = self.cfg.rollout.seed_episodes
+        return flag if flag is not None else self.cfg.rollout.engine.device != "cuda"
+
+    @property
+    def sleep_level(self) -> int:
+        """vLLM sleep level of the colocated GPU engines while the actor trains (0: awake)."""
+        e = self.engine_config
+        return int(e.sleep_level) if e.device == "cuda" else 0
 
     # --- one step ------------------------------------------------------------------------------
     def train_step(self) -> dict[str, float]:
@@ -181,6 +209,8 @@ class Trainer:
         rows = self.loader.next_batch()
         with _timed(timing, "rollout"):
             batch = self.rollout(rows, self.cfg.algorithm.group_size, seed=self._seed("train"))
+        if self.sleep_level:  # GPU: the engine's weights and KV cache make room for the update
+            self.handles["rollout"].call(RolloutWorker.sleep, self.sleep_level)
         metrics = self.learn(batch, timing)
         with _timed(timing, "sync"):
             metrics["policy_version"] = float(self.sync_weights())
@@ -225,10 +255,17 @@ class Trainer:
         return not self.cfg.actor.on_policy or self.cfg.algorithm.kl_in_reward_coef > 0
 
     def sync_weights(self) -> int:
-        """Actor -> rollout engines (in-process: the roles share the pool); the new version."""
-        return int(_first(self.actor.call(ActorWorker.push_weights_local)))
+        """Actor -> rollout engines (in-process: the roles share the pool); the new version.
+        A sleeping engine wakes its weights first and its KV cache after the push."""
+        rollout = self.handles["rollout"]
+        if self.sleep_level:
+            rollout.call(RolloutWorker.wake_up, ["weights"])
+        version = int(_first(self.actor.call(ActorWorker.push_weights_local)))
+        if self.sleep_level:
+            rollout.call(RolloutWorker.wake_up, ["kv_cache"])
+        return version
 
-    def rollout(self, rows: Sequence[Mapping[str, Any]], n: int, seed: int,
+    def rollout(self, rows: Sequence[Mapping[str, Any]], n: int, seed: int | None,
                 greedy: bool = False) -> TensorDict:
         batch = make_rollout_input(rows, n=n)
         return self.handles["rollout"].call(RolloutWorker.rollout, batch, seed=seed,
@@ -410,9 +447,12 @@ class Trainer:
     def actor(self) -> Any:
         return self.handles["actor"]
 
-    def _seed(self, what: str, step: int | None = None) -> int:
+    def _seed(self, what: str, step: int | None = None) -> int | None:
         """Sampling seed of this step (or ``step``): a function of (seed, step), so a resumed
-        run draws the same samples as an uninterrupted one."""
+        run draws the same samples as an uninterrupted one; None when episodes are unseeded
+        (`seeded`)."""
+        if not self.seeded:
+            return None
         step = self.step if step is None else step
         return zlib.crc32(f"{self.cfg.seed}:{what}:{step}".encode()) % (2**31 - 1)
 
