@@ -132,7 +132,7 @@ class ResourcesConfig:
     cpus_per_process: float = 1.0
     ray_num_cpus: int | None = None  # local cluster size; None: Ray's default
     ray_address: str | None = None  # connect to an existing cluster (or set RAY_ADDRESS)
-    memory_check: str = "refuse"  # refuse | warn | off: the pre-flight memory estimate
+    memory_check: str = "refuse"  # refuse | warn | skip: the pre-flight memory plan
     host_memory_gib: float | None = None  # RAM per node to plan with (None: this machine's)
     gpu_memory_gib: float | None = None  # memory per GPU to plan with (None: the visible GPU's)
 
@@ -200,7 +200,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "rollout.engine.device": ("cpu", "cuda"),
     "trainer.mode": ("sync", "pipeline"),
     "trainer.on_rollout_failure": ("stop", "retry"),
-    "resources.memory_check": ("refuse", "warn", "off"),
+    "resources.memory_check": ("refuse", "warn", "skip"),
 }
 
 

@@ -34,12 +34,13 @@ from toolrl.trainer.config import ConfigError, ExperimentConfig
 GiB = float(1 << 30)
 MiB = float(1 << 20)
 
-# Measured base costs (resident memory of a process before it holds any model state).
-DRIVER_BASE = 0.9 * GiB  # the driver: torch, transformers, Ray client, tokenizer, task rows
-RAY_SYSTEM = 0.7 * GiB  # gcs, raylet and Ray's helper processes of a local cluster
-WORKER_BASE = 1.3 * GiB  # a Ray worker with torch, transformers, vLLM's client imported
-ENGINE_CORE_BASE = 1.0 * GiB  # vLLM's engine core (with its model worker in-process)
-ENGINE_WORKER_BASE = 0.9 * GiB  # a separate vLLM worker process (engine multiprocessing)
+# Measured base costs (peak resident memory of a process running the tiny model, rounded up;
+# benchmarks/bench_scale.py measures them).
+DRIVER_BASE = 0.6 * GiB  # the driver: torch, transformers, Ray client, tokenizer, task rows
+RAY_SYSTEM = 0.6 * GiB  # gcs, raylet and Ray's helper processes of a local cluster
+WORKER_BASE = 0.8 * GiB  # a Ray worker with torch, transformers, vLLM's client imported
+ENGINE_CORE_BASE = 0.8 * GiB  # vLLM's engine core (with its model worker in-process)
+ENGINE_WORKER_BASE = 0.8 * GiB  # a separate vLLM worker process (engine multiprocessing)
 CUDA_CONTEXT = 0.6 * GiB  # per process using a GPU
 LOGITS_CHUNK_BYTES = 256 * MiB  # `toolrl.workers.scoring`'s default LM-head chunk
 RAY_OOM_THRESHOLD = 0.95  # Ray's memory monitor kills workers above this share of RAM
@@ -239,10 +240,11 @@ def micro_batch_tokens(cfg: ExperimentConfig, forward_only: bool = False) -> tup
 
 def _policy_state(shape: ModelShape, dtype: str, shards: int, trainable: bool
                   ) -> dict[str, float]:
+    """What a policy holds between steps: its weights and, trained, AdamW's two moments
+    (gradients are freed after each optimizer step)."""
     b = _bytes(dtype)
     out = {"weights": shape.params * b / shards}
     if trainable:
-        out["gradients"] = shape.params * b / shards
         out["AdamW state"] = 2 * shape.params * b / shards
     return out
 
@@ -294,27 +296,38 @@ def plan_memory(cfg: ExperimentConfig, shape: ModelShape, host_budget: float | N
         dev.resident.update({f"critic {k}": v for k, v in
                              _policy_state(shape, cfg.critic.dtype, shards, True).items()})
     compute = _bytes(actor.param_dtype or actor.dtype)
+    grads = shape.params * _bytes(actor.dtype) / shards
+    micro_batches = math.ceil(cfg.data.batch_size * cfg.algorithm.group_size
+                              / shards / max(rows, 1))
     dev.add("update", **{
+        "gradients": grads,
         "activations": shape.train_activation_bytes(train_tokens, compute,
                                                     actor.gradient_checkpointing),
         "LM-head chunks": 3 * _chunk_bytes(shape, actor, train_tokens),
-        "unsharded root + layers": _unsharded(shape, actor, 2)})
-    dev.add("optimizer step", **{"AdamW temporaries": shape.params * _bytes(actor.dtype)
-                                 / shards})
+        # dense vocab x hidden gradients: the lookup's and each head chunk's, before they are
+        # added into the (tied) weight's gradient
+        "embedding + LM-head gradient buffers": 2.0 * shape.vocab * shape.hidden * compute,
+        "unsharded root + layers": _unsharded(shape, actor, 2),
+        # accumulating into existing gradients: FSDP2's reduce-scatter in- and outputs
+        "gradient accumulation": 2 * _unsharded(shape, actor, 1) if micro_batches > 1 else 0.0})
+    dev.add("optimizer step", **{"gradients": grads, "AdamW temporaries": grads})
     dev.add("log-probs", **{
         "activations (no grad)": shape.forward_activation_bytes(fwd_tokens, compute),
         "LM-head chunks": 2 * _chunk_bytes(shape, actor, fwd_tokens),
         "unsharded root + layers": _unsharded(shape, actor, 1)})
+    e_bytes = _bytes(engine.dtype)
+    largest = shape.largest_layer_params * float(_bytes(actor.dtype))  # as gathered
+    # tensors are staged in the engine's dtype; a bucket holds at least one of them
+    staged = max(bucket, shape.largest_layer_params * float(e_bytes))
     if mode == "sync":  # colocated: the push runs in this process
-        dev.add("weight push", **{"staging bucket": bucket,
-                                  "gathered tensor": shape.largest_layer_params * 4.0})
+        dev.add("weight push", **{"staging bucket": staged,
+                                  "gathered tensor": largest if shards > 1 else 0.0})
     if gpu:
         dev.resident["CUDA context"] = CUDA_CONTEXT
         host.add("load", **{"checkpoint (rank 0 reads, broadcasts)":
                             shape.params * _bytes(actor.dtype) / res.processes_per_node})
 
     # --- the engines: the core process on the host, the weights there or on a GPU
-    e_bytes = _bytes(engine.dtype)
     engine_weights = shape.params * e_bytes
     per_node = res.processes_per_node if mode == "sync" else res.rollout_processes_per_node
     core = ProcessPlan("vLLM engine core", count=per_node)
@@ -349,8 +362,9 @@ def plan_memory(cfg: ExperimentConfig, shape: ModelShape, host_budget: float | N
                                                                  * e_bytes)
         holder.resident["KV cache"] = float(engine.kv_cache_gib or 0.0) * GiB
         holder.resident["sampler logits"] = 2.0 * 256 * shape.vocab * 4
-        holder.add("weight push", **{"mapped bucket": bucket,
-                                     "reloaded layer": shape.largest_layer_params * e_bytes})
+        holder.add("weight push", **{
+            "mapped bucket": max(bucket, shape.largest_layer_params * e_bytes),
+            "reloaded layer + its CPU packing": 2 * shape.largest_layer_params * e_bytes})
 
     driver = ProcessPlan("driver", count=1)
     driver.resident["process"] = DRIVER_BASE
@@ -360,6 +374,7 @@ def plan_memory(cfg: ExperimentConfig, shape: ModelShape, host_budget: float | N
         ws_tokens = prompt + cfg.warm_start.batch_size * (total - prompt)
         driver.add("warm start", **{
             **{f"SFT {k}": v for k, v in _policy_state(shape, "float32", 1, True).items()},
+            "SFT gradients": shape.params * 4.0,
             "SFT activations": shape.train_activation_bytes(ws_tokens, 4, False),
             "SFT LM-head chunks": 3 * _chunk_bytes(shape, actor, ws_tokens)})
     ray = ProcessPlan("Ray system processes", count=1)
@@ -370,7 +385,7 @@ def plan_memory(cfg: ExperimentConfig, shape: ModelShape, host_budget: float | N
         rollout = ProcessPlan("worker: rollout", count=res.rollout_processes_per_node)
         rollout.resident["process"] = WORKER_BASE
         if not engine_gpu:
-            rollout.add("weight push", **{"staging bucket": bucket})
+            rollout.add("weight push", **{"staging bucket": staged})
         processes.append(rollout)
     processes.append(host)
     if gpu:
@@ -431,9 +446,9 @@ def model_shape(cfg: ExperimentConfig) -> ModelShape | None:
 
 def check_memory(cfg: ExperimentConfig, shape: ModelShape | None = None) -> MemoryPlan | None:
     """Plan ``cfg``'s memory and refuse (``resources.memory_check=refuse``) or warn when it does
-    not fit. Returns the plan (None when the check is off or the model's shape is unknown)."""
+    not fit. Returns the plan (None when the check is skipped or the model's shape is unknown)."""
     mode = cfg.resources.memory_check
-    if mode == "off":
+    if mode == "skip":
         return None
     shape = shape or model_shape(cfg)
     if shape is None:
