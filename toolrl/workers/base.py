@@ -34,14 +34,13 @@ from toolrl.algo.loss import batch_totals
 from toolrl.batch import RESPONSE_MASK, batch_len
 from toolrl.workers.fsdp import (
     all_reduce,
-    build_model,
+    build_sharded_model,
     default_device,
     device_mesh,
     full_state_dict,
     init_distributed,
     mixed_precision,
     rank,
-    shard_model,
     ties_embeddings,
     torch_dtype,
     world_size,
@@ -218,16 +217,15 @@ class FSDPModel:
         self.trainable = trainable
         self.device = default_device()
         self.mesh = device_mesh(self.device)
-        model = build_model(config.model_path, auto_cls, config.dtype,
-                            gradient_checkpointing=config.gradient_checkpointing and trainable,
-                            **(model_kwargs or {}))
-        self.hf_config = model.config
-        self.tied = ties_embeddings(model)
-        if not trainable:
-            model.requires_grad_(False)
-        self.model: nn.Module = shard_model(
-            model, self.mesh, mixed_precision(config.param_dtype, config.reduce_dtype),
-            config.reshard_after_forward)
+        # the checkpoint is read once (rank 0) and broadcast into every rank's shards
+        self.model: nn.Module = build_sharded_model(
+            config.model_path, self.mesh, auto_cls, config.dtype,
+            gradient_checkpointing=config.gradient_checkpointing and trainable,
+            mp_policy=mixed_precision(config.param_dtype, config.reduce_dtype),
+            reshard_after_forward=config.reshard_after_forward, freeze=not trainable,
+            **(model_kwargs or {}))
+        self.hf_config = self.model.config
+        self.tied = ties_embeddings(self.model)
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
         self.num_updates = 0  # optimizer steps taken (drives the schedule and shuffling)
