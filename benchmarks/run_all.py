@@ -56,6 +56,8 @@ BENCHES: tuple[Bench, ...] = (
     Bench("scaling", "bench_scaling.py", "Scaling: batch size, turns, rollout workers",
           args=("--reps", "3"), timeout_s=720,
           plots=("scaling_batch", "scaling_turns", "scaling_workers")),
+    Bench("scale", "bench_scale.py", "Real model sizes: Qwen2.5-0.5B's shape on CPU",
+          timeout_s=2400),
 )
 PIPELINE = Bench("pipeline", "bench_pipeline.py", "Sync vs one-step-off pipeline",
                  args=("--rounds", "1", "--steps", "5"), timeout_s=900)
