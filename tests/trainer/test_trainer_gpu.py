@@ -17,6 +17,7 @@ from toolrl.trainer.trainer import Trainer
 from toolrl.workers.actor import ActorWorker
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
+DEVICES = 2  # for toolrl test-scheduler: the split-pool test needs two GPUs
 ROOT = Path(__file__).resolve().parents[2]
 GPU = {"resources.device": "cuda", "rollout.engine.device": "cuda",
        "rollout.engine.kv_cache_gib": None, "rollout.engine.dtype": "float32",

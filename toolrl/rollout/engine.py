@@ -391,9 +391,13 @@ class VLLMEngine:
         push.begin()
         try:
             push.push(stream)
-        except BaseException:
+        except BaseException as e:
             with contextlib.suppress(Exception):  # put back what can be put back
                 push.finish()
+            if push.buckets and isinstance(e, Exception):
+                raise EngineError(f"weight push failed after {push.buckets} buckets ({e}); "
+                                  f"the engine now holds a mix of old and new weights: push "
+                                  f"the complete set") from e
             raise
         push.finish()
         self.last_push_buckets = push.buckets

@@ -53,12 +53,15 @@ def tensor_bytes(tensor: torch.Tensor) -> int:
 
 
 # --- shared-memory staging (the caller's side of a CPU push) ---------------------------------
-def staging_dir() -> Path:
+def staging_dir(bucket_bytes: int = 0) -> Path:
     """Where staging files go: ``/dev/shm`` (memory, shared with the engine's processes) when
-    the machine has it, else the temp dir."""
+    the machine has it with room for two buckets (containers often mount 64 MiB), else the temp
+    dir (the page cache, which the engine maps just the same)."""
     shm = Path("/dev/shm")
     if shm.is_dir() and os.access(shm, os.W_OK):
-        return shm
+        st = os.statvfs(shm)
+        if st.f_bavail * st.f_frsize >= 2 * bucket_bytes:
+            return shm
     return Path(tempfile.gettempdir())
 
 
@@ -177,7 +180,7 @@ class BucketStager:
         if bucket_bytes < 1:
             raise ValueError(f"bucket size must be positive, got {bucket_bytes} bytes")
         self.bucket_bytes = int(bucket_bytes)
-        self.directory = directory or staging_dir()
+        self.directory = directory or staging_dir(self.bucket_bytes)
         self._current: StagedBucket | None = None
 
     def add(self, name: str, tensor: torch.Tensor) -> StagedBucket | None:
