@@ -78,8 +78,9 @@ def test_a_pool_larger_than_the_machine(tmp_path, capsys, ray_cluster, tiny_mode
     groups_before = set(ray.util.placement_group_table())
     free_before = ray.available_resources().get("CPU")
     config = tmp_path / "big.yaml"
+    # (the pre-flight memory plan would refuse 64 engines first: skipped, this is the pool check)
     config.write_text(f"model:\n  path: {tiny_model_dir}\n  build_tiny_if_missing: false\n"
-                      f"resources:\n  processes_per_node: 64\n"
+                      f"resources:\n  processes_per_node: 64\n  memory_check: skip\n"
                       f"trainer:\n  output_dir: {tmp_path / 'run'}\n  trackers: [jsonl]\n"
                       f"data:\n  train_size: 16\n  val_size: 4\n")
     code, err = run_cli(capsys, "--config", str(config))
