@@ -154,6 +154,11 @@ def push(buckets_mb: list[float], reps: int) -> dict[str, Any]:
 
 
 # --- report --------------------------------------------------------------------------------
+def _relative(arg: str) -> str:
+    """Paths inside the repository as the command line from its root would spell them."""
+    return arg.replace(str(benchlib.ROOT) + os.sep, "")
+
+
 def _gib(x: float) -> str:
     return f"{x / GiB:.2f}"
 
@@ -173,8 +178,9 @@ def train_section(r: dict[str, Any]) -> list[str]:
     mem.append(("**total**", "", f"**{_gib(total_meas)}**", f"**{_gib(r['plan_total'])}**",
                 f"{total_meas / r['plan_total']:.2f}"))
     return [
-        f"Command: `{' '.join(r['config'])}`, {r['steps']} steps, {r['seconds']:.0f} s in all "
-        f"(engine and actor start-up, validation before and after included).",
+        f"Config: `{' '.join(_relative(c) for c in r['config'])}`, {r['steps']} steps, "
+        f"{r['seconds']:.0f} s in all (engine and actor start-up, validation before and after "
+        f"included).",
         "",
         md_table(["phase", "median s/step", "max s/step"], rows),
         "",

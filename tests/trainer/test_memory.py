@@ -164,3 +164,18 @@ def test_every_real_shape_has_a_plan():
         shape = ModelShape.from_hf_config(shape_config(size))
         plan = plan_memory(load_config(SCALE), shape, 24 * GiB)
         assert plan.host_total > shape.params * 4 * 3  # weights, AdamW, the engine at least
+
+
+def test_gpu_pools_are_planned_apart_and_a_small_gpu_is_refused(half_b):
+    gpu = ["resources.device=cuda", "rollout.engine.device=cuda",
+           "rollout.engine.kv_cache_gib=null"]
+    pipe = load_config(ROOT / "configs" / "quickstart_pipeline.yaml", gpu)
+    plan = plan_memory(pipe, half_b, None, 80 * GiB)
+    # split pools: the engine has a GPU of its own, the actor's GPU does not hold it
+    engine = plan.phase_total("rollout", gpu=True, pool="rollout")
+    assert engine == pytest.approx(0.6 * GiB + 0.5 * 80 * GiB)  # context + its share
+    assert plan.gpu_total == max(plan.peak(True)[0], engine)
+    cfg = load_config(SCALE, [*gpu, "resources.gpu_memory_gib=8", "resources.host_memory_gib=512",
+                              "model.tiny_size=qwen2.5-7b", "model.path=/nonexistent/7b"])
+    with pytest.raises(MemoryBudgetError, match="per GPU"):
+        check_memory(cfg)

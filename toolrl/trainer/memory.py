@@ -133,6 +133,7 @@ class ProcessPlan:
     resident: dict[str, float] = field(default_factory=dict)
     phases: dict[str, dict[str, float]] = field(default_factory=dict)
     gpu: bool = False  # a plan of GPU memory rather than host memory
+    pool: str = "train"  # GPUs of one pool are planned together (pipeline: rollout has its own)
 
     def add(self, phases: tuple[str, ...] | str, **items: float) -> None:
         for phase in (phases,) if isinstance(phases, str) else phases:
@@ -158,14 +159,24 @@ class MemoryPlan:
     gpu_budget: float | None
     notes: list[str] = field(default_factory=list)
 
-    def phase_total(self, phase: str, gpu: bool = False) -> float:
-        procs = [p for p in self.processes if p.gpu == gpu]
+    def _procs(self, gpu: bool, pool: str | None) -> list[ProcessPlan]:
+        return [p for p in self.processes if p.gpu == gpu and (pool is None or p.pool == pool)]
+
+    def phase_total(self, phase: str, gpu: bool = False, pool: str | None = None) -> float:
+        """Host memory per node, or memory per GPU of ``pool`` (default: the busiest), in
+        ``phase``."""
+        if gpu and pool is None:
+            return max((self.phase_total(phase, True, p) for p in self._pools()), default=0.0)
+        procs = self._procs(gpu, pool if gpu else None)
         if phase not in PHASES:  # before the workers exist
             procs = [p for p in procs if phase in p.phases]
         return sum(sum(p.at(phase).values()) * p.count for p in procs)
 
+    def _pools(self) -> list[str]:
+        return sorted({p.pool for p in self.processes if p.gpu})
+
     def peak(self, gpu: bool = False) -> tuple[float, str]:
-        """(total, phase) of the busiest phase."""
+        """(total, phase) of the busiest phase (on GPU: of the busiest pool's GPUs)."""
         phases = {ph for p in self.processes for ph in p.phases} | set(PHASES)
         return max((self.phase_total(ph, gpu), ph) for ph in sorted(phases))
 
@@ -339,7 +350,8 @@ def plan_memory(cfg: ExperimentConfig, shape: ModelShape, host_budget: float | N
     engine_procs = [core] + ([holder] if holder is not core else [])
     level = int(engine.sleep_level or 0) if mode == "sync" else 0
     if engine_gpu:
-        eng = ProcessPlan("vLLM engine", count=1, gpu=True)
+        eng = ProcessPlan("vLLM engine", count=1, gpu=True,
+                          pool="train" if mode == "sync" else "rollout")
         eng.resident["CUDA context"] = CUDA_CONTEXT
         if gpu_budget is not None:
             held = {"weights + activations + KV cache":
@@ -471,7 +483,8 @@ def explain(plan: MemoryPlan, cfg: ExperimentConfig) -> str:
     need, phase = plan.peak(gpu)
     have = plan.gpu_budget if gpu else plan.host_budget
     assert have is not None
-    items = {f"{p.name}: {k}": v * p.count for p in plan.processes if p.gpu == gpu
+    pool = max(plan._pools(), key=lambda q: plan.phase_total(phase, True, q)) if gpu else None
+    items = {f"{p.name}: {k}": v * p.count for p in plan._procs(gpu, pool)
              for k, v in p.at(phase).items()
              if phase in PHASES or phase in p.phases}
     top = max(items, key=lambda k: items[k])
