@@ -283,6 +283,12 @@ def validate(cfg: ExperimentConfig) -> None:
         raise ConfigError(f"rollout.max_prompt_tokens ({prompt}) must be >= 1 and leave room "
                           f"for the response in rollout.max_total_tokens "
                           f"({cfg.rollout.max_total_tokens})")
+    for key in ("actor", "critic"):
+        model = getattr(cfg, key)
+        if model.lr_schedule == "cosine" and optimizer_steps(cfg, model) <= model.warmup_steps:
+            raise ConfigError(f"{key}.lr_schedule=cosine needs more optimizer steps "
+                              f"({optimizer_steps(cfg, model)} in this run) than "
+                              f"{key}.warmup_steps ({model.warmup_steps})")
     if cfg.rollout.max_total_tokens > cfg.rollout.engine.max_model_len:
         raise ConfigError(f"rollout.max_total_tokens ({cfg.rollout.max_total_tokens}) exceeds "
                           f"rollout.engine.max_model_len ({cfg.rollout.engine.max_model_len})")
@@ -291,6 +297,14 @@ def validate(cfg: ExperimentConfig) -> None:
             not _looks_like_hub_id(model):
         raise ConfigError(f"model.path={model!r} does not exist (and "
                           f"model.build_tiny_if_missing is false)")
+
+
+def optimizer_steps(cfg: ExperimentConfig, model: Any) -> int:
+    """Optimizer steps of a trained model over the run (what its LR schedule spans): steps x
+    PPO epochs x mini-batches per step."""
+    samples = cfg.data.batch_size * cfg.algorithm.group_size
+    mini = model.ppo_mini_batch_size or samples
+    return cfg.trainer.total_steps * model.ppo_epochs * -(-samples // mini)
 
 
 def _looks_like_hub_id(path: str) -> bool:

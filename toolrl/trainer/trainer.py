@@ -34,7 +34,7 @@ from toolrl.rollout.engine import EngineConfig, SamplingConfig
 from toolrl.rollout.worker import RolloutConfig as WorkerRolloutConfig
 from toolrl.rollout.worker import RolloutWorker, make_rollout_input, rollout_metrics
 from toolrl.trainer import checkpoint as ckpt
-from toolrl.trainer.config import ExperimentConfig, save_config
+from toolrl.trainer.config import ExperimentConfig, optimizer_steps, save_config
 from toolrl.trainer.mixture import RewardSets, env_of, mixture_rows, success_by
 from toolrl.trainer.tracking import Tracker
 from toolrl.workers.actor import ActorWorker, RefWorker
@@ -137,7 +137,7 @@ class Trainer:
             self._spawn({"rollout": RoleSpec.of(RolloutWorker, self.rollout_config())})
             return
         actor_cfg = _replace(cfg.actor, model_path=self.model_path,
-                             total_steps=cfg.trainer.total_steps, seed=cfg.seed,
+                             total_steps=optimizer_steps(cfg, cfg.actor), seed=cfg.seed,
                              temperature=cfg.rollout.temperature,
                              max_response_length=cfg.rollout.max_total_tokens)
         roles: dict[str, RoleSpec] = {"actor": RoleSpec.of(ActorWorker, actor_cfg)}
@@ -146,7 +146,7 @@ class Trainer:
             roles["ref"] = RoleSpec.of(RefWorker, actor_cfg)
         if cfg.algorithm.name == "ppo":
             critic_cfg = _replace(cfg.critic, model_path=self.model_path,
-                                  total_steps=cfg.trainer.total_steps, seed=cfg.seed,
+                                  total_steps=optimizer_steps(cfg, cfg.critic), seed=cfg.seed,
                                   max_response_length=cfg.rollout.max_total_tokens)
             roles["critic"] = RoleSpec.of(CriticWorker, critic_cfg)
         roles["rollout"] = RoleSpec.of(RolloutWorker, self.rollout_config())
