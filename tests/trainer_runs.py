@@ -11,13 +11,21 @@ def register_test_rewards() -> None:
     """A dense, varied reward even for a random model: the share of digits in its text."""
     from toolrl.core.reward import REWARDS, reward
 
-    if "test_digit_fraction" in REWARDS:
+    if "test_even_tasks_flat" in REWARDS:
         return
 
     @reward("test_digit_fraction")
     def digit_fraction(traj) -> float:
         text = "".join(t.action for t in traj.turns)
         return sum(c.isdigit() for c in text) / max(len(text), 1)
+
+    @reward("test_even_tasks_flat")
+    def even_tasks_flat(traj) -> float:
+        """1 for every sample of an even-numbered task (a group with nothing to prefer), a
+        value of the sampled text's length otherwise (it differs between samples)."""
+        if int(str(traj.row["id"]).rsplit("-", 1)[-1]) % 2 == 0:
+            return 1.0
+        return len("".join(t.action for t in traj.turns)) % 5 / 4
 
 
 def small_run_overrides(model: Path, out: Path, **extra: object) -> list[str]:

@@ -9,6 +9,7 @@ from toolrl.algo.advantage import (
     AdvantageEstimator,
     compute_advantage,
     register_advantage,
+    uniform_groups,
 )
 from toolrl.algo.kl import KL_KINDS, apply_kl_in_reward, kl_penalty
 from toolrl.algo.loss import (
@@ -52,5 +53,6 @@ __all__ = [
     "masked_whiten",
     "register_advantage",
     "register_policy_loss",
+    "uniform_groups",
     "value_loss",
 ]

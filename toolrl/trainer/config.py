@@ -87,6 +87,9 @@ class AlgorithmConfig:
     kl_in_reward_coef: float = 0.0  # > 0: KL to the reference subtracted from the reward
     kl_in_reward_kind: str = "k1"
     use_reference: bool = False  # compute reference log-probs (needed by any KL term)
+    # drop groups whose samples all got the same reward (zero advantage, no policy gradient)
+    # before log-probs and the update, as DAPO's dynamic sampling does
+    filter_groups: bool = False
 
 
 @dataclass
@@ -137,7 +140,8 @@ class WarmStartConfig:
     """Supervised warm start on oracle transcripts of the env, before RL."""
 
     enabled: bool = False
-    steps: int = 300
+    steps: int = 300  # at most; the cosine schedule spans them
+    stop_loss: float | None = None  # stop once the mean loss of the last 50 steps is this low
     lr: float = 3e-3
     batch_size: int = 16
     num_transcripts: int = 2048

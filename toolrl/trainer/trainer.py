@@ -25,7 +25,7 @@ from rich.table import Table
 from tensordict import TensorDict
 
 from toolrl import batch as B
-from toolrl.algo import apply_kl_in_reward, compute_advantage
+from toolrl.algo import apply_kl_in_reward, compute_advantage, uniform_groups
 from toolrl.controller import ResourcePoolManager, RoleSpec, init_ray
 from toolrl.controller.worker_group import WorkerGroupError, spawn
 from toolrl.core.reward import Trajectory, TurnRecord
@@ -112,7 +112,8 @@ class Trainer:
                                          max_len=self.cfg.rollout.max_total_tokens)
         self.console.log(f"warm start: {len(transcripts)} oracle transcripts, {ws.steps} steps")
         metrics = sft(base, transcripts, out, steps=ws.steps, lr=ws.lr,
-                      batch_size=ws.batch_size, seed=self.cfg.seed, console=self.console)
+                      batch_size=ws.batch_size, seed=self.cfg.seed, stop_loss=ws.stop_loss,
+                      console=self.console)
         (out / "warm_start_metrics.json").write_text(json.dumps(metrics, indent=2))
         return str(out)
 
@@ -198,6 +199,42 @@ class Trainer:
         times go into ``timing``. Returns the step's metrics."""
         with _timed(timing, "reward"):
             reward_metrics = self.score(batch)
+        train, adv_metrics = self.informative(batch)
+        metrics: dict[str, float] = {}
+        if train is not None:
+            metrics, more = self.train_on(train, timing)
+            adv_metrics.update(more)
+        for key in ("log_prob_diff_abs_mean", "log_prob_diff_abs_max"):  # on-policy steps
+            if f"actor/{key}" in metrics:
+                metrics[f"rollout/{key}"] = metrics.pop(f"actor/{key}")
+        metrics.update(reward_metrics)
+        metrics.update(adv_metrics)
+        metrics.update(rollout_metrics(batch))
+        episodes = B.get_non_tensor(batch, B.EPISODES)
+        metrics["train/success"] = sum(bool(e["success"]) for e in episodes) / len(episodes)
+        if self.mixed:
+            metrics.update(success_by("train/success", episodes,
+                                      self._envs(B.get_non_tensor(batch, B.ROWS))))
+        self._last_batch = batch
+        return metrics
+
+    def informative(self, batch: TensorDict) -> tuple[TensorDict | None, dict[str, float]]:
+        """The rows to train on: all of ``batch``, or with ``algorithm.filter_groups`` those of
+        groups whose rewards differ (None when no group does: the step trains on nothing)."""
+        uids = B.get_non_tensor(batch, B.UID)
+        uniform = uniform_groups(batch[B.TOKEN_LEVEL_SCORES].sum(-1), uids)
+        flat = {u for u, f in zip(uids, uniform.tolist(), strict=True) if f}
+        metrics = {"train/uniform_groups": len(flat) / max(len(set(uids)), 1)}
+        if not self.cfg.algorithm.filter_groups or not uniform.any():
+            return batch, metrics
+        keep = (~uniform).nonzero().flatten().tolist()
+        metrics["train/update_samples"] = float(len(keep))
+        return (B.select_rows(batch, keep) if keep else None), metrics
+
+    def train_on(self, batch: TensorDict, timing: dict[str, float]
+                 ) -> tuple[dict[str, float], dict[str, float]]:
+        """log-probs -> advantage -> update on the rows to train on; returns the update's and
+        the advantage's metrics."""
         with _timed(timing, "log_probs"):
             if self.needs_old_log_probs:
                 batch.update(self.actor.call(ActorWorker.compute_log_prob, batch))
@@ -213,19 +250,7 @@ class Trainer:
             if "critic" in self.handles:
                 metrics.update(_first(self.handles["critic"].call(CriticWorker.update_critic,
                                                                   batch)))
-        for key in ("log_prob_diff_abs_mean", "log_prob_diff_abs_max"):  # on-policy steps
-            if f"actor/{key}" in metrics:
-                metrics[f"rollout/{key}"] = metrics.pop(f"actor/{key}")
-        metrics.update(reward_metrics)
-        metrics.update(adv_metrics)
-        metrics.update(rollout_metrics(batch))
-        episodes = B.get_non_tensor(batch, B.EPISODES)
-        metrics["train/success"] = sum(bool(e["success"]) for e in episodes) / len(episodes)
-        if self.mixed:
-            metrics.update(success_by("train/success", episodes,
-                                      self._envs(B.get_non_tensor(batch, B.ROWS))))
-        self._last_batch = batch
-        return metrics
+        return metrics, adv_metrics
 
     @property
     def needs_old_log_probs(self) -> bool:
