@@ -46,6 +46,8 @@ class Bench:
 BENCHES: tuple[Bench, ...] = (
     Bench("rollout", "bench_rollout.py", "Rollout: multi-turn episodes vs the engine's ceiling",
           timeout_s=420),
+    Bench("update", "bench_update.py", "Actor update vs a bare transformers step",
+          timeout_s=420),
     Bench("trl", "bench_trl.py", "End-to-end GRPO step: toolrl vs TRL GRPOTrainer",
           args=("--steps", "4"), timeout_s=1500, plots=("trl_step",)),
     Bench("weight_sync", "bench_weight_sync.py", "Weight sync time vs model size",

@@ -2,17 +2,21 @@
 
 A row holds the conversation, the tools offered, and the ground truth in BFCL's possible-answer
 format: a list of expected calls, each ``{function_name: {param: [acceptable values]}}``, where
-``""`` among the values means the parameter may be omitted. Categories: ``simple``,
-``multiple``, ``parallel``, ``parallel_multiple``, ``irrelevance`` (no call expected).
+``""`` among the values means the parameter may be omitted. Categories: toolrl's ``simple``,
+``multiple``, ``parallel``, ``parallel_multiple``, ``irrelevance`` (no call expected),
+``relevance`` (any well-formed call), and BFCL's single-turn names (``simple_python``,
+``live_multiple``, ...; see `toolrl.core.bfcl.BFCL_CATEGORIES`).
 
 Nothing is executed: the episode is one assistant turn. The calls are validated against the
 tools' JSON schemas (typed errors in ``info["errors"]``) and checked against the ground truth
-with the shared BFCL AST checker (`toolrl.core.bfcl.check_calls`), which decides ``success``.
+with the shared BFCL AST checker (`toolrl.core.bfcl.check_parsed`), which decides ``success``;
+as in BFCL, a malformed call fails the turn unless ``strict_parse=False``.
 
-Rows come from `load_tasks` (JSON, JSONL or parquet; BFCL's question/answer files via
-`load_bfcl`) or from `make_tasks`, a seeded synthetic generator over a handful of everyday
-functions. Row fields: ``id``, ``category``, ``messages`` (or BFCL ``question``), ``tools``
-(OpenAI schemas, or BFCL ``function``), ``ground_truth``.
+Rows come from `load_tasks` (JSON, JSONL or parquet; BFCL's question and possible-answer files
+via `toolrl.data.bfcl.load_bfcl`), from `toolrl data convert` (public training sets), or from
+`make_tasks`, a seeded synthetic generator over a handful of everyday functions. Row fields:
+``id``, ``category``, ``messages`` (or BFCL ``question``), ``tools`` (OpenAI schemas, or BFCL
+``function``), ``ground_truth``.
 """
 
 from __future__ import annotations
@@ -22,12 +26,23 @@ import random
 from pathlib import Path
 from typing import Any
 
-from toolrl.core.bfcl import check_calls, parse_ground_truth
+from toolrl.core.bfcl import (
+    BFCL_UNSCORABLE,
+    CATEGORIES,
+    SCORABLE,
+    category_of,
+    check_mode,
+    check_parsed,
+    ground_truth_calls,
+    parse_ground_truth,
+    tool_schemas,
+)
 from toolrl.core.env import ToolEnv, Turn
 from toolrl.core.tools import Tool
 from toolrl.core.types import ParseResult, ToolCall
+from toolrl.data.bfcl import category_from_id, is_bfcl_row, load_bfcl
+from toolrl.data.loader import load_rows
 
-CATEGORIES = ("simple", "multiple", "parallel", "parallel_multiple", "irrelevance")
 SYSTEM_PROMPT = ("Call the functions needed to answer. If none of them fits, answer in plain "
                  "text without calling any.")
 
@@ -45,21 +60,21 @@ def _decode_json_fields(row: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-def _category_from_id(row_id: str) -> str | None:
-    prefix = row_id.rsplit("_", 1)[0] if "_" in row_id else row_id
-    prefix = prefix.removeprefix("live_")
-    matches = [c for c in CATEGORIES if prefix == c or prefix.endswith(c)]
-    return max(matches, key=len) if matches else None
-
-
 def normalize_row(row: dict[str, Any]) -> dict[str, Any]:
-    """A BFCL or toolrl row in toolrl's form (``messages``, ``tools``, ``category``)."""
+    """A BFCL-layout or toolrl row in toolrl's form (``messages``, ``tools``, ``category``).
+
+    The category is the row's own, else BFCL's reading of its id when that names a BFCL
+    category, else the one its ground truth and tools imply (`category_of`).
+    """
     row = _decode_json_fields(dict(row))
     if "messages" not in row and "question" in row:
         question = row.pop("question")
         if isinstance(question, str):
             row["messages"] = [{"role": "user", "content": question}]
         elif question and isinstance(question[0], list):  # BFCL: a list of turns
+            if len(question) != 1:
+                raise ValueError(f"row {row.get('id')!r} has {len(question)} turns; "
+                                 f"FunctionCalling rows are single-turn")
             row["messages"] = list(question[0])
         else:
             row["messages"] = list(question)
@@ -69,48 +84,27 @@ def normalize_row(row: dict[str, Any]) -> dict[str, Any]:
         row["tools"] = [f if f.get("type") == "function" and "function" in f
                         else {"type": "function", "function": f} for f in functions]
     if not row.get("category"):
-        row["category"] = _category_from_id(str(row.get("id", ""))) or (
-            "irrelevance" if not row.get("ground_truth") else "simple")
+        from_id = category_from_id(str(row.get("id", "")))
+        if from_id in SCORABLE or from_id in BFCL_UNSCORABLE:  # BFCL's id names its category
+            row["category"] = from_id
+        elif "ground_truth" in row:
+            row["category"] = category_of(len(row["ground_truth"]), len(row.get("tools") or []))
     return row
 
 
-def _read_rows(path: Path) -> list[dict[str, Any]]:
-    suffix = path.suffix.lower()
-    if suffix == ".jsonl":
-        with path.open() as f:
-            return [json.loads(line) for line in f if line.strip()]
-    if suffix == ".json":
-        data = json.loads(path.read_text())
-        if isinstance(data, dict) and isinstance(data.get("rows"), list):
-            return data["rows"]
-        if isinstance(data, list):
-            return data
-        raise ValueError(f"{path}: expected a JSON list of rows (or {{'rows': [...]}})")
-    if suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        return pq.read_table(path).to_pylist()
-    raise ValueError(f"{path}: unsupported file type {suffix!r}; use .json, .jsonl or .parquet")
-
-
 def load_tasks(path: str | Path, answers: str | Path | None = None) -> list[dict[str, Any]]:
-    """Rows from JSON, JSONL or parquet; ``answers`` (BFCL possible-answer JSONL) adds the
-    ``ground_truth`` of each row by ``id``."""
-    rows = [normalize_row(r) for r in _read_rows(Path(path))]
-    if answers is not None:
-        truth = {r["id"]: r["ground_truth"] for r in _read_rows(Path(answers))}
-        for row in rows:
-            if row.get("id") in truth:
-                row["ground_truth"] = truth[row["id"]]
+    """Rows from JSON, JSONL or parquet. A BFCL question file (or any file with ``answers``, a
+    BFCL possible-answer file) is joined with its answers by id first (`load_bfcl`)."""
+    rows = load_rows(path)
+    if answers is not None or (rows and all(is_bfcl_row(r) for r in rows)):
+        return load_bfcl(path, answers)
+    rows = [normalize_row(r) for r in rows]
     for row in rows:
         if "ground_truth" not in row:
-            if row["category"] != "irrelevance":
+            if row.get("category") not in ("irrelevance", "relevance"):
                 raise ValueError(f"{path}: row {row.get('id')!r} has no ground_truth")
             row["ground_truth"] = []
     return rows
-
-
-load_bfcl = load_tasks  # BFCL question file + possible-answer file: same loader
 
 
 # --- synthetic data --------------------------------------------------------------------------
@@ -228,29 +222,37 @@ def make_task(rng: random.Random, category: str) -> dict[str, Any]:
             "tools": [FUNCTIONS[n] for n in offered], "ground_truth": truth}
 
 
-def oracle_calls(ground_truth: list[dict[str, Any]]) -> list[ToolCall]:
-    """The canonical correct calls: each parameter's first acceptable value ("" = omit)."""
-    calls = []
-    for entry in ground_truth:
-        (name, params), = entry.items()
-        arguments = {}
-        for param, acceptable in params.items():
-            values = acceptable if isinstance(acceptable, list) else [acceptable]
-            present = [v for v in values if v != ""]
-            if present:
-                arguments[param] = present[0]
-        calls.append(ToolCall(name, arguments))
-    return calls
+def oracle_calls(ground_truth: list[dict[str, Any]],
+                 tools: list[dict[str, Any]] | None = None) -> list[ToolCall]:
+    """Calls that pass the check (`toolrl.core.bfcl.ground_truth_calls`)."""
+    return ground_truth_calls(ground_truth, tools)
+
+
+_PLACEHOLDERS = {"string": "example", "integer": 1, "number": 1.0, "float": 1.0,
+                 "boolean": True, "array": [], "tuple": [], "object": {}, "dict": {}}
+
+
+def placeholder_call(tools: list[dict[str, Any]]) -> list[ToolCall]:
+    """A well-formed call of the first tool (relevance rows expect any call)."""
+    schemas = tool_schemas(tools)
+    if not schemas:
+        return []
+    name, schema = next(iter(schemas.items()))
+    props = schema.get("properties") or {}
+    return [ToolCall(name, {p: _PLACEHOLDERS.get((props.get(p) or {}).get("type"), "example")
+                            for p in schema.get("required") or []})]
 
 
 class FunctionCallingEnv(ToolEnv):
     """One turn: the model's calls are validated and checked against BFCL possible answers.
 
     Args:
-        data: a dataset file (JSON, JSONL, parquet) to draw rows from on a bare ``reset()``;
-            None uses the synthetic generator.
-        answers: BFCL possible-answer file for ``data``.
+        data: a dataset file (JSON, JSONL, parquet, or a BFCL question file) to draw rows from
+            on a bare ``reset()``; None uses the synthetic generator.
+        answers: BFCL possible-answer file for ``data`` (default: BFCL's layout beside it).
         categories: categories of synthetic rows.
+        strict_parse: a malformed call fails the turn (BFCL decodes all or nothing); False
+            judges the calls that parsed.
     """
 
     system_prompt = SYSTEM_PROMPT
@@ -258,9 +260,14 @@ class FunctionCallingEnv(ToolEnv):
     per_task_tools = True  # each row brings its own tools
 
     def __init__(self, *, data: str | None = None, answers: str | None = None,
-                 categories: list[str] | None = None, **kwargs: Any) -> None:
+                 categories: list[str] | None = None, strict_parse: bool = True,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.categories = list(categories or CATEGORIES)
+        unknown = [c for c in self.categories if c not in CATEGORIES]
+        if unknown:
+            raise ValueError(f"no synthetic rows of {unknown}; choose from {list(CATEGORIES)}")
+        self.strict_parse = strict_parse
         self.dataset = load_tasks(data, answers) if data else None
         self.check: dict[str, Any] = {}
 
@@ -285,21 +292,25 @@ class FunctionCallingEnv(ToolEnv):
     def setup(self, row: dict[str, Any]) -> None:
         row.update(normalize_row(row))
         if "ground_truth" not in row:
-            raise ValueError(f"FunctionCalling row {row.get('id')!r} has no ground_truth")
+            if row.get("category") not in ("irrelevance", "relevance"):
+                raise ValueError(f"FunctionCalling row {row.get('id')!r} has no ground_truth")
+            row["ground_truth"] = []
         parse_ground_truth(row["ground_truth"])  # malformed ground truth fails here, loudly
+        check_mode(row.get("category"), len(row["ground_truth"]))  # and unscorable categories
         self.check = {}
-        self.last_calls: list[ToolCall] = []
+        self.last_parse = ParseResult(calls=[], text="")
 
     def episode_tools(self) -> list[Tool]:
         return [Tool.from_schema(schema) for schema in self.row.get("tools", [])]
 
     def on_turn(self, parse: ParseResult, results: list[Any]) -> Turn:
-        self.last_calls = list(parse.calls)
+        self.last_parse = parse
         return Turn(terminated=True)
 
     def evaluate(self) -> bool:
-        result = check_calls(self.last_calls, self.row["ground_truth"], self.row.get("category"),
-                             self.row.get("tools"))
+        result = check_parsed([self.last_parse], self.row["ground_truth"],
+                              self.row.get("category"), self.row.get("tools"),
+                              strict_parse=self.strict_parse)
         self.check = {"valid": result.valid, "error": result.error,
                       "error_type": result.error_type}
         return result.valid
@@ -308,7 +319,10 @@ class FunctionCallingEnv(ToolEnv):
         return dict(self.check)
 
     def oracle_action(self) -> str:
-        calls = oracle_calls(self.row["ground_truth"])
+        tools = self.row.get("tools")
+        calls = oracle_calls(self.row["ground_truth"], tools)
+        if not calls and check_mode(self.row.get("category"), 0) == "relevance":
+            calls = placeholder_call(tools or [])
         if not calls:
             return "None of the available functions can help with that."
         return self.render_calls(calls)

@@ -45,7 +45,8 @@ class ToolCallFine:
         expected = parse_ground_truth(traj.row["ground_truth"])
         parses = traj.parses()
         predicted = [c for p in parses for c in p.calls]
-        schemas = tool_schemas(traj.tools) if self.value_match == "bfcl" else {}
+        schemas = tool_schemas(traj.row.get("tools") or traj.tools) \
+            if self.value_match == "bfcl" else {}
         parts = fine_grained(predicted, expected, self.value_match, schemas)
         correct = self.low + (self.high - self.low) * parts["normalized"]
         clean = bool(parses) and all(not p.errors and not p.repaired for p in parses)

@@ -40,7 +40,7 @@ def _score_calls(args: argparse.Namespace) -> int:
 
     from rich.console import Console
 
-    from toolrl.core.bfcl import score_calls, stats_table
+    from toolrl.core.bfcl_scores import score_calls, stats_table
 
     try:
         stats = score_calls(args.reward, args.input, args.output, kwargs=json.loads(args.kwargs),
@@ -50,6 +50,23 @@ def _score_calls(args: argparse.Namespace) -> int:
         return 2
     Console().print(stats_table(stats, title=f"{args.reward} on {args.input}"))
     return 0
+
+
+def _data_convert(args: argparse.Namespace) -> int:
+    from toolrl.data.convert import convert
+
+    try:
+        report = convert(args.format, args.inputs, args.out, answers=args.answers,
+                         limit=args.limit)
+    except (OSError, ValueError) as exc:
+        print(f"toolrl data convert: {exc}", file=sys.stderr)
+        return 2
+    print(f"{report.summary()} -> {args.out}")
+    for index, record_id, message in report.errors[:5]:
+        print(f"  error in record {index} (id {record_id!r}): {message}")
+    if report.errors:
+        print(f"  every error: {args.out}.errors.jsonl")
+    return 0 if report.written else 1
 
 
 def _rewards(args: argparse.Namespace) -> int:
@@ -85,7 +102,7 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from toolrl.trainer.trainer import run_evaluation
+    from toolrl.trainer.evaluate import run_evaluation
 
     return _run_experiment("eval", args,
                            lambda cfg: run_evaluation(cfg, args.model, args.output_dir))
@@ -158,6 +175,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pass-threshold", type=float, default=1.0,
                    help="a sample counts as correct when its score >= this")
     p.set_defaults(func=_score_calls)
+
+    p = sub.add_parser("data", help="convert public function-calling datasets to task rows")
+    data = p.add_subparsers(dest="data_command", required=True, metavar="DATA_COMMAND")
+    p = data.add_parser("convert", help="public training set (or BFCL) -> FunctionCalling rows")
+    p.add_argument("--from", dest="format", required=True,
+                   choices=["xlam", "toolace", "hermes", "glaive", "bfcl"],
+                   help="the input's format")
+    p.add_argument("inputs", nargs="+", help="JSON, JSONL or parquet files (BFCL: question "
+                   "files, e.g. BFCL_v4_simple_python.json)")
+    p.add_argument("--out", required=True, help="the JSONL file written")
+    p.add_argument("--answers", default=None, help="BFCL only: a possible-answer file or "
+                   "folder (default: possible_answer/ beside each question file)")
+    p.add_argument("--limit", type=int, default=None, help="convert at most N records")
+    p.set_defaults(func=_data_convert)
 
     p = sub.add_parser("rewards", help="list registered reward ids")
     p.set_defaults(func=_rewards)

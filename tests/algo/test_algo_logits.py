@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from toolrl.algo import entropy_from_logits, log_probs_from_logits
+from toolrl.algo import entropy_from_logits, log_probs_and_entropy, log_probs_from_logits
 
 T = torch.tensor
 
@@ -72,3 +72,23 @@ def test_bf16_logits_are_computed_in_float32():
 def test_label_shape_mismatch_is_an_error():
     with pytest.raises(ValueError, match="labels"):
         log_probs_from_logits(torch.zeros(2, 3, 5), torch.zeros(2, 4, dtype=torch.long))
+
+
+@pytest.mark.parametrize("entropy_grad", [True, False])
+def test_log_probs_and_entropy_share_one_logsumexp(entropy_grad):
+    g = torch.Generator().manual_seed(0)
+    logits = (torch.randn(3, 5, 11, generator=g) * 4).requires_grad_()
+    labels = torch.randint(0, 11, (3, 5), generator=g)
+    masked = logits.detach().clone()
+    masked[0, 0, 3] = -torch.inf
+    lp, ent = log_probs_and_entropy(logits, labels, entropy_grad=entropy_grad)
+    torch.testing.assert_close(lp, log_probs_from_logits(logits, labels))
+    torch.testing.assert_close(ent, entropy_from_logits(logits))
+    assert ent.requires_grad == entropy_grad
+    (lp.sum() + (ent.sum() if entropy_grad else 0)).backward()
+    expected = torch.autograd.grad(
+        log_probs_from_logits(logits, labels).sum()
+        + (entropy_from_logits(logits).sum() if entropy_grad else 0), logits)[0]
+    torch.testing.assert_close(logits.grad, expected)
+    _, ent_masked = log_probs_and_entropy(masked, labels)
+    torch.testing.assert_close(ent_masked, entropy_from_logits(masked))

@@ -27,6 +27,21 @@ def test_load_jsonl_json_and_errors(tmp_path):
         load_rows(tmp_path / "t.csv")
 
 
+def test_json_files_may_hold_rows_an_object_or_json_lines(tmp_path):
+    rows = [{"id": "a", "x": 1}, {"x": 2}]
+    forms = {"list.json": json.dumps(rows), "wrapped.json": json.dumps({"rows": rows}),
+             "lines.json": "\n".join(json.dumps(r) for r in rows) + "\n"}  # BFCL's .json
+    for name, text in forms.items():
+        (tmp_path / name).write_text(text)
+        assert [r["x"] for r in load_rows(tmp_path / name)] == [1, 2], name
+    (tmp_path / "one.json").write_text(json.dumps({"x": 3}))
+    assert load_rows(tmp_path / "one.json") == [{"x": 3, "id": "one-0"}]
+    assert load_rows(tmp_path / "one.json", default_ids=False) == [{"x": 3}]
+    (tmp_path / "broken.json").write_text('{"x": 1}\n{"x": \n')
+    with pytest.raises(ValueError, match=r"broken.json:2"):
+        load_rows(tmp_path / "broken.json")
+
+
 def test_resume_draws_the_same_batches():
     rows = [{"id": str(i)} for i in range(7)]
     a = TaskLoader(rows, batch_size=3, seed=5)

@@ -113,7 +113,8 @@ def test_loaders_json_jsonl_parquet_and_bfcl(tmp_path, env):
     assert env.unwrapped.tools_schema()[0]["function"]["parameters"]["type"] == "object"
     action = call("area", shape="circle", w=2) + call("area", shape="rectangle", w=3, h=4)
     assert env.step(action)[4]["success"] is True  # any order; int accepted for float
-    with pytest.raises(ValueError, match="unsupported file type"):
+    (tmp_path / "rows.csv").write_text("id\n1\n")
+    with pytest.raises(ValueError, match="unsupported task file type"):
         load_tasks(tmp_path / "rows.csv")
 
 
@@ -125,3 +126,25 @@ def test_env_draws_rows_from_a_dataset(tmp_path):
     ids = {env.reset(seed=s)[1]["task_id"] for s in range(20)}
     assert ids <= {r["id"] for r in rows} and len(ids) > 1
     env.close()
+
+
+def test_strict_parse_follows_bfcl_and_can_be_relaxed():
+    row = FunctionCallingEnv.make_tasks(1, seed=5, categories=["simple"])[0]
+    broken = '<tool_call>{"name": </tool_call>'
+    for strict, success in ((True, False), (False, True)):
+        env = make_env("toolrl/FunctionCalling-v0", strict_parse=strict)
+        env.reset(options=row)
+        info = env.step(env.unwrapped.oracle_action() + broken)[4]
+        assert info["success"] is success
+        if strict:
+            assert env.unwrapped.check["error_type"] == "ast_decoder:decoder_failed"
+        env.close()
+    with pytest.raises(ValueError, match="no synthetic rows"):
+        make_env("toolrl/FunctionCalling-v0", categories=["live_simple"])
+
+
+def test_unscorable_rows_fail_at_reset(env):
+    row = {"id": "simple_java_0", "messages": [{"role": "user", "content": "q"}], "tools": [],
+           "ground_truth": [{"f": {}}]}
+    with pytest.raises(ValueError, match="cannot score BFCL category 'simple_java'"):
+        env.reset(options=row)

@@ -127,5 +127,5 @@ def test_score_calls_reports_a_raising_reward_per_line(tmp_path, capsys):
     assert ok == {"id": "ok", "score": 1.0, "error": ""}
     assert broken["score"] == 0.0 and "ValueError" in broken["error"]
     assert "ground_truth must be a list" in broken["error"]
-    assert undecodable["score"] == 0.0 and "malformed tool call" in undecodable["error"]
+    assert undecodable["score"] == 0.0 and "Failed to decode AST" in undecodable["error"]
     assert "errors" in capsys.readouterr().out

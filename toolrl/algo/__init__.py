@@ -9,6 +9,7 @@ from toolrl.algo.advantage import (
     AdvantageEstimator,
     compute_advantage,
     register_advantage,
+    uniform_groups,
 )
 from toolrl.algo.kl import KL_KINDS, apply_kl_in_reward, kl_penalty
 from toolrl.algo.loss import (
@@ -21,6 +22,7 @@ from toolrl.algo.loss import (
     agg_loss,
     batch_totals,
     entropy_from_logits,
+    log_probs_and_entropy,
     log_probs_from_logits,
     register_policy_loss,
     value_loss,
@@ -43,6 +45,7 @@ __all__ = [
     "compute_advantage",
     "entropy_from_logits",
     "kl_penalty",
+    "log_probs_and_entropy",
     "log_probs_from_logits",
     "masked_mean",
     "masked_sum",
@@ -50,5 +53,6 @@ __all__ = [
     "masked_whiten",
     "register_advantage",
     "register_policy_loss",
+    "uniform_groups",
     "value_loss",
 ]

@@ -38,6 +38,7 @@ __all__ = [
     "agg_loss",
     "batch_totals",
     "entropy_from_logits",
+    "log_probs_and_entropy",
     "log_probs_from_logits",
     "register_policy_loss",
     "value_loss",
@@ -549,3 +550,25 @@ def entropy_from_logits(logits: Tensor) -> Tensor:
     e = z.exp()
     s = e.sum(-1)
     return s.log() - (e * z).nansum(-1) / s
+
+
+def log_probs_and_entropy(logits: Tensor, labels: Tensor, entropy_grad: bool = True
+                          ) -> tuple[Tensor, Tensor]:
+    """``log softmax(logits)[labels]`` and the entropy of ``softmax(logits)`` from one
+    logsumexp, in float32 (``logits [..., V]``, ``labels [...]``).
+
+    ``H = lse - sum(softmax * z)``; ``-inf`` logits contribute 0. With ``entropy_grad=False``
+    the entropy is computed without autograd (a metric), the log-probs keep their gradient.
+    """
+    if labels.shape != logits.shape[:-1]:
+        raise ValueError(
+            f"labels {tuple(labels.shape)} must match logits {tuple(logits.shape)} without "
+            f"the vocab dim"
+        )
+    z = logits.float()
+    lse = torch.logsumexp(z, dim=-1)
+    log_probs = z.gather(-1, labels.long().unsqueeze(-1)).squeeze(-1) - lse
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+        zz, ll = (z, lse) if entropy_grad else (z.detach(), lse.detach())
+        entropy = ll - torch.nansum(torch.exp(zz - ll.unsqueeze(-1)) * zz, dim=-1)
+    return log_probs, entropy

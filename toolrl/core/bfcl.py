@@ -1,28 +1,43 @@
 """The Berkeley Function Calling Leaderboard (BFCL) AST checker: one implementation shared by the
-`bfcl_ast` training reward, `toolrl score-calls` and evaluation.
+`bfcl_ast` training reward, the FunctionCalling env, `toolrl score-calls` and evaluation.
 
-Ground truth uses BFCL's *possible-answer* format: a list of expected calls, each a one-key dict
-``{function_name: {param: [acceptable values]}}``. ``""`` among a parameter's acceptable values
-means the parameter may be omitted. Nested dicts use the same format one level down
-(``{key: [acceptable values]}``); a non-list value ``v`` is read as ``[v]``.
+A port of BFCL's own checker (``bfcl_eval/eval_checker/ast_eval/ast_checker.py``, Python
+language), error types included. Ground truth uses BFCL's *possible-answer* format: a list of
+expected calls, each a one-key dict ``{function_name: {param: [acceptable values]}}``; ``""``
+among a parameter's acceptable values means it may be omitted.
 
-Semantics (`check_calls`):
+What BFCL checks, and so does this module:
 
-- the function name matches exactly; required parameters (the tool schema's ``required``) are
-  present; no unknown parameters (not in the schema, or not in the possible answer);
-- an optional parameter may be omitted only when its acceptable values include ``""``;
-- types come from the tool's JSON schema (``string integer number boolean array object null``;
-  BFCL's own ``float dict tuple`` are aliases); where the schema gives no type it is inferred
-  from the acceptable values. An int is accepted where a number (float) is expected, never the
-  reverse (``3.0`` is not an ``integer``); bools are never ints or numbers, and ints never bools;
-- strings are compared after lower-casing and removing spaces and ``, . / - _ * ^`` (and, as
-  BFCL does, with ``'`` read as ``"``);
-- lists are order-sensitive and compared element by element with the same rules (the schema's
-  ``items`` types them); dicts key by key, recursively;
-- categories: ``simple`` and ``multiple`` expect exactly one call; ``parallel`` and
-  ``parallel_multiple`` accept the calls in any order but exactly the expected count (a full
-  bipartite matching, so no valid assignment is missed); ``irrelevance`` passes only when no call
-  is made.
+- the function name matches; the schema's ``required`` parameters are present; every parameter
+  given is in the schema *and* in the possible answer; a parameter left out must list ``""``;
+- types come from the tool's schema (BFCL's ``string integer float boolean array tuple dict
+  any``). An int is accepted where a ``float`` is expected (and compared as a float), never the
+  reverse; bools are never ints. Arrays check their items' type one level deep;
+- **variables**: when the acceptable values are of another type than the schema's (a variable
+  name ``"x"`` for an integer, ``true`` for a string, ``null`` for anything), a value of the
+  answers' type is accepted and compared as is (Python ``in``), without normalization. So a
+  listed ``null`` accepts ``null``, and ``"true"`` does not match a listed ``true``;
+- strings are compared after removing spaces and ``, . / - _ * ^``, lower-casing and reading
+  ``'`` as ``"``; lists element by element with strings so normalized, in order; dicts key by
+  key against ``{key: [acceptable values]}`` (values normalized when strings, else compared by
+  equality); lists of dicts dict by dict;
+- ``simple``/``multiple``: exactly one call; ``parallel``/``parallel_multiple``: as many calls as
+  expected, in any order; ``irrelevance``: no call (output that does not decode is no call);
+  ``relevance`` (BFCL's ``live_relevance``): at least one well-formed call, whatever it is.
+
+Intended differences (BFCL's data never exercises the last three):
+
+- parallel calls are matched to the expected calls by a full bipartite matching; BFCL takes,
+  for each expected call in order, the first unused call that passes (greedy), so it can fail
+  an assignment that exists;
+- JSON Schema names (``number object null``, unions like ``["string", "null"]``) are read as
+  BFCL's types; a parameter whose schema has no known type is typed by its answers; a schema
+  without ``required``/``properties``, or an expected call whose tool is not offered, is
+  checked without them (BFCL would raise);
+- a dict nested inside a dict parameter also matches an alternative written in possible-answer
+  form (BFCL compares nested values by equality only).
+
+BFCL categories toolrl cannot score (Java/JavaScript, multi-turn, agentic) are a clear error.
 """
 
 from __future__ import annotations
@@ -33,32 +48,80 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from toolrl.core.types import ParseError, ParseResult, ToolCall
+from toolrl.core.types import ParseResult, ToolCall
 
+# --- categories ------------------------------------------------------------------------------
 CATEGORIES = ("simple", "multiple", "parallel", "parallel_multiple", "irrelevance")
+"""toolrl's own row categories (synthetic and converted rows)."""
 
-# Characters BFCL removes before comparing strings (plus the space).
-_STRIP = re.compile(r"[ ,./\-_*^]")
+BFCL_CATEGORIES = ("simple_python", "multiple", "parallel", "parallel_multiple", "irrelevance",
+                   "live_simple", "live_multiple", "live_parallel", "live_parallel_multiple",
+                   "live_irrelevance", "live_relevance")
+"""BFCL v4's single-turn Python categories: the ones toolrl scores exactly."""
 
-_TYPE_ALIASES = {
-    "string": "string", "str": "string",
-    "integer": "integer", "int": "integer",
-    "number": "number", "float": "number", "double": "number",
-    "boolean": "boolean", "bool": "boolean",
-    "array": "array", "list": "array", "tuple": "array",
-    "object": "object", "dict": "object",
-    "null": "null",
+SCORABLE = tuple(dict.fromkeys((*CATEGORIES, "relevance", *BFCL_CATEGORIES)))
+
+_JAVA = "its values are Java source strings that BFCL parses with its Java type converter"
+_JS = ("its values are JavaScript source strings that BFCL parses with its JavaScript type "
+       "converter")
+_MULTI = "multi-turn entries are scored by executing BFCL's stateful backends"
+_EXEC = "executable categories call real APIs"
+BFCL_UNSCORABLE: dict[str, str] = {  # BFCL's other category names, and why toolrl skips them
+    "simple_java": _JAVA, "simple_javascript": _JS,
+    **dict.fromkeys(("multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param",
+                     "multi_turn_long_context", "multi_turn_composite"), _MULTI),
+    **dict.fromkeys(("memory_kv", "memory_vector", "memory_rec_sum"),
+                    "agentic memory entries are scored by BFCL's memory backends"),
+    **dict.fromkeys(("web_search_base", "web_search_no_snippet"),
+                    "agentic web-search entries are scored on the answer of a live search"),
+    "format_sensitivity": "it is not a scoring category",
+    **dict.fromkeys(("exec_simple", "exec_multiple", "exec_parallel", "exec_parallel_multiple",
+                     "rest"), _EXEC),
+    **dict.fromkeys(("sql", "chatable"), "it is an unused BFCL category"),
 }
 
 
+def check_mode(category: str | None, num_expected: int | None = None) -> str:
+    """How a category is checked: ``simple``, ``multiple``, ``parallel``, ``irrelevance`` or
+    ``relevance`` (BFCL's dispatch on the category name). ``None`` infers it from the number of
+    expected calls. Raises ValueError for a category toolrl cannot score, saying why."""
+    if category is None:
+        if num_expected is None:
+            raise ValueError("check_mode: give a category or the number of expected calls")
+        return "irrelevance" if num_expected == 0 else "simple" if num_expected == 1 \
+            else "parallel"
+    if category not in SCORABLE:
+        if category in BFCL_UNSCORABLE:
+            raise ValueError(f"toolrl cannot score BFCL category {category!r}: "
+                             f"{BFCL_UNSCORABLE[category]}; it scores "
+                             f"{', '.join(BFCL_CATEGORIES)}")
+        raise ValueError(f"unknown BFCL category {category!r}; valid: {', '.join(SCORABLE)}")
+    if "relevance" in category:
+        return "irrelevance" if "irrelevance" in category else "relevance"
+    if "parallel" in category:
+        return "parallel"
+    return "multiple" if "multiple" in category else "simple"
+
+
+def category_of(num_calls: int, num_tools: int) -> str:
+    """The toolrl category of a row by the calls it expects and the tools it offers (BFCL's
+    definitions: one tool or several, one call or several)."""
+    if num_calls == 0:
+        return "irrelevance"
+    if num_calls == 1:
+        return "simple" if num_tools <= 1 else "multiple"
+    return "parallel" if num_tools <= 1 else "parallel_multiple"
+
+
+# --- results ---------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class CheckResult:
-    """The verdict of the checker: ``valid``, and when not, a reason and a short error type."""
+    """The verdict: ``valid``, and when not, BFCL's message and error type (e.g.
+    ``type_error:simple``, ``simple_function_checker:missing_required``)."""
 
     valid: bool
     error: str = ""
-    error_type: str = ""  # wrong_count, wrong_func_name, missing_required, unexpected_param,
-    # missing_param, type_error, value_error, bad_arguments, no_match
+    error_type: str = ""
 
     def __bool__(self) -> bool:
         return self.valid
@@ -66,9 +129,12 @@ class CheckResult:
 
 _OK = CheckResult(True)
 
+# Characters BFCL removes before comparing strings (plus the space).
+_STRIP = re.compile(r"[ ,./\-_*^]")
+
 
 def normalize_string(text: str) -> str:
-    """BFCL's standardization: drop spaces and ``, . / - _ * ^``; lower-case; ' becomes \"."""
+    """BFCL's ``standardize_string``: drop spaces and ``, . / - _ * ^``; lower-case; ' -> \"."""
     return _STRIP.sub("", text).lower().replace("'", '"')
 
 
@@ -133,197 +199,260 @@ def _alternatives(value: Any) -> list[Any]:
     return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
+def _is_omit(value: Any) -> bool:
+    return isinstance(value, str) and value == ""
+
+
 # --- types -----------------------------------------------------------------------------------
-def _schema_types(schema: Mapping[str, Any] | None) -> list[str] | None:
-    if not isinstance(schema, Mapping) or "type" not in schema:
+_PYTHON_TYPES: dict[str, type] = {
+    # BFCL's PYTHON_TYPE_MAPPING
+    "string": str, "integer": int, "float": float, "boolean": bool, "array": list,
+    "tuple": list, "dict": dict, "any": str,
+    # JSON Schema names (OpenAI tools) and short aliases
+    "number": float, "object": dict, "null": type(None),
+    "str": str, "int": int, "double": float, "bool": bool, "list": list,
+}
+_NESTED = ("array", "tuple", "list")  # BFCL checks the item type of these
+
+
+@dataclass(frozen=True)
+class _Type:
+    name: str  # as the schema spells it (for messages)
+    py: type
+    nested: type | None = None  # item type of an array
+
+
+def _declared_type(schema: Any, value: Any) -> _Type | None:
+    """The schema's type of a parameter; for a union, the member of the value's own type."""
+    if not isinstance(schema, Mapping):
         return None
-    raw = schema["type"]
-    names = raw if isinstance(raw, list) else [raw]
-    types = [_TYPE_ALIASES[n] for n in names if isinstance(n, str) and n in _TYPE_ALIASES]
-    return types or None
+    raw = schema.get("type")
+    names = [n for n in (raw if isinstance(raw, list) else [raw])
+             if isinstance(n, str) and n in _PYTHON_TYPES]
+    if not names:
+        return None
+    vt = float if type(value) is int else type(value)
+    name = next((n for n in names if _PYTHON_TYPES[n] in (type(value), vt)), names[0])
+    nested = None
+    if name in _NESTED:
+        items = schema.get("items")
+        item_type = items.get("type") if isinstance(items, Mapping) else None
+        nested = _PYTHON_TYPES.get(item_type) if isinstance(item_type, str) else None
+    return _Type(name, _PYTHON_TYPES[name], nested)
 
 
-def _value_type(value: Any) -> str | None:
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, (list, tuple)):
-        return "array"
-    if isinstance(value, Mapping):
-        return "object"
-    if value is None:
-        return "null"
-    return None
+def _answer_type(acceptable: Sequence[Any]) -> type | None:
+    """BFCL's ``get_possible_answer_type``: the type of the first value that is not ``""``."""
+    return next((type(a) for a in acceptable if not _is_omit(a)), None)
 
 
-def _infer_types(acceptable: Sequence[Any]) -> list[str] | None:
-    """BFCL's fallback: the type of the first acceptable value that is not the ``""`` marker."""
-    for a in acceptable:
-        if a != "" or not isinstance(a, str):
-            t = _value_type(a)
-            # An int in the answers of an untyped parameter reads as "number" (int or float).
-            return ["number"] if t == "integer" else ([t] if t else None)
-    return None
-
-
-def _type_ok(value: Any, t: str) -> bool:
-    vt = _value_type(value)
-    if t == "number":
-        return vt in ("integer", "number")
-    return vt == t
+def _type_check(param: str, value: Any, acceptable: Sequence[Any],
+                t: _Type) -> tuple[CheckResult, bool]:
+    """BFCL's ``type_checker``: ``(verdict, is_variable)``."""
+    answer_type = _answer_type(acceptable)
+    is_variable = answer_type is not None and answer_type is not t.py
+    if type(value) is t.py:
+        if t.nested is None:
+            return _OK, is_variable
+        item = _Type(t.nested.__name__, t.nested)
+        for alternative in acceptable:
+            if type(alternative) is list and not all(
+                    _type_check(param, v, alternative, item)[0].valid for v in value):
+                continue
+            return _OK, is_variable
+        return CheckResult(False, f"Nested type checking failed for parameter {param!r}. "
+                                  f"Expected outer type {t.name} with inner type "
+                                  f"{t.nested.__name__}. Parameter value: {value!r}.",
+                           "type_error:nested"), is_variable
+    if answer_type is not None and type(value) is answer_type:
+        return _OK, True
+    return CheckResult(False, f"Incorrect type for parameter {param!r}. Expected type {t.name}, "
+                              f"got {type(value).__name__}. Parameter value: {value!r}.",
+                       "type_error:simple"), is_variable
 
 
 # --- values ----------------------------------------------------------------------------------
 def match_value(value: Any, acceptable: Sequence[Any], schema: Mapping[str, Any] | None = None,
                 path: str = "value") -> str:
-    """Return "" when ``value`` matches one of ``acceptable`` under ``schema``, else the reason."""
-    mismatch = _match(value, acceptable, schema, path)
-    return mismatch[1] if mismatch else ""
+    """Return "" when ``value`` matches one of ``acceptable`` under ``schema``, else why."""
+    return check_param(path, value, _alternatives(acceptable), schema).error
 
 
-def _match(value: Any, acceptable: Sequence[Any], schema: Mapping[str, Any] | None,
-           path: str) -> tuple[str, str] | None:
-    """None on a match, else ``(error_type, reason)``."""
-    types = _schema_types(schema) or _infer_types(acceptable)
-    if types is None:  # nothing to type against: only the "" marker (omit) is acceptable
-        if isinstance(value, str) and normalize_string(value) in {
-                normalize_string(a) for a in acceptable if isinstance(a, str)}:
-            return None
-        return "value_error", f"{path}: unexpected value {value!r}; acceptable: {acceptable!r}"
-    t = next((t for t in types if _type_ok(value, t)), None)
-    if t is None:
-        got = _value_type(value) or type(value).__name__
-        return "type_error", f"{path}: expected type {'/'.join(types)}, got {got} ({value!r})"
-    inner = _match_typed(value, acceptable, t, schema, path)
-    if inner is None:
-        return None
-    if inner:  # one structured alternative: say where inside it the value differs
-        return "value_error", inner
-    shown = [a for a in acceptable if a != "" or not isinstance(a, str)]
-    return "value_error", f"{path}: value {value!r} is not among the acceptable values {shown!r}"
+def check_param(param: str, value: Any, acceptable: Sequence[Any],
+                schema: Mapping[str, Any] | None) -> CheckResult:
+    """One parameter of a call, as BFCL's ``simple_function_checker`` checks it."""
+    t = _declared_type(schema, value)
+    if t is None:  # no known schema type: the answers' type (BFCL always has one)
+        answer_type = _answer_type(acceptable)
+        if answer_type is None:
+            return _OK if value in acceptable else _value_error(param, value, acceptable)
+        t = _Type(answer_type.__name__, answer_type)
+    if t.py is float and type(value) is int:  # Python's int -> float, as BFCL allows
+        value = float(value)
+    verdict, is_variable = _type_check(param, value, acceptable, t)
+    if not verdict.valid:
+        return verdict
+    if not is_variable:  # a variable is compared as is, below
+        if t.py is dict:
+            return _dict_checker(param, value, acceptable)
+        if t.py is list and t.nested is dict:
+            return _list_dict_checker(param, value, acceptable)
+        if t.py is str:
+            return _string_checker(param, value, acceptable)
+        if t.py is list:
+            return _list_checker(param, value, acceptable)
+    return _OK if value in acceptable else _value_error(param, value, acceptable)
 
 
-def _match_typed(value: Any, acceptable: Sequence[Any], t: str,
-                 schema: Mapping[str, Any] | None, path: str) -> str | None:
-    """None on a match; else the inner reason when one list/dict alternative was tried, or ""."""
-    if t == "string":
-        norm = normalize_string(value)
-        ok = any(isinstance(a, str) and normalize_string(a) == norm for a in acceptable)
-    elif t in ("integer", "number"):
-        ok = any(_value_type(a) in ("integer", "number") and a == value for a in acceptable)
-    elif t == "boolean":
-        ok = any(isinstance(a, bool) and a == value for a in acceptable)
-    elif t == "null":
-        ok = any(a is None for a in acceptable)
-    else:
-        reasons = [_match_compound(value, a, t, schema, path) for a in acceptable
-                   if _value_type(a) == t]
-        if any(r == "" for r in reasons):
-            return None
-        return reasons[0] if len(reasons) == 1 else ""
-    return None if ok else ""
+def _value_error(param: str, value: Any, acceptable: Sequence[Any]) -> CheckResult:
+    return CheckResult(False, f"Invalid value for parameter {param!r}: {value!r}. Expected one "
+                              f"of {list(acceptable)!r}.", "value_error:others")
 
 
-def _match_compound(value: Any, expected: Any, t: str, schema: Mapping[str, Any] | None,
-                    path: str) -> str:
-    """Match a list (order-sensitive) or a dict (key by key) against one alternative."""
-    if t == "object":
-        return match_dict(value, expected, schema, path)
-    if len(value) != len(expected):
-        return f"{path}: expected {len(expected)} item(s), got {len(value)} ({value!r})"
-    items = schema.get("items") if isinstance(schema, Mapping) else None
-    for i, (v, x) in enumerate(zip(value, expected, strict=True)):
-        err = match_value(v, [x], items, f"{path}[{i}]")
-        if err:
-            return err
-    return ""
+def _std(value: Any) -> Any:
+    return normalize_string(value) if type(value) is str else value
 
 
-def match_dict(value: Mapping[str, Any], expected: Mapping[str, Any],
-               schema: Mapping[str, Any] | None = None, path: str = "value") -> str:
-    """Key-by-key recursive match of a dict against ``{key: [acceptable values]}``."""
-    props = schema.get("properties") if isinstance(schema, Mapping) else None
-    props = props if isinstance(props, Mapping) else {}
+def _string_checker(param: str, value: str, acceptable: Sequence[Any]) -> CheckResult:
+    if normalize_string(value) in [normalize_string(a) for a in acceptable if type(a) is str]:
+        return _OK
+    return CheckResult(False, f"Invalid value for parameter {param!r}: {value!r}. Expected one "
+                              f"of {list(acceptable)!r}. Case insensitive.", "value_error:string")
+
+
+def _list_checker(param: str, value: list[Any], acceptable: Sequence[Any]) -> CheckResult:
+    # BFCL iterates each alternative, so "" (the omit marker) reads as the empty list
+    alternatives = [[_std(x) for x in a] for a in acceptable if isinstance(a, (list, str))]
+    if [_std(x) for x in value] in alternatives:
+        return _OK
+    return CheckResult(False, f"Invalid value for parameter {param!r}: {value!r}. Expected one "
+                              f"of {list(acceptable)!r}.", "value_error:list/tuple")
+
+
+def _dict_checker(param: str, value: Any, acceptable: Sequence[Any]) -> CheckResult:
+    """BFCL's ``dict_checker``: ``value`` against dicts of ``{key: [acceptable values]}``."""
+    if not isinstance(value, Mapping):
+        return CheckResult(False, f"Incorrect type for parameter {param!r}. Expected type dict, "
+                                  f"got {type(value).__name__}. Parameter value: {value!r}.",
+                           "type_error:simple")
+    result = CheckResult(False, f"Parameter {param!r}: no dict among the acceptable values "
+                                f"{list(acceptable)!r}.", "dict_checker:unclear")
+    for alternative in acceptable:
+        if _is_omit(alternative) or not isinstance(alternative, Mapping):
+            continue
+        result = _dict_against(value, alternative)
+        if result.valid:
+            return _OK
+    return result
+
+
+def _dict_against(value: Mapping[str, Any], expected: Mapping[str, Any]) -> CheckResult:
     for key, v in value.items():
         if key not in expected:
-            return f"{path}: unexpected key {key!r}"
-        err = match_value(v, _alternatives(expected[key]), props.get(key), f"{path}.{key}")
-        if err:
-            return err
-    for key, acc in expected.items():
-        if key not in value and "" not in _alternatives(acc):
-            return f"{path}: missing key {key!r}"
-    return ""
+            return CheckResult(False, f"Unexpected dict key parameter: {key!r}.",
+                               "value_error:dict_key")
+        alternatives = _alternatives(expected[key])
+        if _std(v) in [_std(a) for a in alternatives]:
+            continue
+        if isinstance(v, Mapping) and any(  # a nested dict in possible-answer form
+                isinstance(a, Mapping) and _dict_against(v, a).valid for a in alternatives):
+            continue
+        return CheckResult(False, f"Invalid value for parameter {key!r}: {v!r}. Expected one "
+                                  f"of {[_std(a) for a in alternatives]!r}.",
+                           "value_error:dict_value")
+    for key, alternatives in expected.items():
+        if key not in value and not any(_is_omit(a) for a in _alternatives(alternatives)):
+            return CheckResult(False, f"Missing dict key parameter: {key!r}.",
+                               "value_error:dict_key")
+    return _OK
+
+
+def _list_dict_checker(param: str, value: list[Any], acceptable: Sequence[Any]) -> CheckResult:
+    """BFCL's ``list_dict_checker``: dict by dict, in order, against each alternative."""
+    result = CheckResult(False, f"Parameter {param!r}: no list of dicts among the acceptable "
+                                f"values.", "list_dict_checker:unclear")
+    for alternative in acceptable:
+        if not isinstance(alternative, (list, str)):
+            continue
+        if len(value) != len(alternative):
+            result = CheckResult(False, "Wrong number of dictionaries in the list.",
+                                 "value_error:list_dict_count")
+            continue
+        for item, expected in zip(value, alternative, strict=True):
+            result = _dict_checker(param, item, [expected])
+            if not result.valid:
+                break
+        else:
+            return _OK
+    return result
 
 
 # --- calls -----------------------------------------------------------------------------------
 def check_call(call: ToolCall | Mapping[str, Any], name: str, expected: Mapping[str, list[Any]],
                schema: Mapping[str, Any] | None = None) -> CheckResult:
-    """Check one call against one expected call (BFCL's simple function checker).
+    """One call against one expected call (BFCL's ``simple_function_checker``).
 
-    ``schema`` is the tool's parameters schema; None when the tool is not among the schemas, in
-    which case types are inferred from the acceptable values and nothing is required.
+    ``schema`` is the tool's parameters schema; None when the tool is not among the schemas,
+    in which case types come from the acceptable values and nothing is required.
     """
     call = as_tool_call(call)
     if call.name != name:
-        return CheckResult(False, f"function name {call.name!r} does not match expected {name!r}",
-                           "wrong_func_name")
+        return CheckResult(False, f"Function name {name!r} not found in model output.",
+                           "simple_function_checker:wrong_func_name")
     args = call.arguments
     if not isinstance(args, Mapping):
         return CheckResult(False, f"{name}: arguments must be an object, got {args!r}",
-                           "bad_arguments")
+                           "ast_decoder:decoder_wrong_output_format")
     props = (schema or {}).get("properties") or {}
     for param in (schema or {}).get("required") or []:
         if param not in args:
-            return CheckResult(False, f"{name}: missing required parameter {param!r}",
-                               "missing_required")
+            return CheckResult(False, f"{name}: Missing required parameter: {param!r}.",
+                               "simple_function_checker:missing_required")
     for param, value in args.items():
         if (schema is not None and param not in props) or param not in expected:
-            return CheckResult(False, f"{name}: unexpected parameter {param!r}",
-                               "unexpected_param")
-        mismatch = _match(value, expected[param], props.get(param), f"{name}.{param}")
-        if mismatch:
-            return CheckResult(False, mismatch[1], mismatch[0])
+            return CheckResult(False, f"{name}: Unexpected parameter: {param!r}.",
+                               "simple_function_checker:unexpected_param")
+        verdict = check_param(param, value, expected[param], props.get(param))
+        if not verdict.valid:
+            return CheckResult(False, f"{name}: {verdict.error}", verdict.error_type)
     for param, acceptable in expected.items():
-        if param not in args and "" not in acceptable:
-            return CheckResult(False, f"{name}: parameter {param!r} omitted but not optional",
-                               "missing_param")
+        if param not in args and not any(_is_omit(a) for a in acceptable):
+            return CheckResult(False, f"{name}: Optional parameter {param!r} not provided and "
+                                      f"not marked as optional.",
+                               "simple_function_checker:missing_optional")
     return _OK
 
 
 def check_calls(calls: Sequence[ToolCall | Mapping[str, Any]], ground_truth: Sequence[Any],
                 category: str | None = None,
                 tools: Sequence[Mapping[str, Any]] | None = None) -> CheckResult:
-    """Check the model's calls against BFCL possible answers for a category.
-
-    ``category`` None infers it: no expected call -> irrelevance, one -> simple, more -> parallel.
-    Raises ValueError on malformed ground truth, tools or category.
-    """
+    """Check decoded calls against BFCL possible answers for a category (see the module
+    docstring). ``category`` None infers it from the ground truth (none: irrelevance, one:
+    simple, more: parallel). Raises ValueError on malformed ground truth, tools or category."""
     expected = parse_ground_truth(ground_truth)
+    mode = check_mode(category, len(expected))
     schemas = tool_schemas(tools)
     calls = [as_tool_call(c) for c in calls]
-    if category is None:
-        category = "irrelevance" if not expected else "simple" if len(expected) == 1 else "parallel"
-    if category not in CATEGORIES:
-        raise ValueError(f"unknown BFCL category {category!r}; valid: {', '.join(CATEGORIES)}")
-    if category == "irrelevance":
+    if mode == "irrelevance":
         if calls:
-            names = ", ".join(c.name for c in calls)
-            return CheckResult(False, f"irrelevance: expected no call, got {len(calls)} ({names})",
-                               "wrong_count")
+            return CheckResult(False, "Valid syntax. Successfully decode AST when it should not. "
+                                      f"({len(calls)} call(s): "
+                                      f"{', '.join(c.name for c in calls)})",
+                               "irrelevance_error:decoder_success")
         return _OK
-    if category in ("simple", "multiple") and len(expected) != 1:
+    if mode == "relevance":
+        return _OK if calls else CheckResult(
+            False, "Invalid syntax. Failed to decode AST when it should have. (no call)",
+            "relevance_error:decoder_failed")
+    if mode in ("simple", "multiple") and len(expected) != 1:
         raise ValueError(f"category {category!r} needs exactly one ground-truth call, "
                          f"got {len(expected)}")
     if len(calls) != len(expected):
-        return CheckResult(False, f"{category}: expected {len(expected)} call(s), got {len(calls)}",
-                           "wrong_count")
-    if len(expected) == 1:
+        checker = {"simple": "simple_function_checker", "multiple": "multiple_function_checker"
+                   }.get(mode, "parallel_function_checker_no_order")
+        return CheckResult(False, f"Wrong number of functions: expected {len(expected)}, got "
+                                  f"{len(calls)}.", f"{checker}:wrong_count")
+    if mode != "parallel":
         name, params = expected[0]
         return check_call(calls[0], name, params, schemas.get(name))
     return _match_all(calls, expected, schemas)
@@ -332,17 +461,21 @@ def check_calls(calls: Sequence[ToolCall | Mapping[str, Any]], ground_truth: Seq
 def check_parsed(parses: Sequence[ParseResult], ground_truth: Sequence[Any],
                  category: str | None = None, tools: Sequence[Mapping[str, Any]] | None = None,
                  *, strict_parse: bool = True) -> CheckResult:
-    """`check_calls` on every call of some parsed assistant turns.
+    """`check_calls` on the calls of some parsed assistant turns.
 
-    With ``strict_parse`` a malformed tool call (a parse error) fails the check, except under
-    ``irrelevance``, where (as in BFCL) output that does not decode to a call is no call.
+    With ``strict_parse`` the output decodes all or nothing, as in BFCL: a malformed tool call
+    fails an AST or relevance check and, under irrelevance, makes the output no call (a pass).
+    Without it, malformed calls are ignored and the well-formed ones are judged.
     """
-    if category is None and not ground_truth:
-        category = "irrelevance"
+    mode = check_mode(category, len(ground_truth or []))
     errors = [e for p in parses for e in p.errors]
-    if strict_parse and errors and category != "irrelevance":
-        return CheckResult(False, f"malformed tool call ({errors[0].kind}): {errors[0].message}",
-                           "parse_error")
+    if strict_parse and errors:
+        if mode == "irrelevance":
+            return _OK
+        kind = "relevance_error:decoder_failed" if mode == "relevance" \
+            else "ast_decoder:decoder_failed"
+        return CheckResult(False, f"Invalid syntax. Failed to decode AST. ({errors[0].kind}: "
+                                  f"{errors[0].message})", kind)
     return check_calls([c for p in parses for c in p.calls], ground_truth, category, tools)
 
 
@@ -367,103 +500,68 @@ def _match_all(calls: list[ToolCall], expected: list[tuple[str, dict[str, list[A
             name = expected[i][0]
             same = [v for j, v in enumerate(verdicts[i]) if calls[j].name == name]
             why = same[0].error if same else f"no call to {name!r}"
-            return CheckResult(False, f"no call matches expected call #{i} ({name}): {why}",
-                               "no_match")
+            return CheckResult(False, f"Could not find a matching function for index {i} of "
+                                      f"possible answers ({name}): {why}",
+                               "parallel_function_checker_no_order:cannot_find_match")
     return _OK
 
 
-# --- offline scoring (`toolrl score-calls`) ----------------------------------------------------
-_SCORE_KEYS = ("id", "category", "tools", "ground_truth", "candidate")
-
-
-@dataclass(frozen=True)
-class CategoryStats:
-    """Per-category outcome of `score_calls`."""
-
-    n: int
-    passed: int
-    mean_score: float
-    errors: int  # samples on which the reward raised (scored with the fallback)
-
-    @property
-    def accuracy(self) -> float:
-        return self.passed / self.n if self.n else float("nan")
-
-
-def read_score_inputs(path: str) -> list[dict[str, Any]]:
-    """Read and validate `score-calls` input lines; errors name the file and line."""
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
+# --- ground truth <-> calls ------------------------------------------------------------------
+def ground_truth_calls(ground_truth: Sequence[Any],
+                       tools: Sequence[Mapping[str, Any]] | None = None) -> list[ToolCall]:
+    """Calls that pass the check: per parameter the first acceptable value, dicts (and lists of
+    dicts) taken out of possible-answer form; a parameter that may be omitted is omitted unless
+    the schema requires it."""
+    schemas = tool_schemas(tools)
+    calls = []
+    for name, params in parse_ground_truth(ground_truth):
+        schema = schemas.get(name) or {}
+        props = schema.get("properties") or {}
+        required = set(schema.get("required") or [])
+        arguments = {}
+        for param, acceptable in params.items():
+            present = [a for a in acceptable if not _is_omit(a)]
+            if not present or (len(present) < len(acceptable) and param not in required):
                 continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{lineno}: not valid JSON: {exc}") from None
-            if not isinstance(row, dict):
-                raise ValueError(f"{path}:{lineno}: each line must be a JSON object")
-            missing = [k for k in _SCORE_KEYS if k not in row]
-            if missing:
-                raise ValueError(f"{path}:{lineno}: missing key(s) {', '.join(missing)} "
-                                 f"(each line needs {', '.join(_SCORE_KEYS)})")
-            if not isinstance(row["candidate"], list):
-                raise ValueError(f"{path}:{lineno}: 'candidate' must be a list of "
-                                 f"{{name, arguments}} calls")
-            rows.append(row)
-    return rows
+            arguments[param] = _concrete(present[0], props.get(param))
+        calls.append(ToolCall(name, arguments))
+    return calls
 
 
-def score_calls(reward_id: str, input_path: str, output_path: str, *,
-                kwargs: Mapping[str, Any] | None = None,
-                pass_threshold: float = 1.0) -> dict[str, CategoryStats]:
-    """Score candidate calls offline with a registered reward (the training code path).
-
-    Writes one ``{"id", "score", "error"}`` line per input line to ``output_path`` and returns
-    per-category stats (a sample passes when its score >= ``pass_threshold``), plus ``"all"``.
-    """
-    from toolrl.core.reward import Trajectory, build_reward
-
-    if kwargs is not None and not isinstance(kwargs, Mapping):
-        raise ValueError(f"reward kwargs must be a JSON object, got {kwargs!r}")
-    rows = read_score_inputs(input_path)
-    trajs = []
-    for row in rows:
-        try:
-            calls = [as_tool_call(c) for c in row["candidate"]]
-        except ValueError:  # an undecodable candidate is scored as the model's garbage output
-            calls = None
-        task = {"id": row["id"], "category": row["category"], "ground_truth": row["ground_truth"]}
-        traj = Trajectory.from_calls(calls or [], task, row["tools"])
-        if calls is None:
-            traj.turns[0].parse = ParseResult(calls=[], text="", errors=[
-                ParseError("bad_arguments", "candidate calls could not be decoded")])
-        trajs.append(traj)
-    with build_reward({"rewards": [{"name": reward_id, "kwargs": dict(kwargs or {})}]}) as fn:
-        result = fn.score(trajs)
-    alias = reward_id
-    failed = {f.index: f.message for f in result.failures}
-    groups: dict[str, list[tuple[float, bool]]] = {}
-    with open(output_path, "w", encoding="utf-8") as out:
-        for i, row in enumerate(rows):
-            score = result.components[alias][i]
-            error = failed.get(i) or result.reasons[alias][i]
-            out.write(json.dumps({"id": row["id"], "score": score, "error": error}) + "\n")
-            for key in (str(row["category"]), "all"):
-                groups.setdefault(key, []).append((score, i in failed))
-    return {key: CategoryStats(n=len(v), passed=sum(s >= pass_threshold for s, _ in v),
-                               mean_score=sum(s for s, _ in v) / len(v),
-                               errors=sum(e for _, e in v))
-            for key, v in sorted(groups.items(), key=lambda kv: (kv[0] == "all", kv[0]))}
+def _concrete(answer: Any, schema: Any) -> Any:
+    t = _declared_type(schema, answer)
+    if isinstance(answer, Mapping) and (t is None or t.py is dict):
+        return _concrete_dict(answer)
+    if isinstance(answer, list) and t is not None and t.py is list and t.nested is dict:
+        return [_concrete_dict(x) if isinstance(x, Mapping) else x for x in answer]
+    return answer
 
 
-def stats_table(stats: Mapping[str, CategoryStats], title: str = "score-calls") -> Any:
-    """A rich Table of per-category accuracy."""
-    from rich.table import Table
+def _concrete_dict(answer: Mapping[str, Any]) -> dict[str, Any]:
+    out = {}
+    for key, alternatives in answer.items():
+        alternatives = _alternatives(alternatives)
+        present = [a for a in alternatives if not _is_omit(a)]
+        if present and len(present) == len(alternatives):
+            out[key] = present[0]
+    return out
 
-    table = Table(title=title)
-    for col in ("category", "n", "accuracy", "mean score", "errors"):
-        table.add_column(col, justify="left" if col == "category" else "right")
-    for key, s in stats.items():
-        table.add_row(key, str(s.n), f"{s.accuracy:.3f}", f"{s.mean_score:.3f}", str(s.errors))
-    return table
+
+def possible_answer(call: ToolCall | Mapping[str, Any],
+                    schema: Mapping[str, Any] | None = None) -> dict[str, dict[str, list[Any]]]:
+    """The possible answer a concrete call stands for: each argument its only acceptable value,
+    dict arguments (and lists of dicts) in possible-answer form where the checker reads them."""
+    call = as_tool_call(call)
+    props = (schema or {}).get("properties") or {}
+    return {call.name: {param: [_answer_value(value, props.get(param))]
+                        for param, value in call.arguments.items()}}
+
+
+def _answer_value(value: Any, schema: Any) -> Any:
+    t = _declared_type(schema, value)
+    if isinstance(value, Mapping) and (t is None or t.py is dict):
+        return {k: [v] for k, v in value.items()}
+    if isinstance(value, list) and t is not None and t.py is list and t.nested is dict and \
+            all(isinstance(x, Mapping) for x in value):
+        return [{k: [v] for k, v in x.items()} for x in value]
+    return value

@@ -18,24 +18,29 @@ from typing import Any
 Row = dict[str, Any]
 
 
-def load_rows(path: str | os.PathLike) -> list[Row]:
-    """Read task rows from ``.json`` (a list), ``.jsonl`` or ``.parquet``."""
+def load_rows(path: str | os.PathLike, *, default_ids: bool = True) -> list[Row]:
+    """Read task rows from ``.json``, ``.jsonl`` or ``.parquet``.
+
+    A ``.json`` file holds a list of rows, ``{"rows": [...]}``, or one row per line (BFCL ships
+    its data as JSON lines named ``.json``). With ``default_ids`` a row without ``id`` gets
+    ``<file stem>-<index>``.
+    """
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"task file {path} does not exist")
     suffix = path.suffix.lower()
     if suffix == ".jsonl":
-        rows = []
-        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as exc:
-                    raise ValueError(f"{path}:{n}: not valid JSON: {exc}") from None
+        rows = _json_lines(path, path.read_text(encoding="utf-8"))
     elif suffix == ".json":
-        rows = json.loads(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
+        try:
+            rows = json.loads(text)
+        except json.JSONDecodeError:
+            rows = _json_lines(path, text)
+        if isinstance(rows, dict):  # {"rows": [...]}, or a JSON-lines file of one row
+            rows = rows["rows"] if isinstance(rows.get("rows"), list) else [rows]
         if not isinstance(rows, list):
-            raise ValueError(f"{path}: expected a JSON list of task rows")
+            raise ValueError(f"{path}: expected a JSON list of task rows (or one per line)")
     elif suffix == ".parquet":
         import pyarrow.parquet as pq
 
@@ -46,7 +51,19 @@ def load_rows(path: str | os.PathLike) -> list[Row]:
     for i, row in enumerate(rows):
         if not isinstance(row, dict):
             raise ValueError(f"{path}: row {i} is {type(row).__name__}, expected an object")
-        row.setdefault("id", f"{path.stem}-{i}")
+        if default_ids:
+            row.setdefault("id", f"{path.stem}-{i}")
+    return rows
+
+
+def _json_lines(path: Path, text: str) -> list[Any]:
+    rows = []
+    for n, line in enumerate(text.splitlines(), start=1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{n}: not valid JSON: {exc}") from None
     return rows
 
 

@@ -15,7 +15,8 @@ input ``ROWS`` and ``UID``, and one episode record per row under ``EPISODES``
 (`EpisodeResult.record`). Prompts and responses are padded to the configured maxima, so the
 shards of several workers concatenate.
 
-Which env a row runs in: the row's ``env`` field, else ``RolloutConfig.env_id``. The episode
+Which env a row runs in: the row's ``env`` field (and ``env_kwargs``), else
+``RolloutConfig.env_id`` (with ``RolloutConfig.env_kwargs``). The episode
 loop is `EpisodeRunner`; ``RolloutConfig.runner`` names a subclass (class or
 ``"package.module:Class"``) to change it without touching this module.
 """
@@ -110,6 +111,21 @@ def make_rollout_input(rows: Sequence[Mapping[str, Any]], n: int = 1,
         if len(set(uids)) != len(uids):  # repeated task ids must not merge groups
             uids = [f"{u}#{i}" for i, u in enumerate(uids)]
     return B.repeat_interleave(td, n, uids=list(uids))
+
+
+def row_env(row: Mapping[str, Any], env_id: str | None,
+            env_kwargs: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    """(env id, make_env kwargs) of a row: its ``env`` field with its ``env_kwargs``, else
+    ``env_id``. ``env_kwargs`` belong to ``env_id``: they apply to rows of that env, under the
+    row's own ``env_kwargs``."""
+    own_env = row.get("env") or env_id
+    if not own_env:
+        raise ValueError("the row has no 'env' field and RolloutConfig.env_id is not set")
+    own = row.get("env_kwargs") or {}
+    if not isinstance(own, Mapping):
+        raise ValueError(f"the row's env_kwargs must be an object, got {own!r}")
+    base = env_kwargs if own_env == env_id else {}
+    return str(own_env), {**base, **own}
 
 
 def resolve_runner(runner: Any) -> type[EpisodeRunner]:
@@ -320,13 +336,11 @@ class RolloutWorker(Worker):
                                                                        strict=True))))
 
     def make_env(self, row: Mapping[str, Any]) -> Any:
-        """The env for one row (its ``env`` field, else the config's ``env_id``)."""
+        """The env for one row (`row_env`)."""
         from toolrl import make_env
 
-        env_id = row.get("env") or self.config.env_id
-        if not env_id:
-            raise ValueError("the row has no 'env' field and RolloutConfig.env_id is not set")
-        return make_env(str(env_id), **self.config.env_kwargs)
+        env_id, kwargs = row_env(row, self.config.env_id, self.config.env_kwargs)
+        return make_env(env_id, **kwargs)
 
     def to_batch(self, rows: Sequence[Mapping[str, Any]], uids: Sequence[str],
                  results: Sequence[EpisodeResult]) -> TensorDict:
@@ -397,4 +411,5 @@ __all__ = [
     "make_rollout_input",
     "resolve_runner",
     "rollout_metrics",
+    "row_env",
 ]

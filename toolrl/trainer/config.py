@@ -42,8 +42,29 @@ class EnvConfig:
 
 
 @dataclass
+class MixtureSource:
+    """More task rows for one run, from another env: its file(s) or its own generator.
+
+    Each row gets ``env`` (and ``env_kwargs``) unless it names its own, so one experiment can
+    train on, e.g., FunctionCalling rows, Bank tasks and Calculator tasks at once.
+    """
+
+    env: str = ""  # a registered env id (required)
+    env_kwargs: dict[str, Any] = field(default_factory=dict)  # make_env kwargs of its rows
+    train_file: str | None = None  # None: the env's generator
+    val_file: str | None = None
+    train_size: int = 1024  # generator rows (with no file)
+    val_size: int = 32
+    task_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
 class DataConfig:
-    """Where task rows come from: files, or the env's own seeded task generator."""
+    """Where task rows come from: files, or the env's own seeded task generator.
+
+    A row may name its own env (``env``, a registered id) and ``env_kwargs``; rows without one
+    run in ``env.id`` with ``env.kwargs``. ``mixture`` adds rows of other envs.
+    """
 
     train_file: str | None = None  # .json / .jsonl / .parquet; None: the env's generator
     val_file: str | None = None
@@ -52,6 +73,7 @@ class DataConfig:
     task_kwargs: dict[str, Any] = field(default_factory=dict)  # e.g. {difficulty: 1}
     batch_size: int = 8  # tasks per step (each sampled `algorithm.group_size` times)
     shuffle: bool = True
+    mixture: list[MixtureSource] = field(default_factory=list)  # rows of more envs
 
 
 @dataclass
@@ -66,6 +88,9 @@ class AlgorithmConfig:
     kl_in_reward_coef: float = 0.0  # > 0: KL to the reference subtracted from the reward
     kl_in_reward_kind: str = "k1"
     use_reference: bool = False  # compute reference log-probs (needed by any KL term)
+    # drop groups whose samples all got the same reward (zero advantage, no policy gradient)
+    # before log-probs and the update, as DAPO's dynamic sampling does
+    filter_groups: bool = False
 
 
 @dataclass
@@ -114,6 +139,7 @@ class RolloutConfig:
     max_tokens_per_turn: int = 64
     max_turns: int = 4
     max_total_tokens: int = 1024  # prompt + all turns
+    max_prompt_tokens: int | None = None  # first prompt; None: min(max_total_tokens // 2, 512)
     val_temperature: float = 0.0  # validation decodes greedily by default
     seed_episodes: bool | None = None  # per-episode sampling seeds (reproducible rollouts);
     #   None: on for CPU, off on GPU (seeded requests make vLLM's GPU sampler fall back from
@@ -142,7 +168,8 @@ class WarmStartConfig:
     """Supervised warm start on oracle transcripts of the env, before RL."""
 
     enabled: bool = False
-    steps: int = 300
+    steps: int = 300  # at most; the cosine schedule spans them
+    stop_loss: float | None = None  # stop once the mean loss of the last 50 steps is this low
     lr: float = 3e-3
     batch_size: int = 16
     num_transcripts: int = 2048
@@ -185,6 +212,7 @@ class ExperimentConfig:
     critic: CriticConfig = field(default_factory=CriticConfig)
     reward: dict[str, Any] = field(default_factory=lambda: {
         "rewards": [{"name": "success", "weight": 1.0}]})
+    env_rewards: dict[str, Any] = field(default_factory=dict)  # env id -> its own reward set
     resources: ResourcesConfig = field(default_factory=ResourcesConfig)
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
@@ -281,6 +309,30 @@ def validate(cfg: ExperimentConfig) -> None:
     if cfg.model.tiny_size not in size_names():
         raise ConfigError(f"model.tiny_size={cfg.model.tiny_size!r} is not valid; choose one "
                           f"of {size_names()}")
+    for i, source in enumerate(cfg.data.mixture):
+        if not source.env:
+            raise ConfigError(f"data.mixture[{i}].env is required (a registered env id)")
+        if source.train_file is None and source.train_size < 1:
+            raise ConfigError(f"data.mixture[{i}] ({source.env}): give train_file or a "
+                              f"train_size >= 1")
+    from toolrl.core.reward import RewardConfig, RewardConfigError
+
+    for env_id, reward_cfg in cfg.env_rewards.items():
+        try:
+            RewardConfig.from_config(reward_cfg)
+        except RewardConfigError as exc:
+            raise ConfigError(f"env_rewards[{env_id!r}]: {exc}") from None
+    prompt = cfg.rollout.max_prompt_tokens
+    if prompt is not None and not 1 <= prompt < cfg.rollout.max_total_tokens:
+        raise ConfigError(f"rollout.max_prompt_tokens ({prompt}) must be >= 1 and leave room "
+                          f"for the response in rollout.max_total_tokens "
+                          f"({cfg.rollout.max_total_tokens})")
+    for key in ("actor", "critic"):
+        model = getattr(cfg, key)
+        if model.lr_schedule == "cosine" and optimizer_steps(cfg, model) <= model.warmup_steps:
+            raise ConfigError(f"{key}.lr_schedule=cosine needs more optimizer steps "
+                              f"({optimizer_steps(cfg, model)} in this run) than "
+                              f"{key}.warmup_steps ({model.warmup_steps})")
     if cfg.rollout.max_total_tokens > cfg.rollout.engine.max_model_len:
         raise ConfigError(f"rollout.max_total_tokens ({cfg.rollout.max_total_tokens}) exceeds "
                           f"rollout.engine.max_model_len ({cfg.rollout.engine.max_model_len})")
@@ -289,6 +341,14 @@ def validate(cfg: ExperimentConfig) -> None:
             not _looks_like_hub_id(model):
         raise ConfigError(f"model.path={model!r} does not exist (and "
                           f"model.build_tiny_if_missing is false)")
+
+
+def optimizer_steps(cfg: ExperimentConfig, model: Any) -> int:
+    """Optimizer steps of a trained model over the run (what its LR schedule spans): steps x
+    PPO epochs x mini-batches per step."""
+    samples = cfg.data.batch_size * cfg.algorithm.group_size
+    mini = model.ppo_mini_batch_size or samples
+    return cfg.trainer.total_steps * model.ppo_epochs * -(-samples // mini)
 
 
 def _looks_like_hub_id(path: str) -> bool:
@@ -308,6 +368,11 @@ def _explain(exc: ConfigKeyError | ValidationError) -> str:
     first = str(exc).splitlines()[0]
     if isinstance(exc, ConfigKeyError):
         parent = full_key.rsplit(".", 1)[0] if "." in full_key else ""
+        owner = getattr(exc, "object_type", None)
+        if is_dataclass(owner) and owner is not ExperimentConfig and not parent:
+            # inside a list (data.mixture[i]) OmegaConf loses the path: name the owner
+            return (f"unknown config key {full_key!r}. {first}. Valid keys of "
+                    f"{owner.__name__}: {sorted(f.name for f in fields(owner))}")
         valid = _valid_keys(parent)
         return f"unknown config key {full_key!r}. {first}. Valid keys" + \
             (f" under {parent!r}" if parent else "") + f": {valid}"

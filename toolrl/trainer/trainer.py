@@ -25,17 +25,18 @@ from rich.table import Table
 from tensordict import TensorDict
 
 from toolrl import batch as B
-from toolrl.algo import apply_kl_in_reward, compute_advantage
+from toolrl.algo import apply_kl_in_reward, compute_advantage, uniform_groups
 from toolrl.controller import ResourcePoolManager, RoleSpec, init_ray
 from toolrl.controller.worker_group import WorkerGroupError, spawn
-from toolrl.core.reward import Trajectory, TurnRecord, build_reward
+from toolrl.core.reward import Trajectory, TurnRecord
 from toolrl.data import TaskLoader, load_rows
 from toolrl.rollout.engine import EngineConfig, SamplingConfig
 from toolrl.rollout.worker import RolloutConfig as WorkerRolloutConfig
 from toolrl.rollout.worker import RolloutWorker, make_rollout_input, rollout_metrics
 from toolrl.trainer import checkpoint as ckpt
-from toolrl.trainer.config import ExperimentConfig, save_config
+from toolrl.trainer.config import ExperimentConfig, optimizer_steps, save_config
 from toolrl.trainer.memory import check_memory
+from toolrl.trainer.mixture import RewardSets, env_of, mixture_rows, success_by
 from toolrl.trainer.tracking import Tracker
 from toolrl.workers.actor import ActorWorker, RefWorker
 from toolrl.workers.critic import CriticWorker
@@ -52,7 +53,8 @@ class Trainer:
         self.run_dir = cfg.run_dir
         self.step = 0
         self.handles: dict[str, Any] = {}
-        self.reward = build_reward(cfg.reward)
+        self.reward = RewardSets(cfg.reward, cfg.env_rewards)
+        self.env_ids: list[str] = [cfg.env.id]  # every env of the run's rows (load_tasks)
         self.tracker: Tracker | None = None
 
     # --- setup ---------------------------------------------------------------------------------
@@ -116,17 +118,22 @@ class Trainer:
                                          max_len=self.cfg.rollout.max_total_tokens)
         self.console.log(f"warm start: {len(transcripts)} oracle transcripts, {ws.steps} steps")
         metrics = sft(base, transcripts, out, steps=ws.steps, lr=ws.lr,
-                      batch_size=ws.batch_size, seed=self.cfg.seed, console=self.console)
+                      batch_size=ws.batch_size, seed=self.cfg.seed, stop_loss=ws.stop_loss,
+                      console=self.console)
         (out / "warm_start_metrics.json").write_text(json.dumps(metrics, indent=2))
         return str(out)
 
     def load_tasks(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """Train and val rows: ``env.id``'s (files or generator), then ``data.mixture``'s."""
         data = self.cfg.data
         env_cls = _env_class(self.cfg.env.id) if not (data.train_file and data.val_file) else None
         train = load_rows(data.train_file) if data.train_file else env_cls.make_tasks(
             data.train_size, seed=self.cfg.seed, split="train", **data.task_kwargs)
         val = load_rows(data.val_file) if data.val_file else env_cls.make_tasks(
             data.val_size, seed=self.cfg.seed, split="val", **data.task_kwargs)
+        more_train, more_val = mixture_rows(data.mixture, self.cfg.seed, _env_class)
+        train, val = train + more_train, val + more_val
+        self.env_ids = sorted({env_of(r, self.cfg.env.id) for r in train + val})
         return train, val
 
     def start_workers(self, rollout_only: bool = False) -> None:
@@ -137,7 +144,7 @@ class Trainer:
             self._spawn({"rollout": RoleSpec.of(RolloutWorker, self.rollout_config())})
             return
         actor_cfg = _replace(cfg.actor, model_path=self.model_path,
-                             total_steps=cfg.trainer.total_steps, seed=cfg.seed,
+                             total_steps=optimizer_steps(cfg, cfg.actor), seed=cfg.seed,
                              temperature=cfg.rollout.temperature,
                              max_response_length=cfg.rollout.max_total_tokens)
         roles: dict[str, RoleSpec] = {"actor": RoleSpec.of(ActorWorker, actor_cfg)}
@@ -146,7 +153,7 @@ class Trainer:
             roles["ref"] = RoleSpec.of(RefWorker, actor_cfg)
         if cfg.algorithm.name == "ppo":
             critic_cfg = _replace(cfg.critic, model_path=self.model_path,
-                                  total_steps=cfg.trainer.total_steps, seed=cfg.seed,
+                                  total_steps=optimizer_steps(cfg, cfg.critic), seed=cfg.seed,
                                   max_response_length=cfg.rollout.max_total_tokens)
             roles["critic"] = RoleSpec.of(CriticWorker, critic_cfg)
         roles["rollout"] = RoleSpec.of(RolloutWorker, self.rollout_config())
@@ -178,7 +185,7 @@ class Trainer:
                               enable_sleep_mode=gpu and bool(e.sleep_level))
         sampling = SamplingConfig(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
                                   max_tokens=r.max_tokens_per_turn)
-        prompt_len = min(r.max_total_tokens // 2, 512)
+        prompt_len = r.max_prompt_tokens or min(r.max_total_tokens // 2, 512)
         return WorkerRolloutConfig(engine=engine, sampling=sampling, max_prompt_len=prompt_len,
                                    max_response_len=r.max_total_tokens - prompt_len,
                                    max_turns=r.max_turns, concurrency=r.concurrency,
@@ -222,6 +229,42 @@ class Trainer:
         times go into ``timing``. Returns the step's metrics."""
         with _timed(timing, "reward"):
             reward_metrics = self.score(batch)
+        train, adv_metrics = self.informative(batch)
+        metrics: dict[str, float] = {}
+        if train is not None:
+            metrics, more = self.train_on(train, timing)
+            adv_metrics.update(more)
+        for key in ("log_prob_diff_abs_mean", "log_prob_diff_abs_max"):  # on-policy steps
+            if f"actor/{key}" in metrics:
+                metrics[f"rollout/{key}"] = metrics.pop(f"actor/{key}")
+        metrics.update(reward_metrics)
+        metrics.update(adv_metrics)
+        metrics.update(rollout_metrics(batch))
+        episodes = B.get_non_tensor(batch, B.EPISODES)
+        metrics["train/success"] = sum(bool(e["success"]) for e in episodes) / len(episodes)
+        if self.mixed:
+            metrics.update(success_by("train/success", episodes,
+                                      self._envs(B.get_non_tensor(batch, B.ROWS))))
+        self._last_batch = batch
+        return metrics
+
+    def informative(self, batch: TensorDict) -> tuple[TensorDict | None, dict[str, float]]:
+        """The rows to train on: all of ``batch``, or with ``algorithm.filter_groups`` those of
+        groups whose rewards differ (None when no group does: the step trains on nothing)."""
+        uids = B.get_non_tensor(batch, B.UID)
+        uniform = uniform_groups(batch[B.TOKEN_LEVEL_SCORES].sum(-1), uids)
+        flat = {u for u, f in zip(uids, uniform.tolist(), strict=True) if f}
+        metrics = {"train/uniform_groups": len(flat) / max(len(set(uids)), 1)}
+        if not self.cfg.algorithm.filter_groups or not uniform.any():
+            return batch, metrics
+        keep = (~uniform).nonzero().flatten().tolist()
+        metrics["train/update_samples"] = float(len(keep))
+        return (B.select_rows(batch, keep) if keep else None), metrics
+
+    def train_on(self, batch: TensorDict, timing: dict[str, float]
+                 ) -> tuple[dict[str, float], dict[str, float]]:
+        """log-probs -> advantage -> update on the rows to train on; returns the update's and
+        the advantage's metrics."""
         with _timed(timing, "log_probs"):
             if self.needs_old_log_probs:
                 batch.update(self.actor.call(ActorWorker.compute_log_prob, batch))
@@ -237,16 +280,7 @@ class Trainer:
             if "critic" in self.handles:
                 metrics.update(_first(self.handles["critic"].call(CriticWorker.update_critic,
                                                                   batch)))
-        for key in ("log_prob_diff_abs_mean", "log_prob_diff_abs_max"):  # on-policy steps
-            if f"actor/{key}" in metrics:
-                metrics[f"rollout/{key}"] = metrics.pop(f"actor/{key}")
-        metrics.update(reward_metrics)
-        metrics.update(adv_metrics)
-        metrics.update(rollout_metrics(batch))
-        episodes = B.get_non_tensor(batch, B.EPISODES)
-        metrics["train/success"] = sum(bool(e["success"]) for e in episodes) / len(episodes)
-        self._last_batch = batch
-        return metrics
+        return metrics, adv_metrics
 
     @property
     def needs_old_log_probs(self) -> bool:
@@ -276,11 +310,11 @@ class Trainer:
         episodes = B.get_non_tensor(batch, B.EPISODES)
         rows = B.get_non_tensor(batch, B.ROWS)
         trajs = [trajectory_of(e, r) for e, r in zip(episodes, rows, strict=True)]
-        result = self.reward.score(trajs)
-        totals = [r.score for r in result.results()]
+        results, reward_metrics = self.reward.score(trajs, self._envs(rows))
+        totals = [r.score for r in results]
         mask = batch[B.RESPONSE_MASK]
         scores = torch.zeros(mask.shape, dtype=torch.float32)
-        for i, res in enumerate(result.results()):
+        for i, res in enumerate(results):
             positions = mask[i].nonzero().flatten()
             if len(positions) == 0:
                 continue
@@ -296,7 +330,7 @@ class Trainer:
                 outcome = totals[i]
             scores[i, positions[-1]] += float(outcome)
         batch.set(B.TOKEN_LEVEL_SCORES, scores)
-        metrics = {k: float(v) for k, v in result.metrics().items()}
+        metrics = {k: float(v) for k, v in reward_metrics.items()}
         metrics["train/reward_mean"] = float(sum(totals) / max(len(totals), 1))
         return metrics
 
@@ -324,7 +358,8 @@ class Trainer:
 
     # --- validation ----------------------------------------------------------------------------
     def validate(self) -> dict[str, float]:
-        """Greedy episodes on the held-out rows: success overall and per category."""
+        """Greedy episodes on the held-out rows: success overall, per category and (in a run
+        of several envs) per env."""
         batch = self.rollout(self.val_rows, 1, seed=self._seed("val"),
                              greedy=self.cfg.rollout.val_temperature == 0.0)
         episodes = B.get_non_tensor(batch, B.EPISODES)
@@ -335,6 +370,8 @@ class Trainer:
             by_cat.setdefault(str(r.get("category", "all")), []).append(bool(e["success"]))
         if len(by_cat) > 1:
             out.update({f"val/success/{c}": sum(v) / len(v) for c, v in by_cat.items()})
+        if self.mixed:
+            out.update(success_by("val/success", episodes, self._envs(rows)))
         out["val/reward_mean"] = sum(float(e["reward"]) for e in episodes) / len(episodes)
         return out
 
@@ -441,11 +478,20 @@ class Trainer:
             group.shutdown()
             group.pool.release()
         self.handles = {}
+        self.reward.close()
 
     # --- helpers -------------------------------------------------------------------------------
     @property
     def actor(self) -> Any:
         return self.handles["actor"]
+
+    @property
+    def mixed(self) -> bool:
+        """The run's rows come from more than one env (per-env metrics are logged)."""
+        return len(self.env_ids) > 1
+
+    def _envs(self, rows: Sequence[Mapping[str, Any]]) -> list[str]:
+        return [env_of(r, self.cfg.env.id) for r in rows]
 
     def _seed(self, what: str, step: int | None = None) -> int | None:
         """Sampling seed of this step (or ``step``): a function of (seed, step), so a resumed
@@ -468,55 +514,6 @@ def run_training(cfg: ExperimentConfig) -> dict[str, float]:
         return trainer.fit()
     finally:
         trainer.close()
-
-
-def run_evaluation(cfg: ExperimentConfig, model: str, output_dir: str | os.PathLike
-                   ) -> dict[str, Any]:
-    """`toolrl eval`: the config's env, tasks and rewards on ``model``, without training.
-
-    Writes ``output_dir/results.json``: overall and per-category success and reward.
-    """
-    cfg.model.path = model
-    cfg.model.build_tiny_if_missing = False
-    trainer = Trainer(cfg)
-    try:
-        trainer.model_path = trainer.prepare_model() if not cfg.warm_start.enabled else model
-        _, trainer.val_rows = trainer.load_tasks()
-        trainer.start_workers(rollout_only=True)
-        batch = trainer.rollout(trainer.val_rows, 1, seed=trainer._seed("val"),
-                                greedy=cfg.rollout.val_temperature == 0.0)
-        trainer.score(batch)
-    finally:
-        trainer.close()
-    episodes = B.get_non_tensor(batch, B.EPISODES)
-    rows = B.get_non_tensor(batch, B.ROWS)
-    scores = batch[B.TOKEN_LEVEL_SCORES].sum(-1).tolist()
-    cats: dict[str, dict[str, list[float]]] = {}
-    for e, r, s in zip(episodes, rows, scores, strict=True):
-        c = cats.setdefault(str(r.get("category", "all")), {"success": [], "reward": []})
-        c["success"].append(float(bool(e["success"])))
-        c["reward"].append(float(s))
-    results = {
-        "model": model, "env": cfg.env.id, "num_tasks": len(episodes),
-        "success": sum(float(bool(e["success"])) for e in episodes) / len(episodes),
-        "reward_mean": sum(scores) / len(scores),
-        "per_category": {k: {"n": len(v["success"]),
-                             "success": sum(v["success"]) / len(v["success"]),
-                             "reward_mean": sum(v["reward"]) / len(v["reward"])}
-                         for k, v in sorted(cats.items())},
-    }
-    out = Path(output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(results, indent=2))
-    table = Table(title=f"eval: {model} on {cfg.env.id}")
-    for col in ("category", "n", "success", "reward"):
-        table.add_column(col, justify="left" if col == "category" else "right")
-    for k, v in results["per_category"].items():
-        table.add_row(k, str(v["n"]), f"{v['success']:.3f}", f"{v['reward_mean']:.3f}")
-    table.add_row("all", str(results["num_tasks"]), f"{results['success']:.3f}",
-                  f"{results['reward_mean']:.3f}")
-    Console().print(table)
-    return results
 
 
 def _mismatch_metrics(batch: TensorDict) -> dict[str, float]:

@@ -68,6 +68,8 @@ class FSDPConfig:
         lr / betas / eps / weight_decay: AdamW.
         lr_schedule: ``constant`` or ``cosine`` (to ``min_lr_ratio * lr`` at ``total_steps``),
             both after ``warmup_steps`` of linear warmup; counted in optimizer steps.
+        total_steps: optimizer steps the schedule spans (0 in a config file: the trainer sets it
+            from ``trainer.total_steps``, PPO epochs and mini-batches).
         grad_clip: max global gradient norm (None or 0: no clipping, the norm is still logged).
         ppo_epochs: passes over each batch in `update`.
         ppo_mini_batch_size: samples per optimizer step over all data-parallel ranks (None: the
@@ -111,7 +113,7 @@ class FSDPConfig:
         if self.lr_schedule not in LR_SCHEDULES:
             raise ValueError(f"unknown lr_schedule {self.lr_schedule!r}; choose one of "
                              f"{list(LR_SCHEDULES)}")
-        if self.lr_schedule == "cosine" and self.total_steps <= self.warmup_steps:
+        if self.lr_schedule == "cosine" and 0 < self.total_steps <= self.warmup_steps:
             raise ValueError("lr_schedule='cosine' needs total_steps > warmup_steps "
                              f"(got total_steps={self.total_steps}, "
                              f"warmup_steps={self.warmup_steps})")

@@ -13,12 +13,15 @@ response tokens in the rollout layout (`toolrl.batch`). Two things make it lean:
   first and fill a KV cache; the cache is indexed out to every row of a group and only the
   responses run on top of it. The gradient flows through the cache into the prompt forward,
   so the result is the padded computation, with each prompt's share done once per group.
+  The responses run in runs of similar length (`length_buckets`), so a few long ones do not
+  pad the rest.
 
-Layouts of the trunk (`LAYOUTS`): ``padded`` (crop the all-padding columns, run with the
-attention mask), ``packed`` (real tokens of all rows in one row, position ids restarting per
-sample; transformers builds a block-diagonal mask), ``shared_prefix`` (above), and ``auto``
-(``shared_prefix`` when some rows share a prompt and the cache can carry gradients, i.e. no
-gradient checkpointing while training; else ``padded``).
+Layouts of the trunk (`LAYOUTS`): ``padded`` (rows run whole with the attention mask, in
+runs of similar length each cropped to its own longest row: `length_buckets`), ``packed``
+(real tokens of all rows in one row, position ids restarting per sample; transformers builds a
+block-diagonal mask), ``shared_prefix`` (above), and ``auto`` (``shared_prefix`` when some rows
+share a prompt and the cache can carry gradients, i.e. no gradient checkpointing while
+training; else ``padded``).
 
 Everything runs inside the model's own ``__call__`` (`enable_scoring` routes a keyword to it),
 so FSDP2's hooks on the root module gather and free its parameters exactly as for a normal
@@ -27,19 +30,22 @@ forward.
 
 from __future__ import annotations
 
+import math
 import types
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from tensordict import TensorDict
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
+from transformers import DynamicCache
 
-from toolrl.algo.loss import entropy_from_logits, log_probs_from_logits
+from toolrl.algo.loss import log_probs_and_entropy, log_probs_from_logits
 from toolrl.batch import ATTENTION_MASK, INPUT_IDS, POSITION_IDS, PROMPTS, RESPONSES
 
 LAYOUTS = ("auto", "padded", "packed", "shared_prefix")
 LOGITS_CHUNK_BYTES = 256 * 2**20  # float32 logits per chunk when chunk_size is not given
+BUCKET_OVERHEAD_TOKENS = 1024  # what one more trunk call costs, in padded token positions
 _KWARG = "toolrl_scoring"
 
 
@@ -102,6 +108,42 @@ def score_responses(model: nn.Module, td: TensorDict, *, temperature: float = 1.
     return job.scatter(flat_lp), (job.scatter(flat_ent) if flat_ent is not None else None)
 
 
+def length_buckets(lengths: list[int], overhead: int = BUCKET_OVERHEAD_TOKENS
+                   ) -> list[list[int]]:
+    """Rows grouped into runs of similar length, each run padded only to its own longest row.
+
+    Minimizes ``sum(rows * longest) + overhead * runs`` over splits of the rows sorted by
+    length (an exact dynamic program); one long outlier no longer pads a whole batch. Each
+    run's indices ascend.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    # runs only ever start where the length changes: the program runs over those points
+    points = [i for i in range(len(order)) if i == 0 or
+              lengths[order[i]] != lengths[order[i - 1]]] + [len(order)]
+    best = [0.0] + [math.inf] * (len(points) - 1)  # best[j]: cost of the rows before points[j]
+    cut = [0] * len(points)
+    for j in range(1, len(points)):
+        for i in range(j):
+            cost = best[i] + (points[j] - points[i]) * lengths[order[points[i]]] + overhead
+            if cost < best[j]:
+                best[j], cut[j] = cost, i
+    runs, j = [], len(points) - 1
+    while j > 0:
+        runs.append(sorted(order[points[cut[j]]:points[j]]))
+        j = cut[j]
+    return runs[::-1]
+
+
+class _Prefix(NamedTuple):
+    """The distinct prompts' forward: group id per row, prompt attention mask per row, K/V per
+    layer (one row per group), the last position's hidden state per group."""
+
+    groups: Tensor
+    attn: Tensor
+    kv: list[tuple[Tensor, Tensor]]
+    last: Tensor
+
+
 class _ScoringJob:
     """One micro-batch to score, run by the model's patched forward (not a dataclass on
     purpose: FSDP2 rebuilds dataclass arguments when it casts forward inputs)."""
@@ -116,7 +158,7 @@ class _ScoringJob:
         self.width = responses.shape[1]
         self.prompt_len = attn.shape[1] - self.width
         self.prompt_real = attn[:, :self.prompt_len].sum(-1)
-        resp_real = attn[:, self.prompt_len:].sum(-1)
+        self.resp_real = resp_real = attn[:, self.prompt_len:].sum(-1)
         if bool((self.prompt_real == 0).any()):
             raise ValueError("a sample has an empty prompt: nothing predicts its first response "
                              "token")
@@ -126,8 +168,20 @@ class _ScoringJob:
 
     def __call__(self, model: nn.Module) -> tuple[Tensor, Tensor | None]:
         trunk = model.base_model
-        hidden = {"padded": self._padded, "packed": self._packed,
-                  "shared_prefix": self._shared_prefix}[self.layout](trunk)
+        if self.layout == "packed":
+            hidden = self._packed(trunk)
+        else:
+            prefix = self._prefix(trunk) if self.layout == "shared_prefix" else None
+            lengths = self.resp_real if prefix else self.prompt_real + self.resp_real
+            flat_index = torch.full(self.valid.shape, -1, dtype=torch.long)
+            flat_index[self.valid] = torch.arange(int(self.valid.sum()))
+            parts, order = [], []
+            for rows in length_buckets(lengths.tolist()):
+                index = torch.tensor(rows)
+                parts.append(self._suffix(trunk, prefix, index) if prefix
+                             else self._padded(trunk, index))
+                order.append(flat_index[index][self.valid[index]])
+            hidden = torch.cat(parts)[torch.argsort(torch.cat(order)).to(parts[0].device)]
         return self._head(model.get_output_embeddings(), hidden)
 
     def scatter(self, flat: Tensor) -> Tensor:
@@ -138,22 +192,23 @@ class _ScoringJob:
         return out
 
     # --- trunks: hidden states at the positions predicting each real response token [K, H] ----
-    def _padded(self, trunk: nn.Module) -> Tensor:
+    def _padded(self, trunk: nn.Module, rows: Tensor) -> Tensor:
+        """Rows ``rows`` run whole, cropped to their longest prompt and response."""
         td = self.td
-        cut = self.prompt_len - int(self.prompt_real.max())
-        end = self.prompt_len + self.r_kept
-        hidden = trunk(input_ids=td.get(INPUT_IDS)[:, cut:end],
-                       attention_mask=td.get(ATTENTION_MASK)[:, cut:end].long(),
-                       position_ids=td.get(POSITION_IDS)[:, cut:end],
+        cut = self.prompt_len - int(self.prompt_real[rows].max())
+        r = max(int(self.resp_real[rows].max()), 1)
+        end = self.prompt_len + r
+        hidden = trunk(input_ids=td.get(INPUT_IDS)[rows, cut:end],
+                       attention_mask=td.get(ATTENTION_MASK)[rows, cut:end].long(),
+                       position_ids=td.get(POSITION_IDS)[rows, cut:end],
                        use_cache=False).last_hidden_state
         p = self.prompt_len - cut
-        return hidden[:, p - 1:p - 1 + self.r_kept][self.valid]
+        return hidden[:, p - 1:p - 1 + r][self.valid[rows, :r]]
 
     def _packed(self, trunk: nn.Module) -> Tensor:
         td = self.td
         attn = td.get(ATTENTION_MASK).bool()
-        resp_real = attn[:, self.prompt_len:].sum(-1)
-        lengths = (self.prompt_real + resp_real).tolist()
+        lengths = (self.prompt_real + self.resp_real).tolist()
         starts = torch.tensor([0, *lengths[:-1]], device=attn.device).cumsum(0)
         keep = (starts + self.prompt_real - 1)[:, None] + torch.arange(self.r_kept,
                                                                        device=attn.device)
@@ -162,31 +217,41 @@ class _ScoringJob:
                        use_cache=False).last_hidden_state
         return hidden[0, keep[self.valid]]
 
-    def _shared_prefix(self, trunk: nn.Module) -> Tensor:
+    def _prefix(self, trunk: nn.Module) -> _Prefix:
+        """Run each distinct prompt once; keep its K/V per layer and its last hidden state."""
         td = self.td
         groups = prompt_groups(td)
         first_row: dict[int, int] = {}
         for row, g in enumerate(groups.tolist()):
             first_row.setdefault(g, row)
-        first = torch.tensor(list(first_row.values()), device=self.valid.device)
-        groups = groups.to(self.valid.device)
+        first = torch.tensor(list(first_row.values()))
         cut = self.prompt_len - int(self.prompt_real.max())
-        p_attn = td.get(ATTENTION_MASK)[:, cut:self.prompt_len].long()
-        prefix = trunk(input_ids=td.get(INPUT_IDS)[first, cut:self.prompt_len],
-                       attention_mask=p_attn[first],
-                       position_ids=td.get(POSITION_IDS)[first, cut:self.prompt_len],
-                       use_cache=True)
-        cache = prefix.past_key_values
-        cache.batch_select_indices(groups)  # each row gets its group's prompt K/V (with grad)
-        end = self.prompt_len + self.r_kept
-        suffix = trunk(input_ids=td.get(INPUT_IDS)[:, self.prompt_len:end],
+        attn = td.get(ATTENTION_MASK)[:, cut:self.prompt_len].long()
+        out = trunk(input_ids=td.get(INPUT_IDS)[first, cut:self.prompt_len],
+                    attention_mask=attn[first],
+                    position_ids=td.get(POSITION_IDS)[first, cut:self.prompt_len],
+                    use_cache=True)
+        kv = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
+        return _Prefix(groups, attn, kv, out.last_hidden_state[:, -1])
+
+    def _suffix(self, trunk: nn.Module, prefix: _Prefix, rows: Tensor) -> Tensor:
+        """Rows ``rows``' responses on their prompts' K/V (indexed per row: the gradient flows
+        back into the one prompt forward)."""
+        td = self.td
+        groups = prefix.groups[rows].to(prefix.last.device)
+        cache = DynamicCache([(k[groups], v[groups]) for k, v in prefix.kv],
+                             config=trunk.config)
+        r = max(int(self.resp_real[rows].max()), 1)
+        end = self.prompt_len + r
+        suffix = trunk(input_ids=td.get(INPUT_IDS)[rows, self.prompt_len:end],
                        attention_mask=torch.cat(
-                           [p_attn, td.get(ATTENTION_MASK)[:, self.prompt_len:end].long()], 1),
-                       position_ids=td.get(POSITION_IDS)[:, self.prompt_len:end],
+                           [prefix.attn[rows],
+                            td.get(ATTENTION_MASK)[rows, self.prompt_len:end].long()], 1),
+                       position_ids=td.get(POSITION_IDS)[rows, self.prompt_len:end],
                        past_key_values=cache, use_cache=True).last_hidden_state
         # response token 0 is predicted by the prompt's last position, token j by suffix j-1
-        hidden = torch.cat([prefix.last_hidden_state[groups, -1:], suffix[:, :-1]], dim=1)
-        return hidden[self.valid]
+        hidden = torch.cat([prefix.last[groups][:, None], suffix[:, :-1]], dim=1)
+        return hidden[self.valid[rows, :r]]
 
     # --- the head, in chunks --------------------------------------------------------------------
     def _head(self, head: nn.Module, hidden: Tensor) -> tuple[Tensor, Tensor | None]:
@@ -210,13 +275,11 @@ class _ScoringJob:
         logits = head(h)
         if self.temperature != 1.0:
             logits = logits / self.temperature
-        lp = log_probs_from_logits(logits, labels)
         if not self.with_entropy:
+            lp = log_probs_from_logits(logits, labels)
             return lp, lp.new_zeros(())
-        if self.entropy_grad:
-            return lp, entropy_from_logits(logits)
-        with torch.no_grad():
-            return lp, entropy_from_logits(logits.detach())
+        return log_probs_and_entropy(logits, labels, entropy_grad=self.entropy_grad)
 
 
-__all__ = ["LAYOUTS", "enable_scoring", "prompt_groups", "resolve_layout", "score_responses"]
+__all__ = ["LAYOUTS", "enable_scoring", "length_buckets", "prompt_groups", "resolve_layout",
+           "score_responses"]

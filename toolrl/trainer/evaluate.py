@@ -1,0 +1,111 @@
+"""`toolrl eval`: a model on the config's validation rows, with the config's envs and rewards.
+
+Writes ``results.json``: overall success and reward, per category, per env (in a run of
+several envs) and, for BFCL rows (``source: "bfcl"``, as `toolrl data convert --from bfcl`
+writes them), per BFCL category with the summary and overall averages BFCL's leaderboard
+reports (`toolrl.core.bfcl_scores.leaderboard`), so the number can stand beside the
+leaderboard's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from toolrl import batch as B
+from toolrl.core.bfcl_scores import leaderboard, leaderboard_tables
+from toolrl.trainer.config import ExperimentConfig
+from toolrl.trainer.mixture import env_of
+
+
+def run_evaluation(cfg: ExperimentConfig, model: str, output_dir: str | os.PathLike,
+                   console: Console | None = None) -> dict[str, Any]:
+    """Greedy (``rollout.val_temperature``) episodes of ``model`` on the validation rows."""
+    from toolrl.trainer.trainer import Trainer
+
+    cfg.model.path = model
+    cfg.model.build_tiny_if_missing = False
+    console = console or Console()
+    trainer = Trainer(cfg, console=console)
+    try:
+        trainer.model_path = trainer.prepare_model() if not cfg.warm_start.enabled else model
+        _, trainer.val_rows = trainer.load_tasks()
+        trainer.start_workers(rollout_only=True)
+        batch = trainer.rollout(trainer.val_rows, 1, seed=trainer._seed("val"),
+                                greedy=cfg.rollout.val_temperature == 0.0)
+        trainer.score(batch)
+    finally:
+        trainer.close()
+    episodes = B.get_non_tensor(batch, B.EPISODES)
+    rows = B.get_non_tensor(batch, B.ROWS)
+    scores = batch[B.TOKEN_LEVEL_SCORES].sum(-1).tolist()
+    results = summarize(episodes, rows, scores, cfg.env.id)
+    results = {"model": model, "env": cfg.env.id, **results}
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results, indent=2))
+    for table in result_tables(results, title=f"eval: {model}"):
+        console.print(table)
+    return results
+
+
+def summarize(episodes: Sequence[Mapping[str, Any]], rows: Sequence[Mapping[str, Any]],
+              scores: Sequence[float], default_env: str) -> dict[str, Any]:
+    """Success and reward overall, per category, per env and (BFCL rows) BFCL's averages."""
+    def stats(indices: list[int]) -> dict[str, float]:
+        return {"n": len(indices),
+                "success": sum(bool(episodes[i]["success"]) for i in indices) / len(indices),
+                "reward_mean": sum(scores[i] for i in indices) / len(indices)}
+
+    by_category: dict[str, list[int]] = {}
+    by_env: dict[str, list[int]] = {}
+    bfcl: dict[str, list[int]] = {}
+    for i, row in enumerate(rows):
+        by_category.setdefault(str(row.get("category", "all")), []).append(i)
+        by_env.setdefault(env_of(row, default_env), []).append(i)
+        if row.get("source") == "bfcl":
+            bfcl.setdefault(str(row["category"]), []).append(i)
+    results: dict[str, Any] = {
+        "num_tasks": len(rows), **{k: v for k, v in stats(list(range(len(rows)))).items()
+                                   if k != "n"},
+        "per_category": {k: stats(v) for k, v in sorted(by_category.items())},
+    }
+    if len(by_env) > 1:
+        results["per_env"] = {k: stats(v) for k, v in sorted(by_env.items())}
+    if bfcl:
+        counts = {c: (sum(bool(episodes[i]["success"]) for i in v), len(v))
+                  for c, v in sorted(bfcl.items())}
+        results["bfcl"] = {"per_category": {c: {"correct": k, "n": n, "accuracy": k / n}
+                                            for c, (k, n) in counts.items()},
+                           **leaderboard(counts)}
+    return results
+
+
+def result_tables(results: Mapping[str, Any], title: str = "eval") -> list[Table]:
+    """rich Tables of `summarize`'s results: categories, envs, BFCL's columns."""
+    tables = []
+    for key, name in (("per_category", "category"), ("per_env", "env")):
+        if key not in results:
+            continue
+        table = Table(title=f"{title} by {name}")
+        for col in (name, "n", "success", "reward"):
+            table.add_column(col, justify="left" if col == name else "right")
+        for k, v in results[key].items():
+            table.add_row(k, str(v["n"]), f"{v['success']:.3f}", f"{v['reward_mean']:.3f}")
+        table.add_row("all", str(results["num_tasks"]), f"{results['success']:.3f}",
+                      f"{results['reward_mean']:.3f}")
+        tables.append(table)
+    if "bfcl" in results:
+        table = Table(title="BFCL categories")
+        for col in ("category", "n", "accuracy"):
+            table.add_column(col, justify="left" if col == "category" else "right")
+        for k, v in results["bfcl"]["per_category"].items():
+            table.add_row(k, str(v["n"]), f"{100 * v['accuracy']:.2f}%")
+        tables += [table, *leaderboard_tables(results["bfcl"])]
+    return tables
