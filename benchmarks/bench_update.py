@@ -44,6 +44,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--threads", type=int, default=2, help="torch threads (the quickstart's 2)")
     p.add_argument("--output", type=Path, default=RESULTS)
+    p.add_argument("--dry-run", action="store_true", help="print the plan and exit")
     args = p.parse_args(argv)
     if args.quick:
         args.tasks, args.group, args.reps = 4, 4, 2
@@ -155,6 +156,10 @@ def sft_steps(model_path: Path, transcripts: list[Any], lr: float) -> tuple[Any,
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.dry_run:
+        print(f"{args.tasks} tasks x {args.group} samples, {args.reps} repetitions, "
+              f"{args.threads} threads -> {args.output}")
+        return 0
     benchlib.set_bench_env()
     import torch
 

@@ -4,8 +4,9 @@ For each size of the tiny family (small, medium, large) one process holds an `FS
 world of one, gloo) and a `VLLMEngine`, the colocated layout the trainer uses on one machine.
 Measured, alternating, the median of ``--reps``:
 
-- push: `WeightSync.push_local` (gather the full weights bucket by bucket, serialize them,
-  reload them in the engine's worker, re-pack the CPU embedding GEMM, reset the prefix cache);
+- push: `WeightSync.push_local` (gather the weights tensor by tensor, stage them bucket by
+  bucket in shared memory, reload each bucket in the engine's worker, re-pack the CPU embedding
+  GEMM, reset the prefix cache);
 - of which gather: the full weights from the FSDP2 shards alone;
 - the alternative a framework without in-place sync has: restarting the engine on a new
   checkpoint (the engine's start-up time, measured once per size; saving the checkpoint not
@@ -110,16 +111,16 @@ def report(results: list[dict[str, Any]], machine: str, argv: list[str], reps: i
         "checkpoint by restarting the engine would cost instead (its start-up time).",
         "",
         md_table(["size", "params", "MiB", "push (ms)", "of which gather (ms)",
-                  "serialize + engine reload (ms)", "push MiB/s", "engine restart (s)",
+                  "stage + engine reload (ms)", "push MiB/s", "engine restart (s)",
                   "restart / push"], rows),
         "",
         f"**Weight push into the engine: {head}; restarting the engine instead would cost "
         f"at least {restart:.0f}x more.**",
         "",
         growth + " Gathering the full weights from the FSDP2 shards takes a few ms; the rest "
-        "is serializing them to safetensors bytes, the RPC into the engine's worker, vLLM's "
-        "in-place reload (with the CPU re-packing of the GEMM weights) and the prefix-cache "
-        "reset.",
+        "is staging them bucket by bucket in shared memory, one RPC per bucket into the "
+        "engine's worker, vLLM's in-place reload (with the CPU re-packing of the GEMM weights) "
+        "and the prefix-cache reset.",
         "",
     ])
 

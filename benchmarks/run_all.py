@@ -46,6 +46,8 @@ class Bench:
 BENCHES: tuple[Bench, ...] = (
     Bench("rollout", "bench_rollout.py", "Rollout: multi-turn episodes vs the engine's ceiling",
           timeout_s=420),
+    Bench("update", "bench_update.py", "Actor update vs a bare transformers step",
+          timeout_s=420),
     Bench("trl", "bench_trl.py", "End-to-end GRPO step: toolrl vs TRL GRPOTrainer",
           args=("--steps", "4"), timeout_s=1500, plots=("trl_step",)),
     Bench("weight_sync", "bench_weight_sync.py", "Weight sync time vs model size",
@@ -56,6 +58,8 @@ BENCHES: tuple[Bench, ...] = (
     Bench("scaling", "bench_scaling.py", "Scaling: batch size, turns, rollout workers",
           args=("--reps", "3"), timeout_s=720,
           plots=("scaling_batch", "scaling_turns", "scaling_workers")),
+    Bench("scale", "bench_scale.py", "Real model sizes: Qwen2.5-0.5B's shape on CPU",
+          timeout_s=2400),
 )
 PIPELINE = Bench("pipeline", "bench_pipeline.py", "Sync vs one-step-off pipeline",
                  args=("--rounds", "1", "--steps", "5"), timeout_s=900)

@@ -121,3 +121,44 @@ def test_deterministic_cached_and_guarded(tmp_path):
     with pytest.raises(ValueError, match="unknown size"):
         build_tiny_model(tmp_path / "d", size="huge")
     assert not list(tmp_path.glob(".tiny-*"))  # no temp dirs left behind
+
+
+SMALL_REAL_VOCAB = {"model_type": "qwen2", "vocab_size": 151936, "hidden_size": 64,
+                    "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+                    "num_key_value_heads": 2, "tie_word_embeddings": True}
+
+
+def test_real_shapes_have_the_released_parameter_counts():
+    from toolrl.models.tiny import REAL_SHAPES, shape_config
+
+    released = {"qwen2.5-0.5b": 494_032_768, "qwen2.5-1.5b": 1_543_714_304,
+                "qwen3-0.6b": 596_049_920, "qwen3-8b": 8_190_735_360}
+    assert set(released) <= set(REAL_SHAPES)
+    for size, count in released.items():
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(shape_config(size))
+        assert sum(p.numel() for p in model.parameters()) == count, size
+
+
+def test_a_real_vocabulary_with_the_tiny_tokenizer(tmp_path):
+    path = build_tiny_model(tmp_path / "m", config=SMALL_REAL_VOCAB)
+    model = AutoModelForCausalLM.from_pretrained(path)
+    tok = AutoTokenizer.from_pretrained(path)
+    assert model.get_input_embeddings().weight.shape == (151936, 64)
+    assert len(tok) == 4096 < model.config.vocab_size
+    assert model.config.eos_token_id == tok.eos_token_id
+    assert next(AutoModelForCausalLM.from_pretrained(path, dtype="auto").parameters()).dtype \
+        == torch.bfloat16  # saved as released checkpoints are
+    ids = tok("What is 1 plus 2?", return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        assert model(ids).logits.shape[-1] == 151936
+    mtime = (path / "model.safetensors").stat().st_mtime_ns
+    assert build_tiny_model(path, config=SMALL_REAL_VOCAB) == path  # cached
+    assert (path / "model.safetensors").stat().st_mtime_ns == mtime
+    wider = build_tiny_model(path, config={**SMALL_REAL_VOCAB, "hidden_size": 96})
+    assert AutoModelForCausalLM.from_pretrained(wider).config.hidden_size == 96
+    with pytest.raises(ValueError, match="model_type"):
+        build_tiny_model(tmp_path / "n", config={"vocab_size": 151936})
+    with pytest.raises(ValueError, match="smaller than the tokenizer"):
+        build_tiny_model(tmp_path / "n", config={**SMALL_REAL_VOCAB, "vocab_size": 1000})
+    assert not list(tmp_path.glob(".tiny-*"))

@@ -10,10 +10,22 @@ Command = Callable[[argparse.Namespace], int | None]
 
 
 def _make_tiny_model(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
     from toolrl.models.tiny import build_tiny_model
 
-    path = build_tiny_model(args.out, seed=args.seed, size=args.size)
-    print(f"tiny model ({args.size}, seed {args.seed}) at {path}")
+    config = None
+    if args.config_json:
+        try:
+            config = json.loads(Path(args.config_json).read_text())
+        except (OSError, ValueError) as e:
+            print(f"make-tiny-model: cannot read {args.config_json}: {e}", file=sys.stderr)
+            return 2
+    path = build_tiny_model(args.out, seed=args.seed, size=args.size, config=config,
+                            dtype=args.dtype)
+    what = args.config_json or args.size
+    print(f"model ({what}, random weights, seed {args.seed}) at {path}")
     return 0
 
 
@@ -107,15 +119,21 @@ def _run_experiment(command: str, args: argparse.Namespace,
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from toolrl.models.tiny import SIZES
+    from toolrl.models.tiny import size_names
 
     parser = argparse.ArgumentParser(prog="toolrl", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("make-tiny-model", help="build a tiny Qwen2 checkpoint + tokenizer locally")
+    p = sub.add_parser("make-tiny-model", help="build a checkpoint with random weights and the "
+                       "tiny tokenizer locally: a tiny Qwen2, or a real model's shape")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--size", choices=sorted(SIZES), default="small")
+    p.add_argument("--size", choices=size_names(), default="small",
+                   help="a tiny size, or a released model's shape (real vocabulary size)")
+    p.add_argument("--config-json", default=None,
+                   help="a Hugging Face config.json (with model_type) to build instead of --size")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
+                   help="dtype of the saved weights (default: float32 tiny, bfloat16 real)")
     p.set_defaults(func=_make_tiny_model)
 
     p = sub.add_parser("train", help="run an RL experiment from a config file")

@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "benchmarks"
 sys.path.insert(0, str(BENCH))
 
+import bench_scale  # noqa: E402
 import bench_scaling  # noqa: E402
 import bench_trl  # noqa: E402
 import bench_weight_sync  # noqa: E402
@@ -21,7 +22,7 @@ import benchlib  # noqa: E402
 import run_all  # noqa: E402
 
 SCRIPTS = ["bench_trl.py", "bench_weight_sync.py", "bench_env_overhead.py", "bench_scaling.py",
-           "run_all.py"]
+           "bench_scale.py", "bench_update.py", "run_all.py"]
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
@@ -219,3 +220,23 @@ def test_markdown_table_formats_numbers():
                                                   ("c", float("nan"))])
     assert table.splitlines()[1] == "| --- | ---: |"
     assert "| a | 0.0123 |" in table and "| b | 1234 |" in table and "| c | n/a |" in table
+
+
+def test_scale_report_from_fake_results():
+    gib = 2**30
+    run = {"label": "0p5b", "steps": 3, "seconds": 500.0, "config": ["configs/x.yaml"],
+           "timing": {**{ph: [1.0, 2.0, 3.0] for ph in bench_scale.PHASES},
+                      "step": [10.0, 11.0, 12.0]},
+           "peaks": {"driver": [gib // 2], "Ray system processes": [gib // 4, gib // 4],
+                     "worker: actor + rollout": [11 * gib], "vLLM engine core": [3 * gib]},
+           "planned": {"driver": 0.6 * gib, "Ray system processes": 0.6 * gib,
+                       "worker: actor + rollout": 10 * gib, "vLLM engine core": 3 * gib},
+           "plan_total": 14.2 * gib, "plan_summary": "memory plan: host 14.2 GiB"}
+    push = {"weights_bytes": 2 * gib, "largest_tensor_bytes": gib // 2, "results": [
+        {"bucket_mb": 256.0, "runs": [{"seconds": 5.0, "actor_extra": gib // 2,
+                                       "engine_extra": 3 * gib // 2, "buckets": 7}]}]}
+    text = bench_scale.report({"train": run, "push": push}, "test machine", ["--reps", "1"])
+    heads = run_all.headlines(text)
+    assert len(heads) == 1 and "actor/rollout process 11.00 GiB" in heads[0]
+    assert "engine core 3.00 GiB" in heads[0] and "256 MiB buckets 2.00 GiB" in heads[0]
+    assert "| **total** |" in text and "| 256 | 7 |" in text

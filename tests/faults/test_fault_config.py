@@ -27,6 +27,9 @@ BAD = {
                      "grpo"),
     "missing_model_path": ("model:\n  path: {missing}\n  build_tiny_if_missing: false\n",
                            "does not exist", "model.path"),
+    "schedule_shorter_than_warmup": (
+        "actor:\n  lr_schedule: cosine\n  warmup_steps: 40\ntrainer:\n  total_steps: 10\n",
+        "actor.lr_schedule=cosine needs more optimizer steps (10 in this run)", "warmup_steps"),
 }
 
 
@@ -78,8 +81,9 @@ def test_a_pool_larger_than_the_machine(tmp_path, capsys, ray_cluster, tiny_mode
     groups_before = set(ray.util.placement_group_table())
     free_before = ray.available_resources().get("CPU")
     config = tmp_path / "big.yaml"
+    # (the pre-flight memory plan would refuse 64 engines first: skipped, this is the pool check)
     config.write_text(f"model:\n  path: {tiny_model_dir}\n  build_tiny_if_missing: false\n"
-                      f"resources:\n  processes_per_node: 64\n"
+                      f"resources:\n  processes_per_node: 64\n  memory_check: skip\n"
                       f"trainer:\n  output_dir: {tmp_path / 'run'}\n  trackers: [jsonl]\n"
                       f"data:\n  train_size: 16\n  val_size: 4\n")
     code, err = run_cli(capsys, "--config", str(config))
@@ -88,3 +92,15 @@ def test_a_pool_larger_than_the_machine(tmp_path, capsys, ray_cluster, tiny_mode
     assert "64 x {CPU: 1}" in err and "must fit on ONE node" in err and "short by" in err
     assert set(ray.util.placement_group_table()) == groups_before
     assert ray.available_resources().get("CPU") == free_before
+
+
+def test_a_cosine_schedule_spans_every_optimizer_step_of_the_run():
+    """The schedule is set in the file without total_steps: the trainer derives its length
+    (steps x PPO epochs x mini-batches), so a config file can ask for it."""
+    from toolrl.trainer.config import optimizer_steps
+
+    cfg = load_config(None, ["actor.lr_schedule=cosine", "actor.warmup_steps=3",
+                             "trainer.total_steps=10", "data.batch_size=4",
+                             "algorithm.group_size=4", "actor.ppo_epochs=2",
+                             "actor.ppo_mini_batch_size=8"])
+    assert optimizer_steps(cfg, cfg.actor) == 10 * 2 * 2

@@ -61,7 +61,7 @@ def test_config_errors_are_clear(tiny_model_dir):
     with pytest.raises(EngineError, match="CPU build"):
         VLLMEngine(EngineConfig(model=str(tiny_model_dir), backend="gpu"))
     args = EngineConfig(model=str(tiny_model_dir), max_model_len=256, seed=3).engine_args()
-    assert args.worker_extension_cls == "toolrl.rollout.engine.WeightLoaderExtension"
+    assert args.worker_extension_cls == "toolrl.rollout.weight_transfer.WeightLoaderExtension"
     assert (args.block_size, args.enable_chunked_prefill, args.seed) == (32, False, 3)
 
 

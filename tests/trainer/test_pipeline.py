@@ -34,9 +34,11 @@ CONFIG = ROOT / "configs" / "quickstart_pipeline.yaml"
 
 
 def overrides(model: Path, out: Path, **extra: object) -> list[str]:
-    """The shared small run, with room for two turns' context, no lag correction by default."""
+    """The shared small run, with room for two turns' context, no lag correction by default;
+    weight pushes in many small buckets (each received straight into the engine's staging)."""
     register_test_rewards()
     return small_run_overrides(model, out, **{
+        "actor.weight_bucket_mb": 0.5,
         "rollout.max_total_tokens": 512, "rollout.engine.max_model_len": 512,
         "rollout.engine.kv_cache_gib": 0.25, "trainer.log_rollouts": 8,
         "trainer.call_timeout_s": 300, "trainer.export_hf": False, "actor.loss.tis_cap": None,

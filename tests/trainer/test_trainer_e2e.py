@@ -23,3 +23,23 @@ def test_ppo_config_runs_three_steps(ray_cluster, tiny_model_dir, tmp_path):
                  "final_hf/config.json"):
         assert (run / name).exists(), name
     assert list((run / "tensorboard").iterdir())
+
+
+def test_filter_groups_trains_only_on_groups_whose_rewards_differ(ray_cluster, tiny_model_dir,
+                                                                 tmp_path):
+    """Every sample of an even-numbered task gets the same reward: with algorithm.filter_groups
+    those groups leave the update (DAPO's filter), the others train; the share is logged."""
+    rows = run_training_in_process(small_run_overrides(
+        tiny_model_dir, tmp_path / "filter", **{
+            "trainer.total_steps": 4, "data.batch_size": 4, "algorithm.filter_groups": True,
+            "reward": "{rewards: [{name: test_even_tasks_flat}]}"}))
+    seen = set()
+    for row in rows[1:]:
+        uniform = row["train/uniform_groups"]
+        assert 0 <= uniform <= 1
+        informative = round(4 * (1 - uniform))
+        if uniform > 0:
+            assert row["train/update_samples"] == 4 * informative  # group size 4
+        assert ("actor/pg_loss" in row) == (informative > 0)
+        seen.add(informative)
+    assert len(seen) > 1 or seen & {1, 2, 3}, seen  # some steps filtered part of the batch

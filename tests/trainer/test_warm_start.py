@@ -80,6 +80,18 @@ def test_sft_lowers_the_loss_and_writes_a_loadable_checkpoint(tiny_model_dir, to
     assert AutoTokenizer.from_pretrained(tmp_path / "ws").chat_template == tokenizer.chat_template
 
 
+def test_sft_stops_once_the_recent_mean_loss_is_low_enough(tiny_model_dir, tokenizer,
+                                                            tmp_path):
+    transcripts = oracle_transcripts("toolrl/Calculator-v0", ROWS, tokenizer)
+    never = sft(tiny_model_dir, transcripts, tmp_path / "a", steps=12, batch_size=2,
+                stop_loss=1e-9, stop_window=4)
+    assert never["warm_start/steps"] == 12
+    at_once = sft(tiny_model_dir, transcripts, tmp_path / "b", steps=12, batch_size=2,
+                  stop_loss=1e9, stop_window=4)
+    assert at_once["warm_start/steps"] == 4  # the first full window is already low enough
+    assert (tmp_path / "b" / "config.json").exists()
+
+
 def test_the_trainer_warm_starts_from_config_and_reuses_the_result(tiny_model_dir, tmp_path):
     out = tmp_path / "ws"
     cfg = load_config(ROOT / "configs" / "quickstart.yaml", [

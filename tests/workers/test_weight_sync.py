@@ -106,18 +106,30 @@ def _local_push(rank, model_dir):
     got = weights_checksum(engine)
     engine.clear()
     version = sync.push_local([Engine()] if rank == 0 else [])
+    only0 = weights_checksum(engine)
+    # two engines in rank 0's process, none in rank 1's: each gets a full pass of its own
+    second: dict[str, torch.Tensor] = {}
+
+    class Second:
+        def load_weights_sync(self, weights):
+            for name, tensor in weights:
+                second[name] = tensor.clone()
+
+    engine.clear()
+    version = sync.push_local([Engine(), Second()] if rank == 0 else [])
+    both = (weights_checksum(engine), weights_checksum(second))
     try:  # no engine anywhere: a silent no-op would hide a wiring bug
         sync.push_local([])
         raised = False
     except RuntimeError as e:
         raised = "register_local_engine" in str(e)
-    return version, got, weights_checksum(engine), sync.checksum(), raised
+    return version, got, only0, both, sync.checksum(), raised
 
 
 def test_local_push_streams_the_full_weights_into_every_local_engine(tiny_model_dir):
-    (v0, got0, only0, want, r0), (v1, got1, none1, none, r1) = run_ranks(
+    (v0, got0, only0, both0, want, r0), (v1, got1, none1, both1, none, r1) = run_ranks(
         _local_push, 2, str(tiny_model_dir))
-    assert v0 == v1 == 2 and none is None and r0 and r1
-    assert got0 == got1 == only0 == want
+    assert v0 == v1 == 3 and none is None and r0 and r1
+    assert got0 == got1 == only0 == both0[0] == both0[1] == want
     assert want == weights_checksum(load_file(str(tiny_model_dir / "model.safetensors")))
-    assert none1 == weights_checksum({})  # rank 1 had no engine the second time
+    assert none1 == weights_checksum({}) == both1[0] == both1[1]  # rank 1 had no engine

@@ -9,6 +9,7 @@ from toolrl.algo.advantage import (
     AdvantageEstimator,
     compute_advantage,
     register_advantage,
+    uniform_groups,
 )
 from toolrl.algo.credit import place_rewards
 from toolrl.algo.kl import KL_KINDS, apply_kl_in_reward, kl_penalty
@@ -54,5 +55,6 @@ __all__ = [
     "place_rewards",
     "register_advantage",
     "register_policy_loss",
+    "uniform_groups",
     "value_loss",
 ]

@@ -41,6 +41,7 @@ __all__ = [
     "AdvantageEstimator",
     "compute_advantage",
     "register_advantage",
+    "uniform_groups",
 ]
 
 Uids = Sequence[Hashable] | Tensor
@@ -207,6 +208,23 @@ def _group_mean(x: Tensor, group: Tensor) -> tuple[Tensor, Tensor]:
     )
     total = torch.zeros_like(count).index_add_(0, group, x64)
     return (total / count)[group].to(x.dtype), count[group].to(x.dtype)
+
+
+def uniform_groups(scores: Tensor, uids: Uids, atol: float = 1e-6) -> Tensor:
+    """``[B]`` bool: rows whose group's scores are all equal (within ``atol``).
+
+    Group estimators give such a group zero advantage (nothing to prefer within it), so its
+    samples carry no policy gradient; DAPO drops them before the update. A group of one sample
+    counts as uniform.
+    """
+    group = _group_index("uniform_groups", uids, scores.shape[0], scores.device)
+    n = int(group.max()) + 1 if scores.numel() else 0
+    x = scores.double()
+    high = torch.full((n,), -torch.inf, dtype=x.dtype, device=x.device).scatter_reduce(
+        0, group, x, "amax")
+    low = torch.full((n,), torch.inf, dtype=x.dtype, device=x.device).scatter_reduce(
+        0, group, x, "amin")
+    return ((high - low) <= atol)[group]
 
 
 # --- outcome estimators ----------------------------------------------------------------------

@@ -58,6 +58,10 @@ class BackgroundLoop:
     def started(self) -> bool:
         return self._loop is not None
 
+    def on_loop(self) -> bool:
+        """Whether the calling thread is the loop's own thread (blocking there deadlocks)."""
+        return self._thread is not None and threading.current_thread() is self._thread
+
     def call_soon(self, callback: Callable[[], Any]) -> None:
         """Schedule a plain callback on the loop (thread-safe)."""
         self.loop.call_soon_threadsafe(callback)

@@ -13,12 +13,20 @@ Tests and the CPU demo need a model without a hub. `build_tiny_model` writes a d
   template is prefix-preserving (what token-in/token-out rollouts need);
 - ``Qwen2ForCausalLM`` with random weights (seeded), tied embeddings, fp32 safetensors.
 
+Besides the tiny family (`SIZES`), `REAL_SHAPES` builds the exact shapes of released models
+(``qwen2.5-0.5b``: 24 layers, hidden 896, 14/2 heads, MLP 4,864, 151,936-token vocabulary, tied
+embeddings, 494M parameters), and ``config`` takes any Hugging Face config as a dict (e.g. a
+``config.json``): random weights, the same tiny tokenizer, and the embedding sized to the
+shape's own vocabulary even though the tokenizer uses only its first ~4,096 ids. That is what
+memory and speed tests of real sizes need, without a hub.
+
 Building is deterministic for a seed and cached: a second call on the same directory with the
 same arguments is a no-op.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -113,14 +121,67 @@ VOCAB_SIZE = 4096
 MAX_POSITIONS = 4096
 
 
+def _qwen2(hidden: int, layers: int, heads: int, kv_heads: int, mlp: int, vocab: int = 151936,
+           tied: bool = True) -> dict[str, Any]:
+    return {"model_type": "qwen2", "hidden_size": hidden, "num_hidden_layers": layers,
+            "num_attention_heads": heads, "num_key_value_heads": kv_heads,
+            "intermediate_size": mlp, "vocab_size": vocab, "tie_word_embeddings": tied,
+            "max_position_embeddings": 32768, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6,
+            "use_sliding_window": False}
+
+
+def _qwen3(hidden: int, layers: int, heads: int, kv_heads: int, mlp: int, vocab: int = 151936,
+           tied: bool = True) -> dict[str, Any]:
+    return {**_qwen2(hidden, layers, heads, kv_heads, mlp, vocab, tied), "model_type": "qwen3",
+            "head_dim": 128, "max_position_embeddings": 40960, "attention_bias": False}
+
+
+# Shapes of released checkpoints (their config.json): random weights, real sizes.
+REAL_SHAPES: dict[str, dict[str, Any]] = {
+    "qwen2.5-0.5b": _qwen2(896, 24, 14, 2, 4864),
+    "qwen2.5-1.5b": _qwen2(1536, 28, 12, 2, 8960),
+    "qwen2.5-3b": _qwen2(2048, 36, 16, 2, 11008),
+    "qwen2.5-7b": _qwen2(3584, 28, 28, 4, 18944, vocab=152064, tied=False),
+    "qwen3-0.6b": _qwen3(1024, 28, 16, 8, 3072),
+    "qwen3-1.7b": _qwen3(2048, 28, 16, 8, 6144),
+    "qwen3-4b": _qwen3(2560, 36, 32, 8, 9728),
+    "qwen3-8b": _qwen3(4096, 36, 32, 8, 12288, tied=False),
+}
+
+
+def size_names() -> list[str]:
+    """Every ``size`` `build_tiny_model` accepts: the tiny family, then the real shapes."""
+    return [*SIZES, *REAL_SHAPES]
+
+
 def build_tiny_model(out: str | os.PathLike, seed: int = 0, size: str = "small",
-                     vocab_size: int = VOCAB_SIZE) -> Path:
-    """Write a tiny Qwen2 checkpoint + tokenizer to ``out`` and return its path (cached)."""
-    if size not in SIZES:
-        raise ValueError(f"unknown size {size!r}; choose one of {sorted(SIZES)}")
+                     vocab_size: int = VOCAB_SIZE, config: dict[str, Any] | None = None,
+                     dtype: str | None = None) -> Path:
+    """Write a checkpoint + the tiny tokenizer to ``out`` and return its path (cached).
+
+    ``size`` names a tiny size (`SIZES`) or a real shape (`REAL_SHAPES`); ``config`` (a Hugging
+    Face config as a dict, with ``model_type``) replaces it. ``vocab_size`` is the tokenizer's;
+    a real shape keeps its own, larger, embedding. ``dtype`` of the saved weights: float32 for
+    the tiny sizes, bfloat16 (as released) for real shapes and ``config`` by default.
+    """
+    if config is None and size not in SIZES and size not in REAL_SHAPES:
+        raise ValueError(f"unknown size {size!r}; choose one of {size_names()}")
+    if config is not None:
+        size = "custom"
+        if "model_type" not in config:
+            raise ValueError("config needs a 'model_type' (e.g. 'qwen2')")
+    shape = config if config is not None else REAL_SHAPES.get(size)
+    dtype = dtype or ("float32" if shape is None else "bfloat16")
     out = Path(out)
-    stamp = {"seed": seed, "size": size, "vocab_size": vocab_size, "spec": asdict(SIZES[size]),
-             "format": FORMAT_VERSION}
+    stamp: dict[str, Any] = {"seed": seed, "size": size, "vocab_size": vocab_size,
+                             "format": FORMAT_VERSION}
+    if shape is None:
+        stamp["spec"] = asdict(SIZES[size])
+        if dtype != "float32":
+            stamp["dtype"] = dtype
+    else:
+        stamp["config"] = hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()
+        stamp["dtype"] = dtype
     if (out / STAMP).exists():
         try:
             if json.loads((out / STAMP).read_text()) == stamp:
@@ -136,7 +197,10 @@ def build_tiny_model(out: str | os.PathLike, seed: int = 0, size: str = "small",
     try:
         tokenizer = build_tokenizer(seed=seed, vocab_size=vocab_size)
         tokenizer.save_pretrained(tmp)
-        model = _build_model(tokenizer, SIZES[size], seed)
+        if shape is None:
+            model = _build_model(tokenizer, SIZES[size], seed, dtype)
+        else:
+            model = _build_shape(tokenizer, shape, seed, dtype)
         model.save_pretrained(tmp, safe_serialization=True)
         (tmp / STAMP).write_text(json.dumps(stamp, indent=2))
         if out.exists():
@@ -180,7 +244,7 @@ def build_tokenizer(seed: int = 0, vocab_size: int = VOCAB_SIZE):
     return wrapped
 
 
-def _build_model(tokenizer, spec: TinySpec, seed: int):
+def _build_model(tokenizer, spec: TinySpec, seed: int, dtype: str = "float32"):
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
@@ -199,13 +263,55 @@ def _build_model(tokenizer, spec: TinySpec, seed: int):
         eos_token_id=eos,
         pad_token_id=pad,
         bos_token_id=None,
-        torch_dtype="float32",
+        torch_dtype=dtype,
         use_sliding_window=False,
     )
     torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config).to(torch.float32)
+    model = Qwen2ForCausalLM(config).to(getattr(torch, dtype))
     model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=pad)
     return model
+
+
+def _build_shape(tokenizer, shape: dict[str, Any], seed: int, dtype: str):
+    """A model of a given Hugging Face config, random weights in ``dtype``, the tiny tokenizer's
+    special ids."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+
+    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    pad = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    kwargs = {k: v for k, v in shape.items() if k != "model_type"}
+    config = AutoConfig.for_model(shape["model_type"], **kwargs)
+    if config.vocab_size < len(tokenizer):
+        raise ValueError(f"vocab_size {config.vocab_size} is smaller than the tokenizer's "
+                         f"{len(tokenizer)} ids")
+    config.eos_token_id, config.pad_token_id, config.bos_token_id = eos, pad, None
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
+    model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=pad)
+    return model
+
+
+def tiny_config(size: str = "small", vocab_size: int = VOCAB_SIZE) -> Any:
+    """The Hugging Face config `build_tiny_model` gives a tiny size (no weights built)."""
+    from transformers import Qwen2Config
+
+    spec = SIZES[size]
+    return Qwen2Config(vocab_size=_round_up(vocab_size, 64), hidden_size=spec.hidden_size,
+                       intermediate_size=spec.intermediate_size,
+                       num_hidden_layers=spec.num_hidden_layers,
+                       num_attention_heads=spec.num_attention_heads,
+                       num_key_value_heads=spec.num_key_value_heads,
+                       max_position_embeddings=MAX_POSITIONS, tie_word_embeddings=True)
+
+
+def shape_config(size: str) -> Any:
+    """The Hugging Face config of a real shape (no weights built): for sizing and tests."""
+    from transformers import AutoConfig
+
+    shape = REAL_SHAPES[size]
+    return AutoConfig.for_model(shape["model_type"],
+                                **{k: v for k, v in shape.items() if k != "model_type"})
 
 
 def _round_up(n: int, k: int) -> int:

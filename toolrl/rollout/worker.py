@@ -24,6 +24,7 @@ loop is `EpisodeRunner`; ``RolloutConfig.runner`` names a subclass (class or
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import importlib
 import logging
@@ -43,10 +44,10 @@ from toolrl.rollout.chat import ChatRenderer
 from toolrl.rollout.engine import EngineConfig, SamplingConfig, VLLMEngine
 from toolrl.rollout.episode import EpisodeConfig, EpisodeRunner
 from toolrl.workers.weights import (
+    Checksum,
     WeightSyncGroup,
     register_local_engine,
     unregister_local_engine,
-    weights_checksum,
 )
 
 logger = logging.getLogger(__name__)
@@ -54,9 +55,8 @@ logger = logging.getLogger(__name__)
 
 def experiment_engine() -> EngineConfig:
     """The engine of an experiment's rollout workers before the trainer names the model: vLLM's
-    worker in the engine-core process, and a low free-memory check (CPU runs)."""
-    return EngineConfig(model="", max_model_len=2048, gpu_memory_utilization=0.1,
-                        multiprocessing=False)
+    worker in the engine-core process, a 2048-token context, the backend's other defaults."""
+    return EngineConfig(model="", max_model_len=2048, multiprocessing=False)
 
 
 @dataclass
@@ -80,6 +80,9 @@ class RolloutConfig:
         engine: the vLLM engine (`EngineConfig`).
         env_id: env of rows without an ``env`` field; env_kwargs: passed to ``make_env``.
         seed: base of the per-episode sampling seeds (None: unseeded sampling).
+        seed_episodes: give every episode a sampling seed (reproducible rollouts). None: on
+            for a CPU engine, off on GPU (seeded requests make vLLM's GPU sampler fall back
+            from its fast kernels). Off: unseeded sampling, whatever ``seed`` says.
         pad_to_max: pad to the configured widths (needed to concatenate workers' shards);
             False pads to the longest sample of the shard.
         runner: the `EpisodeRunner` subclass (class or ``"module:Class"``); None: the default.
@@ -101,6 +104,7 @@ class RolloutConfig:
     env_id: str | None = None
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     seed: int | None = 0
+    seed_episodes: bool | None = None
     pad_to_max: bool = True
     runner: Any = None
     allow_non_prefix_preserving: bool = False
@@ -116,6 +120,13 @@ class RolloutConfig:
         if self.max_total_tokens > self.engine.max_model_len:
             raise ValueError(f"max_total_tokens ({self.max_total_tokens}) exceeds "
                              f"engine.max_model_len ({self.engine.max_model_len})")
+
+    @property
+    def seeded(self) -> bool:
+        """Whether episodes get sampling seeds (``seed_episodes``, by default on CPU)."""
+        if self.seed_episodes is not None:
+            return self.seed_episodes
+        return self.engine.backend != "gpu"
 
     @property
     def max_prompt_len(self) -> int:
@@ -209,6 +220,7 @@ class RolloutWorker(Worker):
             else tok.eos_token_id
         self._calls = 0
         self._sync: WeightSyncGroup | None = None  # split pools: the group actor rank 0 sends on
+        self._nccl = False  # split pools on GPU: the engine's workers receive over NCCL
         self._loaded_checksum: str | None = None
         # a colocated actor (same process) pushes weights straight into this engine
         register_local_engine(self.engine)
@@ -242,34 +254,73 @@ class RolloutWorker(Worker):
     def connect_weight_sync(self, master_addr: str, master_port: int, world_size: int,
                             backend: str | None = None) -> None:
         """Split pools: join the weight-sync group as rank ``1 + self.rank`` (actor rank 0 is its
-        rank 0; call together with `ActorWorker.connect_weight_sync`, it is a rendezvous)."""
+        rank 0; call together with `ActorWorker.connect_weight_sync`, it is a rendezvous).
+        ``backend="nccl"`` (GPU): the engine's own vLLM workers join, so pushes land on its
+        device directly; otherwise a gloo group in this process."""
+        if backend == "nccl":
+            self.engine.init_broadcast_receiver(master_addr, master_port, 1 + self.rank,
+                                                world_size)
+            self._nccl = True
+            return
         self._sync = WeightSyncGroup(master_addr, master_port, world_size, 1 + self.rank,
                                      backend)
 
     @remote(Dispatch.ONE_TO_ALL)
-    def receive_weights(self, checksum: bool = False) -> int:
+    def receive_weights(self, checksum: bool = False,
+                        metadata: list[tuple[str, str, tuple[int, ...]]] | None = None,
+                        version: int | None = None) -> int:
         """Receive one push of the actor (`ActorWorker.push_weights`, called at the same time)
-        and load it into the engine; the engine's version becomes the actor's. With
-        ``checksum`` the `weights_checksum` of the loaded weights is kept for
-        `loaded_weights_checksum` (hashing costs a pass over the weights). Returns the version.
-        """
+        into the engine, bucket by bucket; the engine's version becomes the actor's. With
+        ``checksum`` the `Checksum` of the received weights is kept for
+        `loaded_weights_checksum` (hashing costs a pass over the weights; gloo route only).
+        The NCCL route needs the push's ``metadata`` (`ActorWorker.weight_metadata`) and
+        ``version`` from the caller. Returns the version."""
+        if self._nccl:
+            if metadata is None or version is None:
+                raise ValueError("the NCCL weight sync needs the push's metadata and version")
+            if checksum:
+                raise ValueError("checksum=True is not available on the NCCL route (the "
+                                 "weights land in vLLM's workers, not in this process)")
+            self.engine.receive_broadcast(metadata)
+            self._loaded_checksum = None
+            self.engine.weight_version = int(version)
+            return int(version)
         if self._sync is None:
             raise RuntimeError("receive_weights before connect_weight_sync: no sync group")
-
-        def load(named: Iterable[tuple[str, torch.Tensor]]) -> None:
-            tensors = dict(named)
-            self._loaded_checksum = weights_checksum(tensors) if checksum else None
-            self.engine.load_weights_sync(tensors.items())
-
-        version = self._sync.receive(load)
-        self.engine.weight_version = version  # samples are tagged with the actor's version
-        return version
+        acc = Checksum() if checksum else None
+        inspect = (lambda named: [acc.add(n, t) for n, t in named]) if acc else None
+        push = self.engine.begin_staged_push()
+        try:
+            got = self._sync.receive_staged(
+                lambda layout, fill: push.receive(layout, fill, inspect))
+        except BaseException:
+            with contextlib.suppress(Exception):
+                push.finish()
+            raise
+        self.engine.finish_staged_push(push)
+        if version is not None and got != version:
+            raise RuntimeError(f"weight sync: received version {got}, expected {version}")
+        self._loaded_checksum = acc.hexdigest() if acc else None
+        self.engine.weight_version = got  # samples are tagged with the actor's version
+        return got
 
     @remote(Dispatch.ONE_TO_ALL)
     def loaded_weights_checksum(self) -> str | None:
-        """`weights_checksum` of the last weights loaded by ``receive_weights(checksum=True)``
+        """`Checksum` of the last weights loaded by ``receive_weights(checksum=True)``
         (None if the last push was received without it)."""
         return self._loaded_checksum
+
+    @remote(Dispatch.ONE_TO_ALL)
+    def sleep(self, level: int = 1) -> None:
+        """Free the engine's GPU memory while a colocated actor trains (vLLM's sleep mode: KV
+        cache freed, weights offloaded at level 1 or dropped at level 2); a no-op on CPU."""
+        self.engine.sleep(level)
+
+    @remote(Dispatch.ONE_TO_ALL)
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Undo `sleep`: ``["weights"]`` before a weight push, ``["kv_cache"]`` after it, or
+        everything (None); a no-op on CPU or when awake."""
+        self.engine.wake_up(tags)
 
     @remote(Dispatch.ONE_TO_ALL)
     def check_health(self) -> bool:
@@ -365,7 +416,10 @@ class RolloutWorker(Worker):
 
     def _seeds(self, n: int, seed: int | None = None) -> list[int | None]:
         """Per-episode seeds: from the call's ``seed`` when given, else the config's seed and a
-        call counter; None (unseeded) when neither is set."""
+        call counter; None (unseeded) when neither is set or episodes are unseeded
+        (`RolloutConfig.seeded`)."""
+        if not self.config.seeded:
+            return [None] * n
         if seed is not None:
             base = f"call{seed}"
         elif self.config.seed is not None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,8 @@ class ModelConfig:
     """The policy to train: a local checkpoint directory or a hub id."""
 
     path: str = "models/tiny"
-    build_tiny_if_missing: bool = True  # build the tiny model at `path` when it is absent
+    build_tiny_if_missing: bool = True  # build a model with random weights at `path` if absent
+    tiny_size: str = "small"  # what to build there: a tiny size or a real shape (qwen2.5-0.5b)
 
 
 @dataclass
@@ -88,6 +89,9 @@ class AlgorithmConfig:
     kl_in_reward_coef: float = 0.0  # > 0: KL to the reference subtracted from the reward
     kl_in_reward_kind: str = "k1"
     use_reference: bool = False  # compute reference log-probs (needed by any KL term)
+    # drop groups whose samples all got the same reward (zero advantage, no policy gradient)
+    # before log-probs and the update, as DAPO's dynamic sampling does
+    filter_groups: bool = False
 
 
 @dataclass
@@ -101,6 +105,9 @@ class ResourcesConfig:
     cpus_per_process: float = 1.0
     ray_num_cpus: int | None = None  # local cluster size; None: Ray's default
     ray_address: str | None = None  # connect to an existing cluster (or set RAY_ADDRESS)
+    memory_check: str = "refuse"  # refuse | warn | skip: the pre-flight memory plan
+    host_memory_gib: float | None = None  # RAM per node to plan with (None: this machine's)
+    gpu_memory_gib: float | None = None  # memory per GPU to plan with (None: the visible GPU's)
 
 
 @dataclass
@@ -108,7 +115,8 @@ class WarmStartConfig:
     """Supervised warm start on oracle transcripts of the env, before RL."""
 
     enabled: bool = False
-    steps: int = 300
+    steps: int = 300  # at most; the cosine schedule spans them
+    stop_loss: float | None = None  # stop once the mean loss of the last 50 steps is this low
     lr: float = 3e-3
     batch_size: int = 16
     num_transcripts: int = 2048
@@ -165,6 +173,8 @@ FILLED_BY_TRAINER: dict[str, str] = {
     "rollout.engine.model": "model.path (or the warm start's checkpoint)",
     "rollout.engine.seed": "seed", "rollout.seed": "seed", "rollout.env_id": "env.id",
     "rollout.env_kwargs": "env.kwargs",
+    "rollout.engine.weight_bucket_mb": "actor.weight_bucket_mb",
+    "rollout.engine.weight_transfer": "trainer.mode",
 }
 """Keys of embedded component configs that the trainer fills (a value there would do nothing)."""
 
@@ -174,6 +184,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "rollout.engine.backend": ("cpu", "gpu"),
     "trainer.mode": ("sync", "pipeline"),
     "trainer.on_rollout_failure": ("stop", "retry"),
+    "resources.memory_check": ("refuse", "warn", "skip"),
 }
 
 
@@ -243,6 +254,14 @@ def validate(cfg: ExperimentConfig) -> None:
             cfg.algorithm.group_size < 2:
         raise ConfigError(f"algorithm.advantage={cfg.algorithm.advantage} compares samples "
                           "of a group: algorithm.group_size must be >= 2")
+    if cfg.rollout.engine.sleep_level and cfg.trainer.mode == "pipeline":
+        raise ConfigError("rollout.engine.sleep_level > 0 needs trainer.mode=sync: in pipeline "
+                          "mode the engines generate while the actor trains")
+    from toolrl.models.tiny import size_names
+
+    if cfg.model.tiny_size not in size_names():
+        raise ConfigError(f"model.tiny_size={cfg.model.tiny_size!r} is not valid; choose one "
+                          f"of {size_names()}")
     for i, source in enumerate(cfg.data.mixture):
         if not source.env:
             raise ConfigError(f"data.mixture[{i}].env is required (a registered env id)")
@@ -261,11 +280,41 @@ def validate(cfg: ExperimentConfig) -> None:
         if _get(cfg, key) != _get(default, key.removeprefix("rollout.")):
             raise ConfigError(f"{key} is set by the trainer from {source}; set {source} "
                               f"instead")
+    for key in ("actor", "critic"):
+        model = getattr(cfg, key)
+        if model.lr_schedule == "cosine" and optimizer_steps(cfg, model) <= model.warmup_steps:
+            raise ConfigError(f"{key}.lr_schedule=cosine needs more optimizer steps "
+                              f"({optimizer_steps(cfg, model)} in this run) than "
+                              f"{key}.warmup_steps ({model.warmup_steps})")
     model = cfg.model.path
     if not cfg.model.build_tiny_if_missing and not Path(model).expanduser().exists() and \
             not _looks_like_hub_id(model):
         raise ConfigError(f"model.path={model!r} does not exist (and "
                           f"model.build_tiny_if_missing is false)")
+
+
+def worker_rollout_config(cfg: ExperimentConfig, model: str | None = None) -> RolloutConfig:
+    """The ``rollout:`` section as the rollout workers get it: what the trainer fills
+    (`FILLED_BY_TRAINER`: the model, seeds, env, the run's weight push) and the engine's
+    backend defaults (`EngineConfig.resolved`). GPU engines that share the actor's processes
+    (``trainer.mode=sync``) sleep while it trains unless ``rollout.engine.sleep_level`` says
+    otherwise; engines on a pool of their own receive weights over NCCL and never sleep."""
+    r, e = cfg.rollout, cfg.rollout.engine
+    sync = cfg.trainer.mode == "sync"
+    sleep = e.sleep_level if e.sleep_level is not None else int(e.backend == "gpu" and sync)
+    engine = replace(e, model=model or cfg.model.path, seed=cfg.seed,
+                     weight_bucket_mb=cfg.actor.weight_bucket_mb,
+                     weight_transfer="ipc" if sync else "nccl", sleep_level=sleep).resolved()
+    return replace(r, engine=engine, env_id=cfg.env.id, env_kwargs=dict(cfg.env.kwargs),
+                   seed=cfg.seed)
+
+
+def optimizer_steps(cfg: ExperimentConfig, model: Any) -> int:
+    """Optimizer steps of a trained model over the run (what its LR schedule spans): steps x
+    PPO epochs x mini-batches per step."""
+    samples = cfg.data.batch_size * cfg.algorithm.group_size
+    mini = model.ppo_mini_batch_size or samples
+    return cfg.trainer.total_steps * model.ppo_epochs * -(-samples // mini)
 
 
 def _looks_like_hub_id(path: str) -> bool:

@@ -3,8 +3,9 @@
 The rollout workers get a resource pool of their own, so generation and training run at the
 same time: while the actors train on batch k, the engines generate batch k+1 with the weights
 the actors had before step k. When both are done, actor rank 0 broadcasts the new weights to
-the engines over a dedicated process group (`toolrl.workers.weights.WeightSyncGroup`: gloo on
-CPU, NCCL on GPU) and the next rollout starts with them::
+the engines over a dedicated process group (`toolrl.workers.weights`: a gloo group on CPU whose
+buckets land in the engine's staging files, vLLM's NCCL weight transfer into the engine's own
+workers on GPU) and the next rollout starts with them::
 
     rollout pool   [batch 1, v0] [batch 2, v0 ] [batch 3, v1 ] [batch 4, v2 ]
     train pool                   [train 1, v0 ] [train 2, v1 ] [train 3, v2 ]
@@ -63,6 +64,8 @@ class PipelineTrainer(Trainer):
         super().__init__(with_tis_default(cfg), console)
         self.pending: PendingRollout | None = None
         self.version = 0  # the actor's policy version: pushes so far
+        self.sync_backend = "nccl" if cfg.rollout.engine.backend == "gpu" else "gloo"
+        self.weight_meta: list[tuple[str, str, tuple[int, ...]]] | None = None  # NCCL route
 
     # --- workers on two pools ------------------------------------------------------------------
     def start_workers(self, rollout_only: bool = False) -> None:
@@ -88,11 +91,16 @@ class PipelineTrainer(Trainer):
         rollout = self.handles["rollout"]
         addr, port = self.actor.call(ActorWorker.weight_sync_endpoint)
         world = 1 + rollout.world_size
-        joins = [rollout.call_async(RolloutWorker.connect_weight_sync, addr, port, world),
-                 self.actor.call_async(ActorWorker.connect_weight_sync, addr, port, world)]
+        backend = self.sync_backend
+        joins = [rollout.call_async(RolloutWorker.connect_weight_sync, addr, port, world,
+                                    backend),
+                 self.actor.call_async(ActorWorker.connect_weight_sync, addr, port, world,
+                                       backend)]
         for join in joins:
             join.get()
         self.version = int(self.actor.call(ActorWorker.policy_version))
+        if backend == "nccl":
+            self.weight_meta = self.actor.call(ActorWorker.weight_metadata)
 
     # --- one step ------------------------------------------------------------------------------
     def train_step(self) -> dict[str, float]:
@@ -147,8 +155,12 @@ class PipelineTrainer(Trainer):
     def sync_weights(self, checksum: bool = False) -> int:
         """Actor rank 0 broadcasts the weights, every rollout engine loads them; returns the new
         version. ``checksum``: the workers keep `RolloutWorker.loaded_weights_checksum`."""
-        received = self.handles["rollout"].call_async(RolloutWorker.receive_weights,
-                                                      checksum=checksum)
+        expected = None  # the NCCL route carries no header: the receivers are told the version
+        if self.weight_meta is not None:
+            expected = int(self.actor.call(ActorWorker.policy_version)) + 1
+        received = self.handles["rollout"].call_async(
+            RolloutWorker.receive_weights, checksum=checksum, metadata=self.weight_meta,
+            version=expected)
         pushed = self.actor.call_async(ActorWorker.push_weights)
         versions = received.get()  # first: a dead receiver fails here, not in a blocked push
         version = int(_first(pushed.get()))

@@ -26,14 +26,20 @@ from rich.table import Table
 from tensordict import TensorDict
 
 from toolrl import batch as B
-from toolrl.algo import apply_kl_in_reward, compute_advantage, place_rewards
+from toolrl.algo import apply_kl_in_reward, compute_advantage, place_rewards, uniform_groups
 from toolrl.controller import ResourcePoolManager, RoleSpec, init_ray
 from toolrl.controller.worker_group import WorkerGroupError, spawn
 from toolrl.core.trajectory import Trajectory
 from toolrl.data import TaskLoader, load_rows
 from toolrl.rollout.worker import RolloutConfig, RolloutWorker, make_rollout_input, rollout_metrics
 from toolrl.trainer import checkpoint as ckpt
-from toolrl.trainer.config import ExperimentConfig, save_config
+from toolrl.trainer.config import (
+    ExperimentConfig,
+    optimizer_steps,
+    save_config,
+    worker_rollout_config,
+)
+from toolrl.trainer.memory import check_memory
 from toolrl.trainer.mixture import RewardSets, env_of, mixture_rows, success_by
 from toolrl.trainer.tracking import Tracker
 from toolrl.workers.actor import ActorWorker, RefWorker
@@ -58,6 +64,10 @@ class Trainer:
     # --- setup ---------------------------------------------------------------------------------
     def setup(self) -> None:
         cfg = self.cfg
+        # a config that cannot fit the machine stops here, before anything is built or started
+        plan = check_memory(cfg)
+        if plan is not None:
+            self.console.log(plan.summary())
         self.run_dir.mkdir(parents=True, exist_ok=True)
         save_config(cfg, self.run_dir / "config.yaml")
         torch.manual_seed(cfg.seed)
@@ -83,8 +93,9 @@ class Trainer:
                 not _looks_like_hub_id(cfg.model.path):
             from toolrl.models.tiny import build_tiny_model
 
-            self.console.log(f"building the tiny model at {path}")
-            build_tiny_model(path, seed=cfg.seed)
+            self.console.log(f"building a {cfg.model.tiny_size} model (random weights) at "
+                             f"{path}")
+            build_tiny_model(path, seed=cfg.seed, size=cfg.model.tiny_size)
         elif not path.exists() and not _looks_like_hub_id(cfg.model.path):
             raise FileNotFoundError(f"model.path {cfg.model.path!r} does not exist")
         if not cfg.warm_start.enabled:
@@ -111,7 +122,8 @@ class Trainer:
                                          max_len=self.cfg.rollout.max_total_tokens)
         self.console.log(f"warm start: {len(transcripts)} oracle transcripts, {ws.steps} steps")
         metrics = sft(base, transcripts, out, steps=ws.steps, lr=ws.lr,
-                      batch_size=ws.batch_size, seed=self.cfg.seed, console=self.console)
+                      batch_size=ws.batch_size, seed=self.cfg.seed, stop_loss=ws.stop_loss,
+                      console=self.console)
         (out / "warm_start_metrics.json").write_text(json.dumps(metrics, indent=2))
         return str(out)
 
@@ -136,7 +148,7 @@ class Trainer:
             self._spawn({"rollout": RoleSpec.of(RolloutWorker, self.rollout_config())})
             return
         actor_cfg = _replace(cfg.actor, model_path=self.model_path,
-                             total_steps=cfg.trainer.total_steps, seed=cfg.seed,
+                             total_steps=optimizer_steps(cfg, cfg.actor), seed=cfg.seed,
                              temperature=cfg.rollout.temperature,
                              max_response_length=cfg.rollout.max_total_tokens)
         roles: dict[str, RoleSpec] = {"actor": RoleSpec.of(ActorWorker, actor_cfg)}
@@ -145,7 +157,7 @@ class Trainer:
             roles["ref"] = RoleSpec.of(RefWorker, actor_cfg)
         if cfg.algorithm.name == "ppo":
             critic_cfg = _replace(cfg.critic, model_path=self.model_path,
-                                  total_steps=cfg.trainer.total_steps, seed=cfg.seed,
+                                  total_steps=optimizer_steps(cfg, cfg.critic), seed=cfg.seed,
                                   max_response_length=cfg.rollout.max_total_tokens)
             roles["critic"] = RoleSpec.of(CriticWorker, critic_cfg)
         roles["rollout"] = RoleSpec.of(RolloutWorker, self.rollout_config())
@@ -161,11 +173,15 @@ class Trainer:
             self.handles = spawn(manager, roles, call_timeout_s=self.cfg.trainer.call_timeout_s)
 
     def rollout_config(self) -> RolloutConfig:
-        """The ``rollout:`` section with what the trainer knows: the model, env and seed."""
-        cfg = self.cfg
-        engine = _replace(cfg.rollout.engine, model=self.model_path, seed=cfg.seed)
-        return _replace(cfg.rollout, engine=engine, env_id=cfg.env.id,
-                        env_kwargs=dict(cfg.env.kwargs), seed=cfg.seed)
+        """The ``rollout:`` section as the workers get it (`worker_rollout_config`: the model,
+        env, seeds and the run's weight push filled in, the engine's backend defaults)."""
+        return worker_rollout_config(self.cfg, self.model_path)
+
+    @property
+    def sleep_level(self) -> int:
+        """vLLM sleep level of the colocated GPU engines while the actor trains (0: awake)."""
+        e = self.rollout_config().engine
+        return int(e.sleep_level) if e.enable_sleep_mode else 0
 
     # --- one step ------------------------------------------------------------------------------
     def train_step(self) -> dict[str, float]:
@@ -174,6 +190,8 @@ class Trainer:
         rows = self.loader.next_batch()
         with _timed(timing, "rollout"):
             batch = self.rollout(rows, self.cfg.algorithm.group_size, seed=self._seed("train"))
+        if self.sleep_level:  # GPU: the engine's weights and KV cache make room for the update
+            self.handles["rollout"].call(RolloutWorker.sleep, self.sleep_level)
         metrics = self.learn(batch, timing)
         with _timed(timing, "sync"):
             metrics["policy_version"] = float(self.sync_weights())
@@ -185,6 +203,41 @@ class Trainer:
         times go into ``timing``. Returns the step's metrics."""
         with _timed(timing, "reward"):
             reward_metrics = self.score(batch)
+        train, adv_metrics = self.informative(batch)
+        metrics: dict[str, float] = {}
+        if train is not None:
+            metrics, more = self.train_on(train, timing)
+            adv_metrics.update(more)
+        for key in ("log_prob_diff_abs_mean", "log_prob_diff_abs_max"):  # on-policy steps
+            if f"actor/{key}" in metrics:
+                metrics[f"rollout/{key}"] = metrics.pop(f"actor/{key}")
+        metrics.update(reward_metrics)
+        metrics.update(adv_metrics)
+        metrics.update(rollout_metrics(batch))
+        trajs = B.trajectories(batch)
+        metrics["train/success"] = sum(t.success for t in trajs) / len(trajs)
+        if self.mixed:
+            metrics.update(success_by("train/success", trajs, self._envs(trajs)))
+        self._last_batch = batch
+        return metrics
+
+    def informative(self, batch: TensorDict) -> tuple[TensorDict | None, dict[str, float]]:
+        """The rows to train on: all of ``batch``, or with ``algorithm.filter_groups`` those of
+        groups whose rewards differ (None when no group does: the step trains on nothing)."""
+        uids = B.get_non_tensor(batch, B.UID)
+        uniform = uniform_groups(batch[B.TOKEN_LEVEL_SCORES].sum(-1), uids)
+        flat = {u for u, f in zip(uids, uniform.tolist(), strict=True) if f}
+        metrics = {"train/uniform_groups": len(flat) / max(len(set(uids)), 1)}
+        if not self.cfg.algorithm.filter_groups or not uniform.any():
+            return batch, metrics
+        keep = (~uniform).nonzero().flatten().tolist()
+        metrics["train/update_samples"] = float(len(keep))
+        return (B.select_rows(batch, keep) if keep else None), metrics
+
+    def train_on(self, batch: TensorDict, timing: dict[str, float]
+                 ) -> tuple[dict[str, float], dict[str, float]]:
+        """log-probs -> advantage -> update on the rows to train on; returns the update's and
+        the advantage's metrics."""
         with _timed(timing, "log_probs"):
             if self.needs_old_log_probs:
                 batch.update(self.actor.call(ActorWorker.compute_log_prob, batch))
@@ -200,18 +253,7 @@ class Trainer:
             if "critic" in self.handles:
                 metrics.update(_first(self.handles["critic"].call(CriticWorker.update_critic,
                                                                   batch)))
-        for key in ("log_prob_diff_abs_mean", "log_prob_diff_abs_max"):  # on-policy steps
-            if f"actor/{key}" in metrics:
-                metrics[f"rollout/{key}"] = metrics.pop(f"actor/{key}")
-        metrics.update(reward_metrics)
-        metrics.update(adv_metrics)
-        metrics.update(rollout_metrics(batch))
-        trajs = B.trajectories(batch)
-        metrics["train/success"] = sum(t.success for t in trajs) / len(trajs)
-        if self.mixed:
-            metrics.update(success_by("train/success", trajs, self._envs(trajs)))
-        self._last_batch = batch
-        return metrics
+        return metrics, adv_metrics
 
     @property
     def needs_old_log_probs(self) -> bool:
@@ -220,10 +262,17 @@ class Trainer:
         return not self.cfg.actor.on_policy or self.cfg.algorithm.kl_in_reward_coef > 0
 
     def sync_weights(self) -> int:
-        """Actor -> rollout engines (in-process: the roles share the pool); the new version."""
-        return int(_first(self.actor.call(ActorWorker.push_weights_local)))
+        """Actor -> rollout engines (in-process: the roles share the pool); the new version.
+        A sleeping engine wakes its weights first and its KV cache after the push."""
+        rollout = self.handles["rollout"]
+        if self.sleep_level:
+            rollout.call(RolloutWorker.wake_up, ["weights"])
+        version = int(_first(self.actor.call(ActorWorker.push_weights_local)))
+        if self.sleep_level:
+            rollout.call(RolloutWorker.wake_up, ["kv_cache"])
+        return version
 
-    def rollout(self, rows: Sequence[Mapping[str, Any]], n: int, seed: int,
+    def rollout(self, rows: Sequence[Mapping[str, Any]], n: int, seed: int | None,
                 greedy: bool = False) -> TensorDict:
         batch = make_rollout_input(rows, n=n)
         return self.handles["rollout"].call(RolloutWorker.rollout, batch, seed=seed,
@@ -395,9 +444,12 @@ class Trainer:
         """The env of each trajectory's row."""
         return [env_of(t.row, self.cfg.env.id) for t in trajs]
 
-    def _seed(self, what: str, step: int | None = None) -> int:
+    def _seed(self, what: str, step: int | None = None) -> int | None:
         """Sampling seed of this step (or ``step``): a function of (seed, step), so a resumed
-        run draws the same samples as an uninterrupted one."""
+        run draws the same samples as an uninterrupted one; None when episodes are unseeded
+        (`RolloutConfig.seeded`)."""
+        if not self.cfg.rollout.seeded:
+            return None
         step = self.step if step is None else step
         return zlib.crc32(f"{self.cfg.seed}:{what}:{step}".encode()) % (2**31 - 1)
 

@@ -99,12 +99,15 @@ def shared_prefix_batch(transcripts: Sequence[Transcript], pad_token_id: int) ->
 
 def sft(model_path: str | Path, transcripts: Sequence[Transcript], out_dir: str | Path, *,
         steps: int = 300, lr: float = 3e-3, batch_size: int = 16, seed: int = 0,
-        warmup_steps: int = 20, console: Console | None = None) -> dict[str, float]:
+        warmup_steps: int = 20, stop_loss: float | None = None, stop_window: int = 50,
+        console: Console | None = None) -> dict[str, float]:
     """Train on the action tokens of ``transcripts`` and save an HF checkpoint to ``out_dir``.
 
-    AdamW with linear warmup and cosine decay; loss = mean cross-entropy over action tokens.
-    Each batch runs its common prefix once (`shared_prefix_batch`).
-    Returns summary metrics (first / last loss, tokens per second).
+    AdamW with linear warmup and cosine decay over ``steps``; loss = mean cross-entropy over
+    action tokens. Each batch runs its common prefix once (`shared_prefix_batch`). With
+    ``stop_loss`` the run ends early, once the mean loss of the last ``stop_window`` steps is at
+    most ``stop_loss`` (the format is learned; more steps only fit the oracle's noise).
+    Returns summary metrics (first / last loss, steps taken, tokens per second).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -151,13 +154,20 @@ def sft(model_path: str | Path, transcripts: Sequence[Transcript], out_dir: str 
             tokens += int(batch[ATTENTION_MASK][:, batch[PROMPTS].shape[1]:].sum()) + \
                 int(batch[ATTENTION_MASK][0, :batch[PROMPTS].shape[1]].sum())
             progress.update(task, advance=1, loss=f"{losses[-1]:.3f}")
-            if step % 50 == 0 or step == steps - 1:
-                console.log(f"warm start step {step}: loss {losses[-1]:.4f}")
+            recent = sum(losses[-stop_window:]) / min(len(losses), stop_window)
+            done = stop_loss is not None and len(losses) >= stop_window and recent <= stop_loss
+            if step % 50 == 0 or step == steps - 1 or done:
+                console.log(f"warm start step {step}: loss {losses[-1]:.4f} (mean of the last "
+                            f"{min(len(losses), stop_window)}: {recent:.4f})")
+            if done:
+                console.log(f"warm start: mean loss <= {stop_loss} after {step + 1} steps, "
+                            f"stopping")
+                break
     elapsed = time.perf_counter() - start
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
     return {"warm_start/loss_first": losses[0], "warm_start/loss_last": losses[-1],
-            "warm_start/steps": float(steps), "warm_start/tokens_per_s": tokens / elapsed,
+            "warm_start/steps": float(len(losses)), "warm_start/tokens_per_s": tokens / elapsed,
             "warm_start/seconds": elapsed, "warm_start/transcripts": float(len(transcripts))}

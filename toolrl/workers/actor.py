@@ -255,6 +255,12 @@ class ActorWorker(Worker):
         """Rank 0 joins the sync group as its rank 0 (call together with the rollout side)."""
         self.actor.weights.connect(master_addr, master_port, world_size, backend)
 
+    @remote(Dispatch.ONE_TO_ALL, Execute.RANK_ZERO)
+    def weight_metadata(self) -> list[tuple[str, str, tuple[int, ...]]]:
+        """(name, dtype, shape) of every tensor `push_weights` sends, in order (the NCCL route's
+        receivers need it)."""
+        return self.actor.weights.metadata()
+
     @remote(Dispatch.ONE_TO_ALL)
     def push_weights(self) -> int:
         """Broadcast the weights over the sync group; returns the new policy version."""

@@ -34,14 +34,13 @@ from toolrl.algo.loss import batch_totals
 from toolrl.batch import RESPONSE_MASK, batch_len
 from toolrl.workers.fsdp import (
     all_reduce,
-    build_model,
+    build_sharded_model,
     default_device,
     device_mesh,
     full_state_dict,
     init_distributed,
     mixed_precision,
     rank,
-    shard_model,
     ties_embeddings,
     torch_dtype,
     world_size,
@@ -69,6 +68,8 @@ class FSDPConfig:
         lr / betas / eps / weight_decay: AdamW.
         lr_schedule: ``constant`` or ``cosine`` (to ``min_lr_ratio * lr`` at ``total_steps``),
             both after ``warmup_steps`` of linear warmup; counted in optimizer steps.
+        total_steps: optimizer steps the schedule spans (0 in a config file: the trainer sets it
+            from ``trainer.total_steps``, PPO epochs and mini-batches).
         grad_clip: max global gradient norm (None or 0: no clipping, the norm is still logged).
         ppo_epochs: passes over each batch in `update`.
         ppo_mini_batch_size: samples per optimizer step over all data-parallel ranks (None: the
@@ -112,7 +113,7 @@ class FSDPConfig:
         if self.lr_schedule not in LR_SCHEDULES:
             raise ValueError(f"unknown lr_schedule {self.lr_schedule!r}; choose one of "
                              f"{list(LR_SCHEDULES)}")
-        if self.lr_schedule == "cosine" and self.total_steps <= self.warmup_steps:
+        if self.lr_schedule == "cosine" and 0 < self.total_steps <= self.warmup_steps:
             raise ValueError("lr_schedule='cosine' needs total_steps > warmup_steps "
                              f"(got total_steps={self.total_steps}, "
                              f"warmup_steps={self.warmup_steps})")
@@ -218,16 +219,15 @@ class FSDPModel:
         self.trainable = trainable
         self.device = default_device()
         self.mesh = device_mesh(self.device)
-        model = build_model(config.model_path, auto_cls, config.dtype,
-                            gradient_checkpointing=config.gradient_checkpointing and trainable,
-                            **(model_kwargs or {}))
-        self.hf_config = model.config
-        self.tied = ties_embeddings(model)
-        if not trainable:
-            model.requires_grad_(False)
-        self.model: nn.Module = shard_model(
-            model, self.mesh, mixed_precision(config.param_dtype, config.reduce_dtype),
-            config.reshard_after_forward)
+        # the checkpoint is read once (rank 0) and broadcast into every rank's shards
+        self.model: nn.Module = build_sharded_model(
+            config.model_path, self.mesh, auto_cls, config.dtype,
+            gradient_checkpointing=config.gradient_checkpointing and trainable,
+            mp_policy=mixed_precision(config.param_dtype, config.reduce_dtype),
+            reshard_after_forward=config.reshard_after_forward, freeze=not trainable,
+            **(model_kwargs or {}))
+        self.hf_config = self.model.config
+        self.tied = ties_embeddings(self.model)
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
         self.num_updates = 0  # optimizer steps taken (drives the schedule and shuffling)

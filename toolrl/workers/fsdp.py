@@ -5,6 +5,9 @@
 - `build_model`: a Hugging Face model from a checkpoint, optionally with gradient checkpointing.
 - `shard_model`: ``fully_shard`` on every decoder layer, then on the root (FSDP2), with a
   mixed-precision policy.
+- `build_sharded_model`: both, with the checkpoint read once: rank 0 loads it, the other ranks
+  build the architecture on the meta device, and rank 0's weights are broadcast into every
+  rank's shards (one full copy per run in host memory, not one per rank).
 - `full_state_dict`: the unsharded weights on rank 0 (CPU), through the
   ``torch.distributed.checkpoint`` state-dict API; other ranks get an empty dict.
 """
@@ -19,7 +22,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    set_model_state_dict,
+)
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -119,6 +126,52 @@ def shard_model(model: nn.Module, mesh: DeviceMesh,
     return model
 
 
+def build_sharded_model(path: str, mesh: DeviceMesh, auto_cls: Any = None,
+                        dtype: str | torch.dtype = "float32", gradient_checkpointing: bool = False,
+                        mp_policy: MixedPrecisionPolicy | None = None,
+                        reshard_after_forward: bool = True, freeze: bool = False,
+                        **kwargs: Any) -> nn.Module:
+    """`build_model` + `shard_model` with the checkpoint read by rank 0 only.
+
+    The other ranks build the same architecture on the meta device (no memory), shard it,
+    allocate their shards (``to_empty``) and receive them from rank 0
+    (``set_model_state_dict(..., broadcast_from_rank0=True)``); buffers the state dict does not
+    hold (rotary frequencies) are broadcast too. Every rank must call it. A world of one loads
+    directly. ``freeze`` turns gradients off (a reference model).
+    """
+    if auto_cls is None:
+        from transformers import AutoModelForCausalLM
+
+        auto_cls = AutoModelForCausalLM
+    full: dict[str, torch.Tensor] = {}
+    if world_size() == 1 or rank() == 0:
+        model = build_model(path, auto_cls, dtype, gradient_checkpointing, **kwargs)
+        if world_size() > 1:
+            full = model.state_dict()  # the full tensors sharding replaces, kept to broadcast
+    else:
+        from transformers import AutoConfig
+
+        config = kwargs.pop("config", None) or AutoConfig.from_pretrained(path)
+        with torch.device("meta"):
+            model = auto_cls.from_config(config, dtype=torch_dtype(dtype), **kwargs)
+        if gradient_checkpointing:
+            model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False})
+    if freeze:
+        model.requires_grad_(False)
+    model = shard_model(model, mesh, mp_policy, reshard_after_forward)
+    if world_size() == 1:
+        return model
+    if rank() != 0:
+        model.to_empty(device=mesh.device_type)
+    set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True,
+                                                               broadcast_from_rank0=True))
+    del full
+    for _, buf in sorted(model.named_buffers(), key=lambda kv: kv[0]):
+        dist.broadcast(buf, src=0)
+    return model
+
+
 def ties_embeddings(model: nn.Module) -> bool:
     config = getattr(model, "config", None)
     text = getattr(config, "get_text_config", lambda: config)()
@@ -173,6 +226,7 @@ def world_size() -> int:
 __all__ = [
     "all_reduce",
     "build_model",
+    "build_sharded_model",
     "decoder_layers",
     "default_device",
     "device_mesh",

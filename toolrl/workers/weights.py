@@ -1,24 +1,29 @@
-"""Actor -> vLLM weight sync: gather the full state dict, stream it in buckets, count versions.
+"""Actor -> vLLM weight sync: stream the full weights bucket by bucket, count versions.
 
-Two routes, chosen by placement:
+Every push gathers the sharded parameters one at a time (``DTensor.full_tensor``, a collective
+all actor ranks run in step) and hands them on at once, so no rank ever holds a full unsharded
+copy: at most about one bucket (``weight_bucket_mb``) is in flight beyond the two models' own
+weights. ``lm_head.weight`` is skipped when the embeddings are tied (the checkpoint, and so the
+engine, does not have it). The policy version goes up by one on every push. Two routes, chosen
+by placement:
 
 - colocated (each actor rank's process also hosts a rollout engine, or only rank 0's does):
-  `WeightSync.push_local` gathers the full weights on every rank one bucket at a time
-  (``DTensor.full_tensor``) and hands each local engine's ``load_weights`` an iterator over
-  them;
-- split pools (rollout workers on their own devices): a dedicated process group between actor
-  rank 0 (its rank 0) and the rollout workers, independent of the actors' FSDP group
-  (`WeightSyncGroup`: its own TCP store and a gloo or NCCL group object, so a process can
-  belong to it besides its default group). `WeightSync.push_group` broadcasts a header (policy
-  version, names, shapes, dtypes, bucket layout) and then one flat byte buffer per bucket;
-  `WeightSyncGroup.receive` on every rollout worker rebuilds the tensors and feeds them to its
-  engine.
+  `WeightSync.push_local` streams into each local engine's ``load_weights``, which stages the
+  stream bucket by bucket into its vLLM worker (`toolrl.rollout.weight_transfer`);
+- split pools (rollout workers on their own devices): actor rank 0 and the rollout workers
+  share a broadcast group of their own, independent of the actors' FSDP group.
 
-The split-pool push gathers the sharded parameters to rank 0 with the
-``torch.distributed.checkpoint`` state-dict API (``full_state_dict=True, cpu_offload=True``);
-only rank 0 sends. Both gathers are collectives: all actor ranks call a push together.
-``lm_head.weight`` is skipped when the embeddings are tied (the checkpoint, and so the engine,
-does not have it). The policy version goes up by one on every push.
+  On CPU it is a gloo group (`WeightSyncGroup`: its own TCP store). `WeightSync.push_group`
+  broadcasts a header (policy version, names, shapes, dtypes; the bucket layout follows from
+  them) and then one flat byte buffer per bucket, gathered just before it is sent;
+  `WeightSyncGroup.receive_staged` on every rollout worker receives each bucket straight into
+  its engine's shared-memory staging file and has the engine load it.
+
+  On GPU it is vLLM's NCCL weight transfer: actor rank 0 opens the trainer end
+  (``nccl_common.trainer_init``) and broadcasts packed buffers of the bucket size
+  (``packed_nccl_broadcast_producer``); vLLM's own worker is the receiving end, so the weights
+  land on the engine's device without passing through the rollout worker's process. The
+  rollout side needs the stream's metadata (`WeightSync.metadata`), which the driver passes.
 """
 
 from __future__ import annotations
@@ -36,9 +41,10 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from toolrl.workers.fsdp import all_reduce, full_state_dict, rank, ties_embeddings
+from toolrl.workers.fsdp import all_reduce, rank, ties_embeddings
 
 Named = tuple[str, torch.Tensor]
+Meta = tuple[str, str, tuple[int, ...]]  # name, dtype name, shape
 DEFAULT_BUCKET_MB = 256.0
 
 
@@ -46,7 +52,7 @@ DEFAULT_BUCKET_MB = 256.0
 def iter_buckets(named: Iterable[Named], bucket_mb: float = DEFAULT_BUCKET_MB
                  ) -> Iterator[list[Named]]:
     """Group tensors in order into buckets of at most ``bucket_mb`` MiB (a larger tensor gets a
-    bucket of its own)."""
+    bucket of its own). Works on meta tensors (only shapes and dtypes are read)."""
     if bucket_mb <= 0:
         raise ValueError(f"bucket_mb must be positive, got {bucket_mb}")
     limit = int(bucket_mb * (1 << 20))
@@ -63,18 +69,50 @@ def iter_buckets(named: Iterable[Named], bucket_mb: float = DEFAULT_BUCKET_MB
         yield bucket
 
 
-def weights_checksum(named: Iterable[Named] | Mapping[str, torch.Tensor]) -> str:
-    """SHA-256 over (name, dtype, shape, bytes) of every tensor, in name order.
+class Checksum:
+    """SHA-256 of a set of named tensors, fed one tensor at a time in any order (so a stream
+    can be hashed without keeping it): the digest of the sorted (name, tensor digest) pairs,
+    each tensor digest covering its dtype, shape and bytes."""
 
-    Equal checksums mean exactly the same weights under the same names.
-    """
-    items = named.items() if isinstance(named, Mapping) else named
-    digest = hashlib.sha256()
-    for name, tensor in sorted(items, key=lambda kv: kv[0]):
+    def __init__(self) -> None:
+        self._parts: dict[str, str] = {}
+
+    def add(self, name: str, tensor: torch.Tensor) -> None:
         t = tensor.detach().to("cpu").contiguous()
-        digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        digest = hashlib.sha256(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
         digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
+        self._parts[name] = digest.hexdigest()
+
+    def hexdigest(self) -> str:
+        total = hashlib.sha256()
+        for name in sorted(self._parts):
+            total.update(f"{name}={self._parts[name]};".encode())
+        return total.hexdigest()
+
+
+def weights_checksum(named: Iterable[Named] | Mapping[str, torch.Tensor]) -> str:
+    """`Checksum` of ``named``: equal checksums mean exactly the same weights under the same
+    names (order does not matter)."""
+    acc = Checksum()
+    for name, tensor in (named.items() if isinstance(named, Mapping) else named):
+        acc.add(name, tensor)
+    return acc.hexdigest()
+
+
+def _dtype(name: str) -> torch.dtype:
+    return getattr(torch, name)
+
+
+def _nbytes(shape: Sequence[int], dtype: torch.dtype) -> int:
+    return torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+
+
+def meta_buckets(meta: Sequence[Meta], bucket_mb: float) -> list[list[Meta]]:
+    """`iter_buckets` over metadata alone (both ends of a broadcast cut the same buckets)."""
+    probes = [(i, torch.empty(m[2], dtype=_dtype(m[1]), device="meta"))
+              for i, m in enumerate(meta)]
+    return [[meta[int(i)] for i, _ in bucket]
+            for bucket in iter_buckets(((str(i), t) for i, t in probes), bucket_mb)]
 
 
 def _flatten(bucket: Sequence[Named], device: torch.device) -> torch.Tensor:
@@ -82,12 +120,11 @@ def _flatten(bucket: Sequence[Named], device: torch.device) -> torch.Tensor:
     return torch.cat(parts).to(device) if parts else torch.empty(0, dtype=torch.uint8)
 
 
-def _unflatten(buf: torch.Tensor, layout: Sequence[tuple[str, tuple[int, ...], torch.dtype]]
-               ) -> list[Named]:
+def _unflatten(buf: torch.Tensor, layout: Sequence[Meta]) -> list[Named]:
     out, offset = [], 0
-    for name, shape, dtype in layout:
-        nbytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
-        out.append((name, buf[offset:offset + nbytes].view(dtype).reshape(shape)))
+    for name, dtype, shape in layout:
+        nbytes = _nbytes(shape, _dtype(dtype))
+        out.append((name, buf[offset:offset + nbytes].view(_dtype(dtype)).reshape(shape)))
         offset += nbytes
     if offset != buf.numel():
         raise RuntimeError(f"weight bucket holds {buf.numel()} bytes, layout says {offset}")
@@ -113,13 +150,13 @@ def engine_loader(engine: Any) -> Callable[[Iterable[Named]], Any]:
     return load
 
 
-# --- the dedicated process group --------------------------------------------------------------
+# --- the dedicated process group (CPU: gloo) --------------------------------------------------
 class WeightSyncGroup:
     """A process group of its own between actor rank 0 (rank 0 here) and rollout workers.
 
-    Built from a fresh TCP store and a gloo (CPU) or NCCL (GPU) group object, so it does not
-    touch the default process group. All members construct it at the same time (it is a
-    rendezvous), e.g. through two concurrent worker-group calls.
+    Built from a fresh TCP store and a gloo group object (NCCL where a caller asks for it), so
+    it does not touch the default process group. All members construct it at the same time (it
+    is a rendezvous), e.g. through two concurrent worker-group calls.
     """
 
     def __init__(self, master_addr: str, master_port: int, world_size: int, rank: int,
@@ -128,10 +165,10 @@ class WeightSyncGroup:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} outside a sync group of {world_size}")
         self.rank, self.world_size = rank, world_size
+        self.backend = backend or "gloo"
         self.device = torch.device(device) if device is not None else (
-            torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available()
+            torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl"
             else torch.device("cpu"))
-        self.backend = backend or ("nccl" if self.device.type == "cuda" else "gloo")
         timeout = timedelta(seconds=timeout_s)
         self._store = dist.TCPStore(master_addr, int(master_port), world_size,
                                     is_master=rank == 0, timeout=timeout)
@@ -163,35 +200,67 @@ class WeightSyncGroup:
         self.broadcast(buf)
         return obj if self.rank == 0 else pickle.loads(buf.cpu().numpy().tobytes())
 
-    def send(self, named: Iterable[Named], version: int, bucket_mb: float) -> int:
-        """Rank 0: broadcast the header and then every bucket. Returns the bytes sent."""
+    def send(self, meta: Sequence[Meta], stream: Iterable[Named], version: int,
+             bucket_mb: float) -> int:
+        """Rank 0: broadcast the header (version, metadata, bucket size), then each bucket of
+        ``stream`` (which must follow ``meta``) as soon as it is gathered. Returns bytes sent."""
         if self.rank != 0:
             raise RuntimeError("only rank 0 of the sync group sends weights")
-        buckets = list(iter_buckets(named, bucket_mb))
-        layout = [[(n, tuple(t.shape), t.dtype) for n, t in b] for b in buckets]
-        self._broadcast_object({"version": version, "buckets": layout})
+        self._broadcast_object({"version": version, "meta": list(meta), "bucket_mb": bucket_mb})
+        it = iter(stream)
         sent = 0
-        for bucket in buckets:
+        for layout in meta_buckets(meta, bucket_mb):
+            bucket = [next(it) for _ in layout]
+            for (name, tensor), (want, dtype, shape) in zip(bucket, layout, strict=True):
+                if name != want or str(tensor.dtype).removeprefix("torch.") != dtype or \
+                        tuple(tensor.shape) != tuple(shape):
+                    raise RuntimeError(f"weight stream gave {name!r} {tensor.dtype} "
+                                       f"{tuple(tensor.shape)}, its metadata says {want!r} "
+                                       f"{dtype} {tuple(shape)}")
             buf = _flatten(bucket, self.device)
+            del bucket
             self.broadcast(buf)
             sent += buf.numel()
         return sent
 
-    def receive(self, load: Callable[[Iterable[Named]], Any]) -> int:
-        """Rollout side: receive one push and feed it to ``load`` (e.g. an engine's
-        ``load_weights``) as an iterator of (name, tensor). Returns the policy version."""
+    def receive_staged(self, receive: Callable[[list[tuple[str, torch.dtype, tuple[int, ...]]],
+                                                Callable[[torch.Tensor], Any]], Any]) -> int:
+        """Rollout side: receive one push bucket by bucket; for each, ``receive(layout, fill)``
+        is called, and must call ``fill(buffer)`` with a uint8 tensor of the bucket's size for
+        the broadcast to land in (e.g. an engine's staging file, `SharedMemoryPush.receive`).
+        Returns the policy version."""
         if self.rank == 0:
             raise RuntimeError("rank 0 of the sync group sends; the others receive")
         header = self._broadcast_object()
-        layouts = header["buckets"]
+        for layout in meta_buckets(header["meta"], header["bucket_mb"]):
+            typed = [(n, _dtype(d), tuple(s)) for n, d, s in layout]
+            done = []
+
+            def fill(buf: torch.Tensor, done: list[int] = done) -> None:
+                self.broadcast(buf)
+                done.append(1)
+
+            receive(typed, fill)
+            if not done:  # stay in lockstep with the sender even if ``receive`` skipped it
+                nbytes = sum(_nbytes(s, d) for _, d, s in typed)
+                self.broadcast(torch.empty(nbytes, dtype=torch.uint8, device=self.device))
+        return int(header["version"])
+
+    def receive(self, load: Callable[[Iterable[Named]], Any]) -> int:
+        """Rollout side: receive one push and feed it to ``load`` (e.g. an engine's
+        ``load_weights``) as a stream of (name, tensor), one bucket in memory at a time.
+        Returns the policy version."""
+        if self.rank == 0:
+            raise RuntimeError("rank 0 of the sync group sends; the others receive")
+        header = self._broadcast_object()
+        layouts = meta_buckets(header["meta"], header["bucket_mb"])
         done = 0
 
         def stream() -> Iterator[Named]:
             nonlocal done
             while done < len(layouts):
                 layout = layouts[done]
-                nbytes = sum(torch.Size(s).numel() * torch.empty((), dtype=d).element_size()
-                             for _, s, d in layout)
+                nbytes = sum(_nbytes(s, _dtype(d)) for _, d, s in layout)
                 buf = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
                 self.broadcast(buf)
                 done += 1
@@ -233,61 +302,71 @@ def local_engines() -> list[Any]:
 class WeightSync:
     """Pushes an FSDP2 model's weights to inference engines; counts policy versions.
 
-    Every actor rank holds one and calls the push methods together (the gather is a
-    collective); rank 0 does the sending.
+    Every actor rank holds one and calls the push methods together (the gathers are
+    collectives); rank 0 does the sending.
     """
 
     def __init__(self, model: nn.Module, bucket_mb: float = DEFAULT_BUCKET_MB,
                  version: int = 0) -> None:
+        if not bucket_mb > 0:
+            raise ValueError(f"bucket_mb must be positive, got {bucket_mb}")
         self.model = model
         self.bucket_mb = float(bucket_mb)
         self.version = int(version)
         self.group: WeightSyncGroup | None = None
+        self._nccl: Any = None  # GPU split pools: vLLM's trainer-side NCCL communicator
 
-    def gather(self) -> dict[str, torch.Tensor]:
-        """The full weights under checkpoint names (tied ``lm_head.weight`` dropped) on rank 0;
-        ``{}`` elsewhere. A collective."""
-        return full_state_dict(self.model, skip_tied=True)
-
-    def checksum(self) -> str | None:
-        """`weights_checksum` of the gathered weights on rank 0 (None elsewhere)."""
-        state = self.gather()
-        return weights_checksum(state) if rank() == 0 else None
-
-    def iter_full(self) -> Iterator[Named]:
-        """Every rank: the full weights, gathered one bucket at a time (``DTensor.full_tensor``
-        per parameter), so at most one bucket is unsharded beyond what the consumer keeps.
-        A collective: every rank must exhaust it in step."""
+    def _state(self) -> dict[str, torch.Tensor]:
         state = self.model.state_dict()
         if ties_embeddings(self.model):
             state.pop("lm_head.weight", None)
-        for bucket in iter_buckets(state.items(), self.bucket_mb):
-            for name, tensor in bucket:
-                full = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
-                yield name, full.detach()
+        return state
+
+    def metadata(self) -> list[Meta]:
+        """(name, dtype, full shape) of every tensor a push sends, in order; no gather."""
+        return [(name, str(t.dtype).removeprefix("torch."), tuple(t.shape))
+                for name, t in self._state().items()]
+
+    def iter_full(self) -> Iterator[Named]:
+        """Every rank: the full weights under checkpoint names, gathered one tensor at a time
+        (``DTensor.full_tensor``), so nothing beyond the tensor being handed on is unsharded.
+        A collective: every rank must exhaust it in step."""
+        for name, tensor in self._state().items():
+            full = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+            yield name, full.detach()
+
+    def checksum(self) -> str | None:
+        """`weights_checksum` of the full weights on rank 0 (None elsewhere); a collective,
+        streamed like a push."""
+        acc = Checksum()
+        for name, tensor in self.iter_full():
+            if rank() == 0:
+                acc.add(name, tensor)
+        return acc.hexdigest() if rank() == 0 else None
 
     def push_local(self, engines: Sequence[Any]) -> int:
         """Every actor rank pushes into the engines living in its own process (colocated
         rollout: one engine per rank, or only on rank 0; a rank without engines still takes
-        part in the gather). Returns the new policy version.
+        part in the gather). Returns the new policy version. Several engines in one process
+        each get a pass of their own (gathered again), so memory stays bounded.
 
         Raises when no rank has an engine: a colocated rollout role must register its engine
         with `register_local_engine`, or the push would silently update nothing.
         """
-        if int(all_reduce(torch.tensor([len(engines)])).item()) == 0:
+        counts = torch.tensor([len(engines), len(engines)], dtype=torch.long)
+        total, most = (int(all_reduce(counts[:1]).item()),
+                       int(all_reduce(counts[1:], dist.ReduceOp.MAX).item()))
+        if total == 0:
             raise RuntimeError(
                 "push_local: no inference engine is registered in any actor process; a "
                 "colocated rollout worker must call toolrl.workers.weights."
                 "register_local_engine(engine) (or use the split-pool sync group)")
-        stream = self.iter_full()
-        if len(engines) == 1:
-            engine_loader(engines[0])(stream)
-        elif engines:
-            full = list(stream)
-            for engine in engines:
-                engine_loader(engine)(iter(full))
-        for _ in stream:  # keep the collective in step if a loader stopped early (or none)
-            pass
+        for i in range(most):
+            stream = self.iter_full()
+            if i < len(engines):
+                engine_loader(engines[i])(stream)
+            for _ in stream:  # keep the collective in step if a loader stopped early (or none)
+                pass
         self.version += 1
         for engine in engines:  # samples are tagged with the actor's version
             engine.weight_version = self.version
@@ -295,29 +374,55 @@ class WeightSync:
 
     def connect(self, master_addr: str, master_port: int, world_size: int,
                 backend: str | None = None, timeout_s: float = 600.0) -> None:
-        """Rank 0 joins the sync group as its rank 0 (other actor ranks do nothing)."""
-        if rank() == 0:
+        """Rank 0 joins the sync group as its rank 0 (other actor ranks do nothing): a gloo
+        `WeightSyncGroup`, or with ``backend="nccl"`` vLLM's trainer end of its NCCL weight
+        transfer (the rollout engines join it with ``init_broadcast_receiver``)."""
+        if rank() != 0:
+            return
+        if backend == "nccl":
+            from vllm.distributed.weight_transfer.nccl_common import trainer_init
+
+            self._nccl = trainer_init({"master_address": master_addr,
+                                       "master_port": int(master_port),
+                                       "world_size": int(world_size)})
+        else:
             self.group = WeightSyncGroup(master_addr, master_port, world_size, 0, backend,
                                          timeout_s)
 
     def push_group(self) -> int:
-        """Broadcast the weights over the sync group; returns the new version."""
-        state = self.gather()
+        """Broadcast the weights over the sync group, bucket by bucket as they are gathered;
+        returns the new version. Every actor rank calls it (the gathers are collectives)."""
         self.version += 1
-        if rank() == 0:
+        stream = self.iter_full()
+        if rank() == 0 and self._nccl is not None:
+            from vllm.distributed.weight_transfer.packed_tensor import (
+                DEFAULT_PACKED_NUM_BUFFERS,
+                packed_nccl_broadcast_producer,
+            )
+
+            packed_nccl_broadcast_producer(
+                iterator=stream, group=self._nccl, src=0, post_iter_func=lambda item: item[1],
+                buffer_size_bytes=int(self.bucket_mb * (1 << 20)),
+                num_buffers=DEFAULT_PACKED_NUM_BUFFERS)
+            torch.cuda.current_stream().synchronize()
+        elif rank() == 0:
             if self.group is None:
                 raise RuntimeError("push_group before connect(): no weight sync group")
-            self.group.send(state.items(), self.version, self.bucket_mb)
+            self.group.send(self.metadata(), stream, self.version, self.bucket_mb)
+        for _ in stream:  # other ranks (and a short sender) stay in the gathers' step
+            pass
         return self.version
 
 
 __all__ = [
     "DEFAULT_BUCKET_MB",
+    "Checksum",
     "WeightSync",
     "WeightSyncGroup",
     "engine_loader",
     "iter_buckets",
     "local_engines",
+    "meta_buckets",
     "register_local_engine",
     "unregister_local_engine",
     "weights_checksum",

@@ -1,0 +1,71 @@
+"""What the trainer asks of its engines per device: CPU defaults here, GPU defaults there."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from toolrl.rollout.engine import EngineConfig
+from toolrl.trainer.config import ConfigError, load_config
+from toolrl.trainer.trainer import Trainer
+
+ROOT = Path(__file__).resolve().parents[2]
+QUICKSTART = ROOT / "configs" / "quickstart.yaml"
+GPU = ["resources.device=cuda", "rollout.engine.backend=gpu",
+       "rollout.engine.kv_cache_gib=null"]  # the quickstart sets a CPU KV cache size
+
+
+def _rollout_config(overrides: list[str], config: Path = QUICKSTART):
+    trainer = Trainer(load_config(config, overrides))
+    trainer.model_path = "models/tiny"
+    return trainer, trainer.rollout_config()
+
+
+def test_cpu_defaults_are_unchanged():
+    trainer, rc = _rollout_config([])
+    e = rc.engine
+    assert (e.backend, e.dtype, e.kv_cache_gib, e.gpu_memory_utilization, e.enforce_eager) == \
+        ("cpu", "float32", 1.0, 0.1, True)
+    assert not e.enable_sleep_mode and trainer.sleep_level == 0
+    assert rc.seed == 0 and rc.seeded and trainer._seed("train") is not None
+    assert e.weight_bucket_mb == trainer.cfg.actor.weight_bucket_mb
+
+
+def test_gpu_defaults_fit_a_gpu():
+    trainer, rc = _rollout_config(GPU)
+    e = rc.engine
+    assert (e.backend, e.dtype, e.kv_cache_gib, e.gpu_memory_utilization, e.enforce_eager) == \
+        ("gpu", "bfloat16", None, 0.5, False)  # KV cache sized by gpu_memory_utilization
+    assert e.weight_transfer == "ipc" and e.enable_sleep_mode and trainer.sleep_level == 1
+    # seeded requests make vLLM's GPU sampler leave its fast kernels: unseeded by default
+    assert not rc.seeded and trainer._seed("train") is None
+    args = e.engine_args()
+    assert args.weight_transfer_config.backend == "ipc" and args.enable_sleep_mode
+    assert not args.enforce_eager and args.gpu_memory_utilization == 0.5
+    assert args.kv_cache_memory_bytes is None
+
+    _, own = _rollout_config([*GPU, "rollout.engine.sleep_level=0", "rollout.seed_episodes=true",
+                              "rollout.engine.enforce_eager=true", "actor.weight_bucket_mb=64"])
+    assert not own.engine.enable_sleep_mode and own.seeded and own.engine.enforce_eager
+    assert own.engine.weight_bucket_mb == 64
+
+
+def test_pipeline_engines_receive_over_nccl_and_never_sleep():
+    trainer, rc = _rollout_config(GPU, ROOT / "configs" / "quickstart_pipeline.yaml")
+    assert rc.engine.weight_transfer == "nccl" and not rc.engine.enable_sleep_mode
+    assert trainer.sleep_level == 0
+    with pytest.raises(ConfigError, match=r"sleep_level > 0 needs trainer\.mode=sync"):
+        load_config(ROOT / "configs" / "quickstart_pipeline.yaml",
+                    [*GPU, "rollout.engine.sleep_level=1"])
+    with pytest.raises(ConfigError, match="sleep_level must be 0, 1 or 2"):
+        load_config(QUICKSTART, ["rollout.engine.sleep_level=3"])
+
+
+def test_engine_config_errors():
+    with pytest.raises(ValueError, match="weight_bucket_mb"):
+        EngineConfig(model="m", weight_bucket_mb=0)
+    with pytest.raises(ValueError, match="weight_transfer"):
+        EngineConfig(model="m", weight_transfer="rdma")
+    with pytest.raises(ConfigError, match=r"model\.tiny_size"):
+        load_config(QUICKSTART, ["model.tiny_size=huge"])

@@ -1,0 +1,68 @@
+"""The trainer's GPU routes on the real stack: a colocated engine that sleeps while the actor
+trains, and split pools whose engines receive the weights over vLLM's NCCL weight transfer.
+Skipped without a GPU (the NCCL route needs two)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from trainer_runs import register_test_rewards, small_run_overrides
+
+from toolrl import batch as B
+from toolrl.trainer.config import load_config, worker_rollout_config
+from toolrl.trainer.tracking import read_metrics
+from toolrl.trainer.trainer import Trainer
+from toolrl.workers.actor import ActorWorker
+
+pytestmark = [pytest.mark.gpu, pytest.mark.slow]
+DEVICES = 2  # for toolrl test-scheduler: the split-pool test needs two GPUs
+ROOT = Path(__file__).resolve().parents[2]
+GPU = {"resources.device": "cuda", "rollout.engine.backend": "gpu",
+       "rollout.engine.kv_cache_gib": None, "rollout.engine.dtype": "float32",
+       "rollout.engine.gpu_memory_utilization": 0.3, "actor.weight_bucket_mb": 1}
+
+
+def _gap(batch) -> float:
+    mask = batch[B.RESPONSE_MASK].bool()
+    return float((batch[B.ROLLOUT_LOG_PROBS] - batch[B.OLD_LOG_PROBS])[mask].abs().max())
+
+
+def test_colocated_engine_sleeps_during_the_update(ray_cluster, tiny_model_dir, tmp_path):
+    register_test_rewards()
+    cfg = load_config(ROOT / "configs" / "quickstart.yaml", small_run_overrides(
+        tiny_model_dir, tmp_path, **GPU, **{"trainer.total_steps": 2, "actor.lr": 1e-3}))
+    assert worker_rollout_config(cfg).engine.sleep_level == 1
+    trainer = Trainer(cfg)
+    try:
+        trainer.fit()
+        rows = read_metrics(tmp_path / "metrics.jsonl")
+        assert [r["policy_version"] for r in rows if r["step"] >= 1] == [1.0, 2.0]
+        # after sleeping, waking and the push, the engine samples from the actor's weights
+        fresh = trainer.rollout(trainer.val_rows, 2, seed=None)
+        fresh.update(trainer.actor.call(ActorWorker.compute_log_prob, fresh))
+        assert _gap(fresh) < 1e-3
+    finally:
+        trainer.close()
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="split pools need two GPUs")
+def test_split_pools_receive_over_nccl_in_vllms_worker(ray_cluster, tiny_model_dir, tmp_path):
+    from toolrl.trainer.pipeline import PipelineTrainer
+
+    register_test_rewards()
+    cfg = load_config(ROOT / "configs" / "quickstart_pipeline.yaml", small_run_overrides(
+        tiny_model_dir, tmp_path, **GPU, **{"trainer.total_steps": 2, "actor.lr": 1e-3,
+                                            "actor.loss.tis_cap": None}))
+    trainer = PipelineTrainer(cfg)
+    try:
+        trainer.fit()
+        assert trainer.sync_backend == "nccl" and trainer.weight_meta
+        version = trainer.sync_weights()
+        fresh = trainer.rollout(trainer.val_rows, 2, seed=None)
+        assert set(fresh[B.POLICY_VERSION].tolist()) == {version}
+        fresh.update(trainer.actor.call(ActorWorker.compute_log_prob, fresh))
+        assert _gap(fresh) < 1e-3
+    finally:
+        trainer.close()
