@@ -6,6 +6,8 @@ point one way"), checked on the import statements of the source tree.
   or reward composition; ``reward`` builds on ``core`` alone.
 - ``algo`` is pure math on tensors: torch and its own modules, nothing else of toolrl.
 - ``controller`` is generic orchestration: it knows no RL (only itself and the batch carrier).
+- ``sync`` (what both ends of weight sync share) knows no other toolrl layer; ``rollout`` uses
+  it and never imports ``workers``, ``trainer`` or the reward composition.
 - Plugins (built-in envs and rewards, the examples) use only the public API: ``toolrl`` itself
   (names in ``toolrl.__all__``) and their own package.
 - No import cycles between toolrl's modules; the product imports no development tool.
@@ -157,6 +159,9 @@ def test_the_scanner_sees_every_import_form(tmp_path):
      ("ray", "torch", "tensordict", "vllm")),
     ("algo", ("toolrl.algo", "toolrl.registry"), ("ray", "tensordict", "vllm", "transformers")),
     ("controller", ("toolrl.controller", "toolrl.batch"), ("vllm", "transformers")),
+    ("sync", ("toolrl.sync",), ("ray", "tensordict", "vllm", "transformers")),
+    ("rollout", ("toolrl.rollout", "toolrl.core", "toolrl.sync", "toolrl.controller",
+                 "toolrl.batch", "toolrl.registry"), ()),
 ])
 def test_each_layer_imports_only_what_it_may_know(layer, allowed, libraries):
     bad = layer_violations(layer, allowed, libraries)

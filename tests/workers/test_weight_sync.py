@@ -12,13 +12,9 @@ from safetensors.torch import load_file
 
 from toolrl.batch import split
 from toolrl.controller.network import free_port
+from toolrl.sync.weights import WeightSyncGroup, iter_buckets, weights_checksum
 from toolrl.workers.actor import ActorConfig, FSDPActor
-from toolrl.workers.weights import (
-    WeightSync,
-    WeightSyncGroup,
-    iter_buckets,
-    weights_checksum,
-)
+from toolrl.workers.weights import WeightSync
 
 
 def test_buckets_keep_order_and_respect_the_size():

@@ -12,9 +12,9 @@ from fsdp_harness import hf_log_probs, make_batch, with_policy_inputs
 
 from toolrl.batch import OLD_LOG_PROBS, REF_LOG_PROBS, RETURNS, VALUES
 from toolrl.controller import Dispatch, RayResourcePool, RayWorkerGroup, RoleSpec, Worker, remote
+from toolrl.sync.weights import WeightSyncGroup, weights_checksum
 from toolrl.workers.actor import ActorConfig, ActorWorker, RefWorker
 from toolrl.workers.critic import CriticConfig, CriticWorker
-from toolrl.workers.weights import WeightSyncGroup, weights_checksum
 
 # Test modules are not importable inside Ray workers: ship this module's classes by value.
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])

@@ -18,7 +18,8 @@ re-processed, e.g. repacked for the CPU GEMM kernels, as soon as all its weights
   its handle sent (vLLM's ``packed_ipc_producer`` / ``IPCWeightTransferEngine``).
 - **GPU, split pools**: vLLM's NCCL weight-transfer engine; the worker joins a broadcast group
   with the trainer (`nccl_receiver_init_info`) and receives packed buckets straight into the
-  device (``NCCLWeightTransferEngine``); the trainer side lives in `toolrl.workers.weights`.
+  device (``NCCLWeightTransferEngine``); the trainer side lives in
+  `toolrl.workers.weights`, what both ends share in `toolrl.sync.weights`.
 
 Only names, shapes and handles cross ``collective_rpc``, so its msgpack encoding (which refuses
 single payloads over 4 GiB) never sees weight bytes.

@@ -43,7 +43,7 @@ from toolrl.core.trajectory import Trajectory
 from toolrl.rollout.chat import ChatRenderer
 from toolrl.rollout.engine import EngineConfig, SamplingConfig, VLLMEngine
 from toolrl.rollout.episode import EpisodeConfig, EpisodeRunner
-from toolrl.workers.weights import (
+from toolrl.sync.weights import (
     Checksum,
     WeightSyncGroup,
     register_local_engine,

@@ -3,9 +3,9 @@
 - `actor`: `ActorConfig`, `FSDPActor` (log-probs, PPO update), `FSDPReference` (frozen),
   and their controller workers `ActorWorker`, `RefWorker`.
 - `critic`: `CriticConfig`, `FSDPCritic` (values, clipped value loss), `CriticWorker`.
-- `weights`: `WeightSync` (the full weights streamed to engines bucket by bucket, never whole;
-  policy version), `WeightSyncGroup` (a dedicated broadcast group for split pools),
-  `weights_checksum`.
+- `weights`: `WeightSync`, the actor's end of weight sync (the full weights streamed to
+  engines bucket by bucket, never whole; policy version); what both ends share (buckets,
+  `WeightSyncGroup`, `weights_checksum`) is in `toolrl.sync`.
 - `base` / `fsdp` / `micro_batch` / `forward`: the shared FSDP2 model, PPO loop, sharding
   helpers, micro-batch planning and input packing.
 """

@@ -33,9 +33,10 @@ from toolrl.batch import (
     ROLLOUT_LOG_PROBS,
 )
 from toolrl.controller.worker import Dispatch, Execute, Worker, remote
+from toolrl.sync.weights import DEFAULT_BUCKET_MB, local_engines
 from toolrl.workers.base import FSDPConfig, FSDPModel, LossTotals
 from toolrl.workers.scoring import enable_scoring, prompt_groups, score_responses
-from toolrl.workers.weights import DEFAULT_BUCKET_MB, WeightSync, local_engines
+from toolrl.workers.weights import WeightSync
 
 ENTROPY = "entropy"  # [B, R] policy entropy per response token (diagnostics)
 
@@ -237,7 +238,7 @@ class ActorWorker(Worker):
     @remote(Dispatch.ONE_TO_ALL)
     def push_weights_local(self) -> int:
         """Push into the engines registered in rank 0's process (colocated rollout, see
-        `toolrl.workers.weights.register_local_engine`); returns the new policy version."""
+        `toolrl.sync.weights.register_local_engine`); returns the new policy version."""
         return self.actor.weights.push_local(local_engines())
 
     @remote(Dispatch.ONE_TO_ALL, Execute.RANK_ZERO)
