@@ -112,6 +112,7 @@ def toolrl_overrides(spec: dict[str, Any]) -> list[str]:
         "rollout.max_tokens_per_turn": budget, "rollout.max_turns": spec["max_turns"],
         "rollout.temperature": spec["temperature"],
         "actor.lr": spec["lr"], "actor.grad_clip": 1.0,
+        "actor.ppo_epochs": 1, "actor.ppo_mini_batch_size": "null",  # one update, as TRL's
         "trainer.total_steps": spec["steps"], "trainer.output_dir": spec["output_dir"],
         "trainer.trackers": "[jsonl]", "trainer.log_rollouts": 0, "trainer.export_hf": False,
         "trainer.save_every": 0, "resources.ray_num_cpus": 4,
