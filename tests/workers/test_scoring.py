@@ -9,7 +9,7 @@ from fsdp_harness import hf_log_probs, make_batch, run_ranks, with_policy_inputs
 from transformers import AutoModelForCausalLM
 
 from toolrl.algo.loss import PolicyLossConfig
-from toolrl.batch import RESPONSE_MASK, split
+from toolrl.batch import RESPONSE_MASK, build_rollout_batch, split
 from toolrl.workers.actor import ActorConfig, FSDPActor
 from toolrl.workers.fsdp import full_gradients
 from toolrl.workers.micro_batch import plan_micro_batches
@@ -78,6 +78,25 @@ def test_shared_prefix_and_chunks_give_the_padded_gradients(model, grouped):
         for name, grad in g0.items():  # float32 sums in another order: relative to the scale
             torch.testing.assert_close(g[name], grad, atol=2e-6 * float(grad.abs().max()),
                                        rtol=1e-4, msg=f"{layout}/{chunk}: {name}")
+
+
+def test_shared_prefix_gradients_are_bit_reproducible_on_several_threads(model):
+    """Rows of one prompt sum their gradient into its K/V in a fixed order: the same batch gives
+    the same bits every time (a warm start or a seed's run must not drift with thread timing)."""
+    g = torch.Generator().manual_seed(3)
+    prompt = torch.randint(3, 4096, (150,), generator=g).tolist()  # long enough to split work
+    responses = [torch.randint(3, 4096, (10 + 2 * i,), generator=g).tolist() for i in range(16)]
+    one_prompt = build_rollout_batch([prompt] * 16, responses, [[1] * len(r) for r in responses],
+                                     pad_token_id=0)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        runs = [_grads(model, one_prompt, "shared_prefix")[2] for _ in range(4)]
+    finally:
+        torch.set_num_threads(threads)
+    for grads in runs[1:]:
+        for name, grad in runs[0].items():
+            assert torch.equal(grads[name], grad), name
 
 
 def test_chunked_log_probs_equal_unchunked_exactly_enough(model, grouped):

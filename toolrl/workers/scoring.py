@@ -239,8 +239,10 @@ class _ScoringJob:
         back into the one prompt forward)."""
         td = self.td
         groups = prefix.groups[rows].to(prefix.last.device)
-        cache = DynamicCache([(k[groups], v[groups]) for k, v in prefix.kv],
-                             config=trunk.config)
+        # index_select, not k[groups]: its backward (index_add_) sums a prompt's rows in a fixed
+        # order; advanced indexing's (index_put_ with accumulate) does not on several threads
+        cache = DynamicCache([(k.index_select(0, groups), v.index_select(0, groups))
+                              for k, v in prefix.kv], config=trunk.config)
         r = max(int(self.resp_real[rows].max()), 1)
         end = self.prompt_len + r
         suffix = trunk(input_ids=td.get(INPUT_IDS)[rows, self.prompt_len:end],
@@ -250,7 +252,7 @@ class _ScoringJob:
                        position_ids=td.get(POSITION_IDS)[rows, self.prompt_len:end],
                        past_key_values=cache, use_cache=True).last_hidden_state
         # response token 0 is predicted by the prompt's last position, token j by suffix j-1
-        hidden = torch.cat([prefix.last[groups][:, None], suffix[:, :-1]], dim=1)
+        hidden = torch.cat([prefix.last.index_select(0, groups)[:, None], suffix[:, :-1]], dim=1)
         return hidden[self.valid[rows, :r]]
 
     # --- the head, in chunks --------------------------------------------------------------------
