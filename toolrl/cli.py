@@ -63,29 +63,41 @@ def _data_convert(args: argparse.Namespace) -> int:
     return 0 if report.written else 1
 
 
+def _broken_plugins(registry: object) -> int:
+    """Print one line per plugin of ``registry`` that failed to import (stderr); their
+    count."""
+    failures = registry.failures()  # type: ignore[attr-defined]
+    for message in failures.values():
+        print(f"broken plugin: {message}", file=sys.stderr)
+    return len(failures)
+
+
 def _rewards(args: argparse.Namespace) -> int:
     from toolrl.reward import REWARDS, get_reward_spec
 
     for name in REWARDS.names():
         print(f"{name:20s} {get_reward_spec(name).description}")
-    return 0
+    return 1 if _broken_plugins(REWARDS) else 0  # the others are listed all the same
 
 
 def _envs(args: argparse.Namespace) -> int:
     from toolrl.core.checks import describe_envs
+    from toolrl.core.registration import ENVS
 
     for env_id, tools in describe_envs():
         print(f"{env_id:28s} {tools}")
-    return 0
+    return 1 if _broken_plugins(ENVS) else 0  # the others are listed all the same
 
 
 def _check_env(args: argparse.Namespace) -> int:
     import json
 
     from toolrl.core.checks import check_tool_env
+    from toolrl.core.registration import ENVS
 
     report = check_tool_env(args.id, seed=args.seed, env_kwargs=json.loads(args.kwargs))
     print(report)
+    _broken_plugins(ENVS)  # named, but they do not fail the check of another env
     return 0 if report.ok else 1
 
 
