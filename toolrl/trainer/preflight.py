@@ -388,6 +388,9 @@ def fit_prompt_budget(train: list[Row], val: list[Row], cfg: ExperimentConfig, m
     tokenizer = AutoTokenizer.from_pretrained(model)
     out = []
     for rows, where in ((train, "train rows"), (val, "val rows")):
+        if not rows:
+            out.append(rows)
+            continue
         kept, budget = apply_prompt_budget(rows, prompt_lengths(rows, cfg, tokenizer, where),
                                            cfg, where)
         if budget.dropped:
