@@ -5,7 +5,8 @@ Expected for each: one line on stderr, ``toolrl train: <key path>...`` naming th
 choices, exit code 2, no traceback (``--debug`` shows it), no run directory, no Ray.
 Covered: an unknown env id (tasks from the generator or from files, and one a row names), a
 typo in ``data.task_kwargs`` / ``env.kwargs`` / ``warm_start.env_kwargs``, an unknown reward
-id or key, a reward kwarg with a wrong name or type, a YAML syntax error, and first prompts
+id or key, a reward kwarg with a wrong name or type, an unknown tracker, an episode runner that
+does not import, a resume path that is no checkpoint, a YAML syntax error, and first prompts
 over ``rollout.max_prompt_tokens`` (refused with the numbers, or filtered on request).
 """
 
@@ -69,6 +70,13 @@ BAD = {
     "reward_kwarg_type": (["reward={rewards: [{name: success}, {name: test_preflight_typed, "
                            "kwargs: {limit: '3'}}]}"], "reward.rewards[1].kwargs.limit='3'",
                           "wants int"),
+    "unknown_tracker": (["trainer.trackers=[jsonl, tensorbored]"],
+                        "trainer.trackers[1]='tensorbored'", "tensorboard"),
+    "bad_runner": (["rollout.runner=toolrl.rollout.episode:NoSuchRunner"],
+                   "rollout.runner='toolrl.rollout.episode:NoSuchRunner'", "cannot import"),
+    "resume_not_a_checkpoint": (["trainer.resume=/nonexistent/step_3"],
+                                "trainer.resume='/nonexistent/step_3' is not a complete",
+                                "auto, never"),
     "env_rewards_unknown_env": (["env_rewards={toolrl/Nope-v0: {rewards: [{name: success}]}}"],
                                 "env_rewards key='toolrl/Nope-v0'", "toolrl/Bank-v0"),
 }

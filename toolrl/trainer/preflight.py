@@ -58,7 +58,7 @@ def env_creator(env_id: str, key: str) -> Any:
         raise ConfigError(f"{key}={env_id!r}: {exc}") from None
     except Exception as exc:  # a registered entry point that does not import
         raise ConfigError(f"{key}={env_id!r}: its entry point cannot be loaded: "
-                          f"{type(exc).__name__}: {exc}") from None
+                          f"{type(exc).__name__}: {_first_line(exc)}") from None
 
 
 def accepted_kwargs(creator: Any, method: str = "__init__", skip: Sequence[str] = ()
@@ -262,6 +262,34 @@ def check_config(cfg: ExperimentConfig) -> None:
     for env_id, section in cfg.env_rewards.items():
         env_creator(env_id, "env_rewards key")
         check_reward_section(section, f"env_rewards[{env_id!r}]")
+    check_loop(cfg)
+
+
+def check_loop(cfg: ExperimentConfig) -> None:
+    """What the loop names: trackers, the episode runner, the checkpoint to resume from."""
+    from pathlib import Path
+
+    from toolrl.registry import RegistryError
+    from toolrl.rollout.worker import resolve_runner
+    from toolrl.trainer.checkpoint import COMPLETE
+    from toolrl.trainer.tracking import TRACKERS
+
+    for i, name in enumerate(cfg.trainer.trackers):
+        try:
+            TRACKERS.get(name)
+        except RegistryError as exc:
+            raise ConfigError(f"trainer.trackers[{i}]={name!r}: {exc}") from None
+    if cfg.rollout.runner is not None:
+        try:
+            resolve_runner(cfg.rollout.runner)
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"rollout.runner={cfg.rollout.runner!r}: "
+                              f"{_first_line(exc)}") from None
+    resume = cfg.trainer.resume
+    if resume not in ("auto", "never") and not (Path(resume) / COMPLETE).exists():
+        raise ConfigError(f"trainer.resume={resume!r} is not a complete checkpoint (no "
+                          f"{COMPLETE} marker); choose auto, never or a checkpoint directory "
+                          f"such as <run dir>/checkpoints/step_N")
 
 
 def check_rows(rows: Iterable[Mapping[str, Any]], cfg: ExperimentConfig, where: str) -> None:
@@ -281,6 +309,10 @@ def check_rows(rows: Iterable[Mapping[str, Any]], cfg: ExperimentConfig, where: 
         seen.add(key)
         label = f"{where}: row {i} ({_row_id(row)})"
         check_env_kwargs(env_id, {**base, **own}, f"{label} env_kwargs", f"{label} env")
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [""])[0]
 
 
 def _row_id(row: Mapping[str, Any]) -> str:
@@ -343,7 +375,8 @@ def prompt_lengths(rows: Sequence[Mapping[str, Any]], cfg: ExperimentConfig, tok
                 lengths.append(len(renderer.render_prompt(messages, info.get("tools"))))
             except Exception as exc:
                 raise ConfigError(f"{where}: row {i} ({_row_id(row)}) cannot be rendered in "
-                                  f"{env_id}: {type(exc).__name__}: {exc}") from None
+                                  f"{env_id}: {type(exc).__name__}: {_first_line(exc)}"
+                                  ) from None
     finally:
         for env in envs.values():
             with contextlib.suppress(Exception):  # the lengths are known already
@@ -385,7 +418,11 @@ def fit_prompt_budget(train: list[Row], val: list[Row], cfg: ExperimentConfig, m
     dropped."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(model)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model)
+    except Exception as exc:  # the engine could not load it either
+        raise ConfigError(f"model.path={model!r}: cannot load its tokenizer to count prompt "
+                          f"tokens: {type(exc).__name__}: {_first_line(exc)}") from None
     out = []
     for rows, where in ((train, "train rows"), (val, "val rows")):
         if not rows:

@@ -39,7 +39,7 @@ from toolrl.trainer.config import (
     save_config,
     worker_rollout_config,
 )
-from toolrl.trainer.health import HealthMonitor
+from toolrl.trainer.health import HealthMonitor, HealthReport
 from toolrl.trainer.memory import check_memory
 from toolrl.trainer.mixture import RewardSets, env_of, mixture_rows, success_by
 from toolrl.trainer.preflight import check_config, check_rows, fit_prompt_budget
@@ -384,7 +384,7 @@ class Trainer:
         self.summarize(first_val, last)
         return last
 
-    def check_health(self) -> Any:
+    def check_health(self) -> HealthReport:
         """The last step's `HealthReport` (its failures printed, counted)."""
         trajs = B.trajectories(self._last_batch) if self._last_batch is not None else []
         return self.health.check(self.step, trajs, self._envs(trajs),
