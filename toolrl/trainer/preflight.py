@@ -5,11 +5,13 @@ worker starts, each one `ConfigError` whose one line names the key path and the 
   kwargs each env takes (``env.kwargs``, ``data.task_kwargs``, ``warm_start.env_kwargs`` /
   ``task_kwargs``, ``data.mixture[i].env_kwargs`` / ``task_kwargs``) against its constructor's
   and ``make_tasks``' signatures, and the reward sections (``reward``, ``env_rewards[...]``):
-  ids, keys, and kwargs against each reward's signature and type annotations.
+  ids, keys, and kwargs against each reward's signature and type annotations; then
+  (`check_loop`) the trackers, the episode runner and the checkpoint to resume from.
 - `check_rows`: the env (and ``env_kwargs``) that task rows from files name.
-- `prompt_lengths` / `apply_prompt_budget`: every row's first prompt rendered with its tools
-  by the model's chat template, counted against ``rollout.max_prompt_tokens``; over-long rows
-  refuse the run, or are dropped with ``data.overlong_prompts=filter``.
+- `fit_prompt_budget` (`prompt_lengths`, `apply_prompt_budget`): every row's first prompt
+  rendered with its tools by the model's chat template, counted against
+  ``rollout.max_prompt_tokens``; over-long rows refuse the run, or are dropped with
+  ``data.overlong_prompts=filter``.
 
 How kwargs are matched: the named parameters of ``__init__`` (and of ``make_tasks``, without
 ``n``, ``seed``, ``split``); a ``**kwargs`` is taken to forward to the parent class's method, so
@@ -30,9 +32,10 @@ from typing import Any
 
 from toolrl.trainer.config import ConfigError, ExperimentConfig
 
-__all__ = ["PromptBudget", "accepted_kwargs", "apply_prompt_budget", "check_config",
-           "check_kwargs", "check_reward_section", "check_rows", "env_creator",
-           "prompt_lengths"]
+__all__ = ["PromptBudget", "accepted_kwargs", "apply_prompt_budget", "budget_key",
+           "check_config", "check_env_kwargs", "check_kwargs", "check_loop",
+           "check_reward_section", "check_rows", "check_task_kwargs", "env_creator",
+           "fit_prompt_budget", "has_generator", "prompt_lengths", "type_problem"]
 
 Row = dict[str, Any]
 _TASK_ARGS = ("n", "seed", "split")  # what the trainer passes make_tasks itself
