@@ -102,3 +102,24 @@ def test_module_entry_point_registers_by_import(monkeypatch, tmp_path):
     assert reg.get("from_module") is len
     assert "pkg" not in reg.names()  # the module itself is not an item
     sys.modules.pop("toolrl_test_plugin_mod", None)
+
+
+def test_a_broken_plugin_fails_alone(monkeypatch, tmp_path):
+    """One plugin raising at import: the others still load, the broken one is named with its
+    error by `failures`, by a lookup of its own name and by an unknown name's error."""
+    (tmp_path / "toolrl_test_plugin_broken.py").write_text("import no_such_dependency_xyz\n")
+    (tmp_path / "toolrl_test_plugin_fine.py").write_text("def scorer(x):\n    return x\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    eps = [_entry_point("broken", "toolrl_test_plugin_broken:thing", "toolrl.test4"),
+           _entry_point("fine", "toolrl_test_plugin_fine:scorer", "toolrl.test4")]
+    monkeypatch.setattr(metadata, "entry_points", lambda group: eps)
+    reg: Registry = Registry("scorer", group="toolrl.test4")
+    assert reg.names() == ["fine"] and reg.get("fine")(3) == 3
+    (message,) = reg.failures().values()
+    assert "'broken'" in message and "fake-plugin-dist" in message
+    assert "ModuleNotFoundError: No module named 'no_such_dependency_xyz'" in message
+    with pytest.raises(PluginImportError, match="no_such_dependency_xyz"):
+        reg.get("broken")
+    with pytest.raises(RegistryError, match=r"unknown scorer 'other'.*fine.*failed to import"):
+        reg.get("other")
+    sys.modules.pop("toolrl_test_plugin_fine", None)

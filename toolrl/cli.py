@@ -63,29 +63,41 @@ def _data_convert(args: argparse.Namespace) -> int:
     return 0 if report.written else 1
 
 
+def _broken_plugins(registry: object) -> int:
+    """Print one line per plugin of ``registry`` that failed to import (stderr); their
+    count."""
+    failures = registry.failures()  # type: ignore[attr-defined]
+    for message in failures.values():
+        print(f"broken plugin: {message}", file=sys.stderr)
+    return len(failures)
+
+
 def _rewards(args: argparse.Namespace) -> int:
     from toolrl.reward import REWARDS, get_reward_spec
 
     for name in REWARDS.names():
         print(f"{name:20s} {get_reward_spec(name).description}")
-    return 0
+    return 1 if _broken_plugins(REWARDS) else 0  # the others are listed all the same
 
 
 def _envs(args: argparse.Namespace) -> int:
     from toolrl.core.checks import describe_envs
+    from toolrl.core.registration import ENVS
 
     for env_id, tools in describe_envs():
         print(f"{env_id:28s} {tools}")
-    return 0
+    return 1 if _broken_plugins(ENVS) else 0  # the others are listed all the same
 
 
 def _check_env(args: argparse.Namespace) -> int:
     import json
 
     from toolrl.core.checks import check_tool_env
+    from toolrl.core.registration import ENVS
 
     report = check_tool_env(args.id, seed=args.seed, env_kwargs=json.loads(args.kwargs))
     print(report)
+    _broken_plugins(ENVS)  # named, but they do not fail the check of another env
     return 0 if report.ok else 1
 
 
@@ -104,17 +116,30 @@ def _eval(args: argparse.Namespace) -> int:
 
 def _run_experiment(command: str, args: argparse.Namespace,
                     run: Callable[[object], object]) -> int:
-    """Load the config, then run; bad configs and pools that do not fit the cluster are one
-    clear line on stderr (exit 2) before any worker starts."""
+    """Load the config, then run. Bad configs (env and reward ids and kwargs included),
+    prompts over budget, pools that do not fit the cluster and a run dir in use are one clear
+    line on stderr (exit 2) before any worker starts; a run stopped by its health check is one
+    line too (exit 1). ``--debug`` shows the traceback instead."""
     from toolrl.controller.resources import ResourceError
+    from toolrl.reward import RewardConfigError
     from toolrl.trainer.config import ConfigError, load_config
+    from toolrl.trainer.health import UnhealthyRun
+    from toolrl.trainer.run_dir import RunDirInUse
 
     try:
         cfg = load_config(args.config, args.overrides)
         run(cfg)
-    except (ConfigError, FileNotFoundError, ResourceError) as e:
+    except (ConfigError, RewardConfigError, FileNotFoundError, ResourceError,
+            RunDirInUse) as e:
+        if args.debug:
+            raise
         print(f"toolrl {command}: {e}", file=sys.stderr)
         return 2
+    except UnhealthyRun as e:
+        if args.debug:
+            raise
+        print(f"toolrl {command}: stopped: {e}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -139,6 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="run an RL experiment from a config file")
     p.add_argument("--config", required=True, help="YAML file (see configs/)")
     p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. actor.lr=1e-5")
+    p.add_argument("--debug", action="store_true", help="show tracebacks of config errors")
     p.set_defaults(func=_train)
 
     p = sub.add_parser("eval", help="evaluate a model with a config's env and rewards")
@@ -146,6 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", required=True, help="checkpoint directory or hub id")
     p.add_argument("--output-dir", required=True, help="where results.json goes")
     p.add_argument("overrides", nargs="*", help="key=value overrides")
+    p.add_argument("--debug", action="store_true", help="show tracebacks of config errors")
     p.set_defaults(func=_eval)
 
     p = sub.add_parser("score-calls", help="score candidate tool calls offline with a reward")

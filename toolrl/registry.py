@@ -3,7 +3,9 @@
 A `Registry` maps names to objects. Objects arrive two ways: the `register` decorator (used by
 built-ins and by third-party code alike), or lazily from an ``importlib.metadata`` entry-point
 group the first time a name is missing. Mistakes are loud: a duplicate name, an unknown name
-(the error lists the known ones) and a plugin that fails to import (re-raised with its name).
+(the error lists the known ones) and a plugin that fails to import. A broken plugin fails
+alone: discovery goes on with the others, `failures` names it with its error, asking for its
+name raises `PluginImportError`, and an unknown name's error lists it beside the known names.
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ class RegistryError(LookupError):
     """A name is unknown, registered twice, or its plugin failed to load."""
 
 
-class PluginImportError(ImportError):
-    """An entry-point plugin raised while importing; the message names the plugin."""
+class PluginImportError(RegistryError, ImportError):
+    """An entry-point plugin raised while importing; the message names the plugin. A
+    `RegistryError` too: whoever handles an unknown name handles a broken one."""
 
 
 class Registry(Generic[T]):
@@ -35,6 +38,7 @@ class Registry(Generic[T]):
         self.kind = kind
         self.group = group
         self._items: dict[str, T] = {}
+        self._failures: dict[str, str] = {}  # entry-point name -> why it failed to import
         self._discovered = False
 
     def register(self, name: str, obj: T | None = None) -> Callable[[T], T] | T:
@@ -71,15 +75,20 @@ class Registry(Generic[T]):
         try:
             return self._items[name]
         except KeyError:
+            if name in self._failures:
+                raise PluginImportError(self._failures[name]) from None
             known = ", ".join(sorted(self._items)) or "(none)"
             where = f" or entry-point group {self.group!r}" if self.group else ""
+            broken = f" Plugins that failed to import: {'; '.join(self._failures.values())}." \
+                if self._failures else ""
             raise RegistryError(
                 f"unknown {self.kind} {name!r}. Known {self.kind}s: {known}. "
-                f"Register it with the decorator{where}."
+                f"Register it with the decorator{where}.{broken}"
             ) from None
 
     def discover(self) -> None:
-        """Load every entry point of the group once; a failing plugin raises with its name."""
+        """Load every entry point of the group once; a plugin that fails to import is kept in
+        `failures` (the CLI and unknown-name errors show it) and the others load."""
         if self._discovered or self.group is None:
             return
         self._discovered = True
@@ -88,15 +97,22 @@ class Registry(Generic[T]):
                 continue
             try:
                 obj = ep.load()
-            except Exception as exc:  # re-raised with the plugin's name, never swallowed
+            except Exception as exc:  # kept with its name, never swallowed
                 dist = getattr(ep.dist, "name", "?")
-                raise PluginImportError(
+                first = (str(exc).strip().splitlines() or [""])[0]
+                self._failures[ep.name] = (
                     f"{self.kind} plugin {ep.name!r} ({ep.value}, from distribution {dist!r}) "
-                    f"failed to import: {type(exc).__name__}: {exc}"
-                ) from exc
+                    f"failed to import: {type(exc).__name__}: {first}")
+                continue
             # A module entry point registers its contents by importing; a callable is the item.
             if ep.name not in self._items and not _is_module(obj):
                 self._add(ep.name, obj)
+
+    def failures(self) -> dict[str, str]:
+        """Entry points of the group that failed to import: name -> one line (which plugin,
+        from which distribution, the error)."""
+        self.discover()
+        return dict(self._failures)
 
     def names(self) -> list[str]:
         """All known names, entry points included, sorted."""

@@ -48,6 +48,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from toolrl.core.errors import describe_exception
 from toolrl.core.trajectory import Trajectory
 from toolrl.registry import RegistryError
 from toolrl.reward.api import RewardError, RewardResult, RewardSpec, Score, get_reward_spec
@@ -518,7 +519,7 @@ class ComposedReward:
     def _fail(self, c: ComponentConfig, i: int, traj: Trajectory, exc: BaseException,
               failures: list[RewardFailure]) -> float:
         fallback = self.config.fallback if c.fallback is None else c.fallback
-        message = f"{type(exc).__name__}: {exc}"
+        message = describe_exception(exc)  # type, first line, where it was raised
         sample_id = traj.id if traj.id is not None else i
         failures.append(RewardFailure(reward=c.alias, index=i, sample_id=sample_id,
                                       message=message))

@@ -30,6 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from toolrl.core.errors import describe_exception
 from toolrl.core.parse import get_format
 from toolrl.core.trajectory import TokenStream, Trajectory, TurnRecord, plain
 from toolrl.rollout.chat import ChatRenderer, TemplateError
@@ -196,7 +197,7 @@ class EpisodeRunner:
             tools = list(info.get("tools") or [])
             prompt = self.renderer.render_prompt(messages, tools)
         except Exception as e:  # a bad row or template: this episode fails, the batch goes on
-            return self.failed_state(env, row, seed, f"reset: {type(e).__name__}: {e}")
+            return self.failed_state(env, row, seed, describe_exception(e, "reset"))
         limit = self.engine.max_model_len - len(prompt)
         budget = min(self.config.max_response_len or limit, limit)
         traj = Trajectory(messages=list(messages), row=row, tools=tools,
@@ -251,7 +252,7 @@ class EpisodeRunner:
         except Exception as e:
             logger.warning("env step failed in episode %s: %s", traj.id, e)
             traj.turns.append(self.unstepped_turn(state, text, span, out, gen_s))
-            state.end("error", f"step: {type(e).__name__}: {e}")
+            state.end("error", describe_exception(e, "step"))
             return
         turn = TurnRecord.from_step(text, float(reward), info, parser=self.parser(state))
         turn.action_span, turn.finish_reason = span, out.finish_reason

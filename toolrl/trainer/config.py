@@ -13,10 +13,12 @@ from dataclasses import dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from toolrl.rollout.worker import RolloutConfig
+from toolrl.trainer.health import HealthConfig
 from toolrl.workers.actor import ActorConfig
 from toolrl.workers.critic import CriticConfig
 
@@ -75,6 +77,9 @@ class DataConfig:
     batch_size: int = 8  # tasks per step (each sampled `algorithm.group_size` times)
     shuffle: bool = True
     mixture: list[MixtureSource] = field(default_factory=list)  # rows of more envs
+    # rows whose first prompt (tools included) exceeds rollout.max_prompt_tokens: refuse the
+    # run (naming how many and the longest), or filter them out (the run says how many)
+    overlong_prompts: str = "refuse"
 
 
 @dataclass
@@ -142,6 +147,7 @@ class TrainerConfig:
     on_rollout_failure: str = "stop"  # stop | retry
     max_retries: int = 1
     call_timeout_s: float = 1800.0
+    health: HealthConfig = field(default_factory=HealthConfig)  # per-step health checks
 
 
 @dataclass
@@ -185,6 +191,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "trainer.mode": ("sync", "pipeline"),
     "trainer.on_rollout_failure": ("stop", "retry"),
     "resources.memory_check": ("refuse", "warn", "skip"),
+    "data.overlong_prompts": ("refuse", "filter"),
+    "trainer.health.on_unhealthy": ("stop", "warn"),
 }
 
 
@@ -198,7 +206,10 @@ def load_config(path: str | os.PathLike | None = None, overrides: Sequence[str] 
         path = Path(path)
         if not path.exists():
             raise ConfigError(f"config file {path} does not exist")
-        layers.append(OmegaConf.load(path))
+        try:
+            layers.append(OmegaConf.load(path))
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {path}: {_yaml_problem(exc)}") from None
     try:
         layers.append(OmegaConf.from_dotlist(list(overrides)))
         merged = OmegaConf.merge(schema, *layers)
@@ -321,6 +332,14 @@ def _looks_like_hub_id(path: str) -> bool:
     """``org/name`` whose first part is no local directory (the trainer's rule too)."""
     return "/" in path and not path.startswith((".", "/", "~")) and path.count("/") == 1 and \
         not os.path.exists(path.split("/")[0])
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """A YAML syntax error in one line: what and where."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    return f"YAML syntax error{where}: {problem}"
 
 
 def _get(cfg: Any, dotted: str) -> Any:

@@ -23,6 +23,7 @@ from toolrl.core.bfcl_scores import leaderboard, leaderboard_tables
 from toolrl.core.trajectory import Trajectory
 from toolrl.trainer.config import ExperimentConfig
 from toolrl.trainer.mixture import env_of
+from toolrl.trainer.preflight import fit_prompt_budget
 
 
 def run_evaluation(cfg: ExperimentConfig, model: str, output_dir: str | os.PathLike,
@@ -36,7 +37,9 @@ def run_evaluation(cfg: ExperimentConfig, model: str, output_dir: str | os.PathL
     trainer = Trainer(cfg, console=console)
     try:
         trainer.model_path = trainer.prepare_model() if not cfg.warm_start.enabled else model
-        _, trainer.val_rows = trainer.load_tasks()
+        _, val_rows = trainer.load_tasks()
+        _, trainer.val_rows = fit_prompt_budget([], val_rows, cfg, trainer.model_path,
+                                                log=console.log)
         trainer.start_workers(rollout_only=True)
         batch = trainer.rollout(trainer.val_rows, 1, seed=trainer._seed("val"),
                                 greedy=cfg.rollout.val_temperature == 0.0)

@@ -14,7 +14,7 @@ from typing import Any
 
 from toolrl.core.trajectory import Trajectory
 from toolrl.data import load_rows
-from toolrl.reward import ComposedReward, RewardResult, build_reward
+from toolrl.reward import ComposedReward, RewardFailure, RewardResult, build_reward
 
 Row = dict[str, Any]
 
@@ -67,6 +67,7 @@ class RewardSets:
     def __init__(self, default: Any, per_env: Mapping[str, Any] | None = None) -> None:
         self.default: ComposedReward = build_reward(default)
         self.per_env: dict[str, ComposedReward] = {}
+        self.last_failures: list[RewardFailure] = []  # of the last `score` call
         try:
             for env_id, cfg in (per_env or {}).items():
                 self.per_env[env_id] = build_reward(cfg)
@@ -82,9 +83,11 @@ class RewardSets:
             groups.setdefault(env if env in self.per_env else None, []).append(i)
         results: list[RewardResult | None] = [None] * len(trajs)
         metrics: dict[str, float] = {}
+        self.last_failures = []
         for env, indices in groups.items():
             fn = self.default if env is None else self.per_env[env]
             batch = fn.score([trajs[i] for i in indices])
+            self.last_failures += batch.failures
             for i, result in zip(indices, batch.results(), strict=True):
                 results[i] = result
             prefix = "reward/" if env is None else f"reward/{env}/"

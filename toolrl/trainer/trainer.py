@@ -39,8 +39,11 @@ from toolrl.trainer.config import (
     save_config,
     worker_rollout_config,
 )
+from toolrl.trainer.health import HealthMonitor, HealthReport
 from toolrl.trainer.memory import check_memory
 from toolrl.trainer.mixture import RewardSets, env_of, mixture_rows, success_by
+from toolrl.trainer.preflight import check_config, check_rows, fit_prompt_budget
+from toolrl.trainer.run_dir import RunDirLock
 from toolrl.trainer.tracking import Tracker
 from toolrl.workers.actor import ActorWorker, RefWorker
 from toolrl.workers.critic import CriticWorker
@@ -52,11 +55,14 @@ class Trainer:
     """Build workers from an `ExperimentConfig` and run `fit()`."""
 
     def __init__(self, cfg: ExperimentConfig, console: Console | None = None) -> None:
+        check_config(cfg)  # env ids, kwargs, rewards: one clear ConfigError before anything
         self.cfg = cfg
         self.console = console or Console()
         self.run_dir = cfg.run_dir
         self.step = 0
         self.handles: dict[str, Any] = {}
+        self.lock: RunDirLock | None = None
+        self.health = HealthMonitor(cfg.trainer.health, log=self.console.log)
         self.reward = RewardSets(cfg.reward, cfg.env_rewards)
         self.env_ids: list[str] = [cfg.env.id]  # every env of the run's rows (load_tasks)
         self.tracker: Tracker | None = None
@@ -68,11 +74,15 @@ class Trainer:
         plan = check_memory(cfg)
         if plan is not None:
             self.console.log(plan.summary())
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        base = self.base_model()
+        self.train_rows, self.val_rows = self.load_tasks()
+        # every prompt fits rollout.max_prompt_tokens (or over-long rows are dropped)
+        self.train_rows, self.val_rows = fit_prompt_budget(
+            self.train_rows, self.val_rows, cfg, base, log=self.console.log)
+        self.lock = RunDirLock(self.run_dir).acquire()  # a second run here stops now
         save_config(cfg, self.run_dir / "config.yaml")
         torch.manual_seed(cfg.seed)
-        self.model_path = self.prepare_model()
-        self.train_rows, self.val_rows = self.load_tasks()
+        self.model_path = self.warm_start(base) if cfg.warm_start.enabled else base
         self.loader = TaskLoader(self.train_rows, cfg.data.batch_size, seed=cfg.seed,
                                  shuffle=cfg.data.shuffle)
         self.start_workers()
@@ -87,6 +97,11 @@ class Trainer:
 
     def prepare_model(self) -> str:
         """The checkpoint RL starts from: the configured one, or its warm-started copy."""
+        base = self.base_model()
+        return self.warm_start(base) if self.cfg.warm_start.enabled else base
+
+    def base_model(self) -> str:
+        """The configured checkpoint (a tiny one built there when missing and allowed)."""
         cfg = self.cfg
         path = Path(cfg.model.path)
         if not path.exists() and cfg.model.build_tiny_if_missing and \
@@ -98,9 +113,7 @@ class Trainer:
             build_tiny_model(path, seed=cfg.seed, size=cfg.model.tiny_size)
         elif not path.exists() and not _looks_like_hub_id(cfg.model.path):
             raise FileNotFoundError(f"model.path {cfg.model.path!r} does not exist")
-        if not cfg.warm_start.enabled:
-            return str(path)
-        return self.warm_start(str(path))
+        return str(path)
 
     def warm_start(self, base: str) -> str:
         """SFT on the env's oracle transcripts (cached in the run dir)."""
@@ -136,6 +149,10 @@ class Trainer:
         val = load_rows(data.val_file) if data.val_file else env_cls.make_tasks(
             data.val_size, seed=self.cfg.seed, split="val", **data.task_kwargs)
         more_train, more_val = mixture_rows(data.mixture, self.cfg.seed, _env_class)
+        for rows, where in ((train, "data.train_file" if data.train_file else "train rows"),
+                            (val, "data.val_file" if data.val_file else "val rows"),
+                            (more_train + more_val, "data.mixture rows")):
+            check_rows(rows, self.cfg, where)  # the envs rows name exist and take their kwargs
         train, val = train + more_train, val + more_val
         self.env_ids = sorted({env_of(r, self.cfg.env.id) for r in train + val})
         return train, val
@@ -352,8 +369,11 @@ class Trainer:
                 if (cfg.val_every and self.step % cfg.val_every == 0) or \
                         self.step == cfg.total_steps:
                     metrics.update(self.validate())
+                health = self.check_health()
+                metrics.update(health.metrics)
                 self.tracker.log(self.step, metrics)
                 self.dump_rollouts()
+                self.health.act(health)  # an unhealthy step stops the run (or warns)
                 if cfg.save_every and self.step % cfg.save_every == 0:
                     self.save()
                 last = metrics
@@ -363,6 +383,12 @@ class Trainer:
             self.tracker.close()
         self.summarize(first_val, last)
         return last
+
+    def check_health(self) -> HealthReport:
+        """The last step's `HealthReport` (its failures printed, counted)."""
+        trajs = B.trajectories(self._last_batch) if self._last_batch is not None else []
+        return self.health.check(self.step, trajs, self._envs(trajs),
+                                 self.reward.last_failures)
 
     def dump_rollouts(self) -> None:
         n = self.cfg.trainer.log_rollouts
@@ -429,6 +455,9 @@ class Trainer:
             group.pool.release()
         self.handles = {}
         self.reward.close()
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
 
     # --- helpers -------------------------------------------------------------------------------
     @property

@@ -1,0 +1,160 @@
+"""Every training step checks its own health: a run that learns nothing says so, at once.
+
+`HealthMonitor.check` reads a step's trajectories and the reward failures of its scoring:
+
+- it prints one console line per kind of failure, counted: ``step 3: 5 of 64 episodes failed
+  in acme/Shop-v0: step: ValueError: ... (at shop.py:42 in evaluate)``, and ``step 3: reward
+  'exact' failed on 64 of 64 samples: TypeError: ...``, so env and reward exceptions reach
+  the driver's console, not only a worker's log;
+- it measures the shares that make a step worthless (``health/*`` metrics): episodes that
+  ended with an error, that sampled no token, that the context limit ended, and samples a
+  reward failed on;
+- above ``trainer.health``'s thresholds, `HealthMonitor.act` stops the run with
+  `UnhealthyRun` (one message: what happened, which key to change), or only warns with
+  ``trainer.health.on_unhealthy=warn``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from toolrl.core.trajectory import Trajectory
+
+__all__ = ["HealthConfig", "HealthMonitor", "HealthReport", "UnhealthyRun"]
+
+
+@dataclass
+class HealthConfig:
+    """Per-step health checks (``trainer.health``); a share above its threshold is
+    unhealthy (1.0 turns a check off)."""
+
+    on_unhealthy: str = "stop"  # stop | warn
+    max_error_fraction: float = 0.2  # episodes that ended with an error (env, template)
+    max_no_token_fraction: float = 0.5  # episodes that sampled no token
+    max_context_fraction: float = 0.9  # episodes the context limit ended
+    max_reward_error_fraction: float = 0.5  # samples one reward component failed on
+
+    def __post_init__(self) -> None:
+        for name in ("max_error_fraction", "max_no_token_fraction", "max_context_fraction",
+                     "max_reward_error_fraction"):
+            value = getattr(self, name)
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"trainer.health.{name} must be within [0, 1], got {value}")
+
+
+class UnhealthyRun(RuntimeError):
+    """A step failed its health check with ``trainer.health.on_unhealthy=stop``."""
+
+
+@dataclass
+class HealthReport:
+    """One step's health: the counted failure lines, the metrics, the problems (if any)."""
+
+    step: int
+    notes: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+class HealthMonitor:
+    """Checks each step against a `HealthConfig`; prints through ``log`` (a console's)."""
+
+    def __init__(self, config: HealthConfig, log: Any = print,
+                 context_key: str = "rollout.max_total_tokens",
+                 prompt_key: str = "rollout.max_prompt_tokens") -> None:
+        self.config = config
+        self.log = log
+        self.context_key = context_key
+        self.prompt_key = prompt_key
+
+    def check(self, step: int, trajs: Sequence[Trajectory], envs: Sequence[str],
+              reward_failures: Sequence[Any] = ()) -> HealthReport:
+        """Count the step's failures, print them, and name what is unhealthy."""
+        cfg = self.config
+        report = HealthReport(step)
+        n = len(trajs)
+        if not n:
+            return report
+        errored = [i for i, t in enumerate(trajs) if t.finish_reason == "error"]
+        no_tokens = [i for i, t in enumerate(trajs) if t.sampled_tokens == 0]
+        context = [i for i, t in enumerate(trajs) if t.finish_reason == "context"]
+        report.metrics = {"health/error_episodes": len(errored) / n,
+                          "health/no_token_episodes": len(no_tokens) / n,
+                          "health/context_episodes": len(context) / n,
+                          "health/reward_failures": float(len(reward_failures))}
+        groups: dict[tuple[str, str], list[int]] = {}
+        for i in errored:
+            groups.setdefault((envs[i], _first_line(trajs[i].error or "unknown error")),
+                              []).append(i)
+        for (env, error), idx in groups.items():
+            report.notes.append(f"step {step}: {len(idx)} of {n} episodes failed in {env}: "
+                                f"{error}")
+        by_reward: dict[str, list[Any]] = {}
+        for failure in reward_failures:
+            by_reward.setdefault(failure.reward, []).append(failure)
+        for name, failures in by_reward.items():
+            report.notes.append(f"step {step}: reward {name!r} failed on {len(failures)} of "
+                                f"{n} samples (scored with its fallback): "
+                                f"{_first_line(failures[0].message)}")
+        if len(errored) / n > cfg.max_error_fraction:
+            worst = max(groups.items(), key=lambda kv: len(kv[1]))
+            report.problems.append(
+                f"step {step}: {len(errored)} of {n} episodes ended with an error (most in "
+                f"{worst[0][0]}: {worst[0][1]}); fix the env (`toolrl check-env "
+                f"{worst[0][0]}`), or raise trainer.health.max_error_fraction "
+                f"({cfg.max_error_fraction})")
+        if len(no_tokens) / n > cfg.max_no_token_fraction and len(no_tokens) > len(errored):
+            report.problems.append(
+                f"step {step}: {len(no_tokens)} of {n} episodes sampled no token (finish "
+                f"reasons: {_reasons([trajs[i] for i in no_tokens])}), so the step trains on "
+                f"nothing; raise {self.prompt_key} and {self.context_key} so the prompt leaves "
+                f"room to answer, or raise trainer.health.max_no_token_fraction "
+                f"({cfg.max_no_token_fraction})")
+        if len(context) / n > cfg.max_context_fraction:
+            report.problems.append(
+                f"step {step}: the context limit ended {len(context)} of {n} episodes; raise "
+                f"{self.context_key} (or lower rollout.max_turns, or shorten the env's "
+                f"observations), or raise trainer.health.max_context_fraction "
+                f"({cfg.max_context_fraction})")
+        for name, failures in by_reward.items():
+            if len(failures) / n > cfg.max_reward_error_fraction:
+                report.problems.append(
+                    f"step {step}: reward {name!r} failed on {len(failures)} of {n} samples "
+                    f"({_first_line(failures[0].message)}), each scored with its fallback; "
+                    f"fix the reward or its kwargs, or raise "
+                    f"trainer.health.max_reward_error_fraction "
+                    f"({cfg.max_reward_error_fraction})")
+        for note in report.notes:
+            self.log(note)
+        return report
+
+    def act(self, report: HealthReport) -> None:
+        """Stop (raise `UnhealthyRun` with the first problem) or warn, as configured."""
+        if report.ok:
+            return
+        if self.config.on_unhealthy == "stop":
+            more = f" (and {len(report.problems) - 1} more problem(s) above)" \
+                if len(report.problems) > 1 else ""
+            for problem in report.problems[1:]:
+                self.log(problem)
+            raise UnhealthyRun(report.problems[0] + more)
+        for problem in report.problems:
+            self.log(f"warning: {problem} (trainer.health.on_unhealthy=warn: going on)")
+
+
+def _first_line(text: str) -> str:
+    lines = str(text).strip().splitlines()
+    return lines[0] if lines else ""
+
+
+def _reasons(trajs: Sequence[Trajectory]) -> str:
+    counts: dict[str, int] = {}
+    for t in trajs:
+        counts[t.finish_reason] = counts.get(t.finish_reason, 0) + 1
+    return ", ".join(f"{k} {v}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1]))
