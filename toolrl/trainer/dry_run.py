@@ -424,16 +424,21 @@ def _print(cfg: ExperimentConfig, report: DryRunReport, first_prompt: str,
         console.print(first_prompt[:2000] + (" [...]" if len(first_prompt) > 2000 else ""),
                       markup=False, highlight=False)
     if report.policies:
-        aliases = sorted({a for s in report.policies for a in s.rewards})
-        table = Table(title="episodes scored with the configured rewards")
-        for col in ("policy", "n", "success", "finish reasons", "tool errors", "env errors",
-                    *aliases, "reward", "reward errors"):
-            table.add_column(col, justify="left" if col in ("policy", "finish reasons")
-                             else "right")
+        table = Table(title="episodes of the oracle and of bad policies")
+        for col in ("policy", "n", "success", "finish reasons", "tool errors", "env errors"):
+            table.add_column(col, justify="left" if col in ("policy", "finish reasons") else
+                             "right")
         for s in report.policies:
             finish = ", ".join(f"{k} {v}" for k, v in sorted(s.finish.items()))
             table.add_row(s.policy, str(s.episodes), f"{s.success:.2f}", finish,
-                          str(s.tool_errors), str(len(s.env_errors)),
+                          str(s.tool_errors), str(len(s.env_errors)))
+        console.print(table)
+        aliases = sorted({a for s in report.policies for a in s.rewards})
+        table = Table(title="configured rewards (mean raw scores)")
+        for col in ("policy", *aliases, "total", "errors"):
+            table.add_column(col, justify="left" if col == "policy" else "right")
+        for s in report.policies:
+            table.add_row(s.policy,
                           *(f"{s.rewards[a]:.3f}" if a in s.rewards else "-" for a in aliases),
                           f"{s.reward_total:.3f}",
                           str(sum(len(m) for m in s.reward_errors.values())))
