@@ -125,8 +125,23 @@ def _check_env(args: argparse.Namespace) -> int:
 
     from toolrl.core.checks import check_tool_env
 
-    report = check_tool_env(args.id, seed=args.seed, env_kwargs=json.loads(args.kwargs))
+    count = None
+    if args.model:
+        from transformers import AutoTokenizer
+
+        from toolrl.rollout.chat import ChatRenderer
+
+        renderer = ChatRenderer(AutoTokenizer.from_pretrained(args.model))
+
+        def count(messages: list, tools: list) -> int:
+            return len(renderer.render_prompt(messages, tools))
+
+    report = check_tool_env(args.id, seed=args.seed, env_kwargs=json.loads(args.kwargs),
+                            max_turns=args.max_turns, count_tokens=count,
+                            max_prompt_tokens=args.max_prompt_tokens)
     print(report)
+    if count is None and report.ok:
+        print("  (prompt budget not checked: give --model to count prompt tokens)")
     return 0 if report.ok else 1
 
 
@@ -245,6 +260,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("id", help="env id, e.g. toolrl/Calculator-v0")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--kwargs", default="{}", help="JSON object of env kwargs")
+    p.add_argument("--model", default=None, help="a model (or tokenizer) directory: count "
+                   "the first prompts' tokens, tools included, with its chat template")
+    p.add_argument("--max-prompt-tokens", type=int, default=512,
+                   help="the prompt budget checked with --model (rollout.max_prompt_tokens; "
+                   "default: the rollout's default)")
+    p.add_argument("--max-turns", type=int, default=None,
+                   help="the rollout's turn cap the oracle must finish within")
     p.set_defaults(func=_check_env)
     return parser
 

@@ -16,7 +16,6 @@ import asyncio
 import copy
 import random
 import string
-import traceback
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from toolrl.core.checks import describe_exception
 from toolrl.core.env import OracleUnavailable, resolve_astep
 from toolrl.core.registration import make_env
 from toolrl.core.trajectory import Trajectory, TurnRecord, plain
@@ -279,7 +279,7 @@ async def _play(env_id: str, kwargs: dict[str, Any], row: dict[str, Any], policy
         try:
             messages, info = env.reset(seed=seed, options=row)
         except Exception as exc:
-            traj.finish("error", error=f"reset: {_describe(exc)}")
+            traj.finish("error", error=f"reset: {describe_exception(exc)}")
             return traj
         traj.messages, traj.tools = list(messages), list(info.get("tools") or [])
         traj.format, traj.row = info.get("format"), copy.deepcopy(env.unwrapped.row or row)
@@ -292,7 +292,7 @@ async def _play(env_id: str, kwargs: dict[str, Any], row: dict[str, Any], policy
             except Exception as exc:
                 traj.turns.append(TurnRecord(action=action,
                                              parse=env.unwrapped.parser.parse(action)))
-                traj.finish("error", error=f"step: {_describe(exc)}")
+                traj.finish("error", error=f"step: {describe_exception(exc)}")
                 return traj
             traj.turns.append(TurnRecord.from_step(action, reward, info))
             traj.messages.extend(observation)
@@ -304,14 +304,6 @@ async def _play(env_id: str, kwargs: dict[str, Any], row: dict[str, Any], policy
         return traj
     finally:
         env.close()
-
-
-def _describe(exc: BaseException) -> str:
-    """``Type: message (at file:line in function)``: the exception and its innermost frame."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    where = f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno} in " \
-            f"{frames[-1].name})" if frames else ""
-    return f"{type(exc).__name__}: {exc}{where}"
 
 
 def _summarize(name: str, trajs: list[Trajectory], rewards: RewardSets, default_env: str
