@@ -160,7 +160,8 @@ def _eval(args: argparse.Namespace) -> int:
     from toolrl.trainer.evaluate import run_evaluation
 
     return _run_experiment("eval", args,
-                           lambda cfg: run_evaluation(cfg, args.model, args.output_dir))
+                           lambda cfg: run_evaluation(cfg, args.model, args.output_dir,
+                                                      save_transcripts=args.save_transcripts))
 
 
 def _run_experiment(command: str, args: argparse.Namespace,
@@ -211,6 +212,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", required=True)
     p.add_argument("--model", required=True, help="checkpoint directory or hub id")
     p.add_argument("--output-dir", required=True, help="where results.json goes")
+    p.add_argument("--save-transcripts", action="store_true", help="also write every episode "
+                   "to transcripts.jsonl (toolrl score reads it)")
     p.add_argument("overrides", nargs="*", help="key=value overrides")
     p.set_defaults(func=_eval)
 
