@@ -132,8 +132,9 @@ def test_an_evaluate_that_raises_is_a_problem_naming_the_exception(tiny_model_di
 
 
 def test_an_oracle_that_never_ends_is_a_problem(tiny_model_dir):
-    report, _ = run(config(tiny_model_dir, "env.id=dryrun/NeverEnds-v0"), tasks=1)
-    assert any("did not end by itself" in p and "Turn(terminated=True)" in p
+    report, _ = run(config(tiny_model_dir, "env.id=dryrun/NeverEnds-v0",
+                           "env.kwargs={max_turns: 2}"), tasks=1)
+    assert any("env cut the oracle" in p and "Turn(terminated=True)" in p
                for p in report.problems), report.problems
 
 
@@ -156,3 +157,24 @@ def test_cli_exit_status(tiny_model_dir, capsys):
     assert main([*base, "rollout.max_prompt_tokens=64"]) == 1
     assert "PROBLEM" in capsys.readouterr().out
     assert main([*base, "env.id=nope/Nothing-v0"]) == 2  # not an env: one clear line
+
+
+def test_an_oracle_longer_than_the_rollout_cap_and_mixed_envs(tiny_model_dir):
+    """Rows of every env of a mixture are sampled; Bank's oracle needs 6 turns, more than a
+    rollout.max_turns of 4; its state-based reward sees the final state."""
+    cfg = config(tiny_model_dir, "rollout.max_turns=4", "data.mixture=[{env: toolrl/Bank-v0, "
+                 "train_size: 2, val_size: 1}]", "env_rewards={toolrl/Bank-v0: {rewards: "
+                 "[{name: exec_state}]}}")
+    report, _ = run(cfg, tasks=3)
+    assert [p.env for p in report.prompts] == ["toolrl/Calculator-v0", "toolrl/Bank-v0",
+                                               "toolrl/Calculator-v0"]
+    oracle = next(s for s in report.policies if s.policy == "oracle")
+    assert oracle.finish == {"terminated": 2, "max_turns": 1} and not oracle.reward_errors
+    assert "toolrl/Bank-v0/exec_state" in oracle.rewards
+    assert any("needs more than rollout.max_turns=4 turns" in p for p in report.problems)
+    report, _ = run(config(tiny_model_dir, "rollout.max_turns=6", "data.mixture=[{env: "
+                           "toolrl/Bank-v0, train_size: 2, val_size: 1}]",
+                           "rollout.max_prompt_tokens=512", "rollout.max_total_tokens=1536",
+                           "rollout.max_tokens_per_turn=128",
+                           "rollout.engine.max_model_len=2048"), tasks=3)
+    assert report.ok, report.problems  # Bank's budget: its prompt and its 6 longer turns

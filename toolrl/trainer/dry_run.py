@@ -164,7 +164,7 @@ def dry_run(cfg: ExperimentConfig, *, tasks: int = 4, console: Console | None = 
             raise ConfigError(str(exc)) from None
         report = DryRunReport(len(train), len(val), rollout.max_prompt_len,
                               rollout.max_total_tokens)
-        rows = _sample(train, val, tasks)
+        rows = _sample(train, val, tasks, cfg.env.id)
         renderer = _renderer(cfg, rollout, report)
         first_prompt = _count_prompts(cfg, rows, renderer, rollout, report)
         episodes = {name: _play_all(cfg, rows, policy, rollout)
@@ -183,10 +183,19 @@ def dry_run(cfg: ExperimentConfig, *, tasks: int = 4, console: Console | None = 
     return report
 
 
-def _sample(train: list[dict[str, Any]], val: list[dict[str, Any]], n: int
+def _sample(train: list[dict[str, Any]], val: list[dict[str, Any]], n: int, default_env: str
             ) -> list[dict[str, Any]]:
-    picked = train[:max(n - 1, 1)] + val[:1] if val else train[:n]
-    return [dict(r) for r in picked[:max(n, 1)]]
+    """``n`` rows: train rows taken in turn from each env of the run, then a validation row."""
+    by_env: dict[str, list[dict[str, Any]]] = {}
+    for row in train:
+        by_env.setdefault(env_of(row, default_env), []).append(row)
+    want = max(n - 1, 1) if val else max(n, 1)
+    picked: list[dict[str, Any]] = []
+    for k in range(want):
+        for rows in by_env.values():
+            if len(picked) < want and k < len(rows):
+                picked.append(rows[k])
+    return [dict(r) for r in picked + val[:max(n, 1) - len(picked)]]
 
 
 def _renderer(cfg: ExperimentConfig, rollout: RolloutConfig, report: DryRunReport) -> Any:
@@ -283,27 +292,35 @@ async def _play(env_id: str, kwargs: dict[str, Any], row: dict[str, Any], policy
             return traj
         traj.messages, traj.tools = list(messages), list(info.get("tools") or [])
         traj.format, traj.row = info.get("format"), copy.deepcopy(env.unwrapped.row or row)
-        astep = resolve_astep(env)
-        for _ in range(max_turns):
-            action = policy(env, traj.messages, rng)  # OracleUnavailable: no oracle, no episode
-            traj.messages.append({"role": "assistant", "content": action})
-            try:
-                observation, reward, terminated, truncated, info = await astep(action)
-            except Exception as exc:
-                traj.turns.append(TurnRecord(action=action,
-                                             parse=env.unwrapped.parser.parse(action)))
-                traj.finish("error", error=f"step: {describe_exception(exc)}")
-                return traj
-            traj.turns.append(TurnRecord.from_step(action, reward, info))
-            traj.messages.extend(observation)
-            if terminated or truncated:
-                traj.finish("terminated" if terminated else "truncated", info,
-                            plain(env.unwrapped.state_snapshot()))
-                return traj
-        traj.finish("max_turns")
+        reason, info, error = await _turns(env, traj, policy, max_turns, rng)
+        try:  # as the rollout worker does: the final state on every finish, when it has one
+            state = plain(env.unwrapped.state_snapshot())
+        except Exception as exc:
+            state, error = None, error or f"state_snapshot: {describe_exception(exc)}"
+        traj.finish(reason, info, state, error)
         return traj
     finally:
         env.close()
+
+
+async def _turns(env: Any, traj: Trajectory, policy: Policy, max_turns: int,
+                 rng: random.Random) -> tuple[str, dict[str, Any], str | None]:
+    """Play the turns; (finish reason, the last step's info, the error that ended it)."""
+    astep = resolve_astep(env)
+    for _ in range(max_turns):
+        action = policy(env, traj.messages, rng)  # OracleUnavailable: no oracle, no episode
+        traj.messages.append({"role": "assistant", "content": action})
+        try:
+            observation, reward, terminated, truncated, info = await astep(action)
+        except Exception as exc:
+            traj.turns.append(TurnRecord(action=action,
+                                         parse=env.unwrapped.parser.parse(action)))
+            return "error", {}, f"step: {describe_exception(exc)}"
+        traj.turns.append(TurnRecord.from_step(action, reward, info))
+        traj.messages.extend(observation)
+        if terminated or truncated:
+            return ("terminated" if terminated else "truncated"), info, None
+    return "max_turns", {}, None
 
 
 def _summarize(name: str, trajs: list[Trajectory], rewards: RewardSets, default_env: str
@@ -339,19 +356,23 @@ def _check_oracle(trajs: list[Trajectory], renderer: Any, rollout: RolloutConfig
     """The oracle must succeed, end by itself within the turn cap, and fit the token budget."""
     if not trajs:
         return
-    failed = [t for t in trajs if not t.success and t.finish_reason != "error"]
+    failed = [t for t in trajs if not t.success and t.finish_reason == "terminated"]
     if failed:
         report.problems.append(
-            f"the oracle succeeded on {len(trajs) - len(failed)} of {len(trajs)} tasks (task "
-            f"{failed[0].id!r}: finish {failed[0].finish_reason}): check the env's evaluate() "
-            f"and oracle_action()")
-    capped = [t for t in trajs if t.finish_reason in ("max_turns", "truncated")]
+            f"the oracle failed {len(failed)} of {len(trajs)} tasks that it ended itself (task "
+            f"{failed[0].id!r}): check the env's evaluate() and oracle_action()")
+    capped = [t for t in trajs if t.finish_reason == "max_turns"]
     if capped:
         report.problems.append(
-            f"the oracle's episode of task {capped[0].id!r} did not end by itself within "
-            f"{len(capped[0].turns)} turns (finish {capped[0].finish_reason}): does on_turn "
-            f"return Turn(terminated=True)? Otherwise raise rollout.max_turns (now "
-            f"{rollout.max_turns}) or the env's max_turns")
+            f"the oracle's episode of task {capped[0].id!r} needs more than rollout.max_turns="
+            f"{rollout.max_turns} turns (the rollout stops it there, unfinished): raise "
+            f"rollout.max_turns")
+    cut = [t for t in trajs if t.finish_reason == "truncated"]
+    if cut:
+        report.problems.append(
+            f"the env cut the oracle's episode of task {cut[0].id!r} at its max_turns "
+            f"({len(cut[0].turns)} turns) instead of ending it: does on_turn return "
+            f"Turn(terminated=True) once the task is done?")
     if renderer is None:
         return
     for t in trajs:
