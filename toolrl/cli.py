@@ -136,9 +136,14 @@ def _check_env(args: argparse.Namespace) -> int:
         def count(messages: list, tools: list) -> int:
             return len(renderer.render_prompt(messages, tools))
 
+    budget = args.max_prompt_tokens
+    if budget is None and count is not None:
+        from toolrl.rollout.worker import RolloutConfig
+
+        budget = RolloutConfig().max_prompt_len
     report = check_tool_env(args.id, seed=args.seed, env_kwargs=json.loads(args.kwargs),
                             max_turns=args.max_turns, count_tokens=count,
-                            max_prompt_tokens=args.max_prompt_tokens)
+                            max_prompt_tokens=budget)
     print(report)
     if count is None and report.ok:
         print("  (prompt budget not checked: give --model to count prompt tokens)")
@@ -265,7 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kwargs", default="{}", help="JSON object of env kwargs")
     p.add_argument("--model", default=None, help="a model (or tokenizer) directory: count "
                    "the first prompts' tokens, tools included, with its chat template")
-    p.add_argument("--max-prompt-tokens", type=int, default=512,
+    p.add_argument("--max-prompt-tokens", type=int, default=None,
                    help="the prompt budget checked with --model (rollout.max_prompt_tokens; "
                    "default: the rollout's default)")
     p.add_argument("--max-turns", type=int, default=None,

@@ -154,8 +154,8 @@ def test_check_env_prompt_budget(tiny_model_dir):
 
     toolrl = [sys.executable, "-m", "toolrl.cli", "check-env", "toolrl/Calculator-v0",
               "--model", str(tiny_model_dir)]
-    ok = subprocess.run(toolrl, capture_output=True, text=True, timeout=120)
+    ok = subprocess.run(toolrl, capture_output=True, text=True, timeout=300)
     assert ok.returncode == 0 and "[ok] prompt budget" in ok.stdout, ok.stdout + ok.stderr
     over = subprocess.run([*toolrl, "--max-prompt-tokens", "100"], capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=300)
     assert over.returncode == 1 and "[FAIL] prompt budget" in over.stdout, over.stdout

@@ -11,6 +11,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import pytest
 from rich.console import Console
 
 import toolrl
@@ -38,8 +39,12 @@ class NeverEnds(Calculator):
         return toolrl.Turn()
 
 
-toolrl.register_env("dryrun/EvaluateRaises-v0", EvaluateRaises)
-toolrl.register_env("dryrun/NeverEnds-v0", NeverEnds)
+@pytest.fixture(scope="module", autouse=True)
+def broken_envs():
+    """Registered when this module's tests run (not at import: other modules' tests run every
+    registered env through check-env)."""
+    toolrl.register_env("dryrun/EvaluateRaises-v0", EvaluateRaises)
+    toolrl.register_env("dryrun/NeverEnds-v0", NeverEnds)
 
 
 @toolrl.reward("dryrun_boom")
