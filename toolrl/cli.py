@@ -46,6 +46,47 @@ def _score_calls(args: argparse.Namespace) -> int:
     return 0
 
 
+def _score(args: argparse.Namespace) -> int:
+    import json
+
+    from rich.console import Console
+
+    from toolrl.reward import RewardConfigError
+    from toolrl.reward.score_trajectories import (
+        read_trajectories,
+        score_trajectories,
+        summary_table,
+    )
+
+    if (args.reward is None) == (args.config is None):
+        print("score: give --reward ID (with --kwargs) or --config FILE", file=sys.stderr)
+        return 2
+    per_env: dict = {}
+    default_env = None
+    try:
+        if args.config is not None:
+            from toolrl.trainer.config import ConfigError, load_config
+
+            try:
+                cfg = load_config(args.config)
+            except ConfigError as exc:
+                raise ValueError(exc) from None
+            reward, per_env, default_env = cfg.reward, cfg.env_rewards, cfg.env.id
+        else:
+            kwargs = json.loads(args.kwargs)
+            if not isinstance(kwargs, dict):
+                raise ValueError(f"--kwargs must be a JSON object, got {args.kwargs}")
+            reward = {"rewards": [{"name": args.reward, "kwargs": kwargs}]}
+        items = read_trajectories(args.input)
+        summary = score_trajectories(items, reward, args.output, per_env=per_env,
+                                     default_env=default_env)
+    except (OSError, ValueError, RewardConfigError) as exc:
+        print(f"score: {exc}", file=sys.stderr)
+        return 2
+    Console().print(summary_table(summary, title=args.reward or f"{args.config}'s rewards"))
+    return 0
+
+
 def _data_convert(args: argparse.Namespace) -> int:
     from toolrl.data.convert import convert
 
@@ -95,13 +136,38 @@ def _check_env(args: argparse.Namespace) -> int:
     from toolrl.core.checks import check_tool_env
     from toolrl.core.registration import ENVS
 
-    report = check_tool_env(args.id, seed=args.seed, env_kwargs=json.loads(args.kwargs))
+    count = None
+    if args.model:
+        from transformers import AutoTokenizer
+
+        from toolrl.rollout.chat import ChatRenderer
+
+        renderer = ChatRenderer(AutoTokenizer.from_pretrained(args.model))
+
+        def count(messages: list, tools: list) -> int:
+            return len(renderer.render_prompt(messages, tools))
+
+    budget = args.max_prompt_tokens
+    if budget is None and count is not None:
+        from toolrl.rollout.worker import RolloutConfig
+
+        budget = RolloutConfig().max_prompt_len
+    report = check_tool_env(args.id, seed=args.seed, env_kwargs=json.loads(args.kwargs),
+                            max_turns=args.max_turns, count_tokens=count,
+                            max_prompt_tokens=budget)
     print(report)
+    if count is None and report.ok:
+        print("  (prompt budget not checked: give --model to count prompt tokens)")
     _broken_plugins(ENVS)  # named, but they do not fail the check of another env
     return 0 if report.ok else 1
 
 
 def _train(args: argparse.Namespace) -> int:
+    if args.dry_run:
+        from toolrl.trainer.dry_run import dry_run
+
+        return _run_experiment("train", args, lambda cfg: int(not dry_run(
+            cfg, tasks=args.dry_run_tasks).ok))
     from toolrl.trainer.run import run_training
 
     return _run_experiment("train", args, run_training)
@@ -111,7 +177,8 @@ def _eval(args: argparse.Namespace) -> int:
     from toolrl.trainer.evaluate import run_evaluation
 
     return _run_experiment("eval", args,
-                           lambda cfg: run_evaluation(cfg, args.model, args.output_dir))
+                           lambda cfg: run_evaluation(cfg, args.model, args.output_dir,
+                                                      save_transcripts=args.save_transcripts))
 
 
 def _run_experiment(command: str, args: argparse.Namespace,
@@ -128,7 +195,7 @@ def _run_experiment(command: str, args: argparse.Namespace,
 
     try:
         cfg = load_config(args.config, args.overrides)
-        run(cfg)
+        status = run(cfg)
     except (ConfigError, RewardConfigError, FileNotFoundError, ResourceError,
             RunDirInUse) as e:
         if args.debug:
@@ -140,7 +207,7 @@ def _run_experiment(command: str, args: argparse.Namespace,
             raise
         print(f"toolrl {command}: stopped: {e}", file=sys.stderr)
         return 1
-    return 0
+    return status if isinstance(status, int) else 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -163,6 +230,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("train", help="run an RL experiment from a config file")
     p.add_argument("--config", required=True, help="YAML file (see configs/)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="no Ray, no vLLM: render a few prompts (token counts), play them with "
+                   "the env's oracle and bad policies, score them with the configured rewards "
+                   "and list what would waste the run (exit 1 if anything)")
+    p.add_argument("--dry-run-tasks", type=int, default=4, help="tasks the dry run plays")
     p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. actor.lr=1e-5")
     p.add_argument("--debug", action="store_true", help="show tracebacks of config errors")
     p.set_defaults(func=_train)
@@ -171,6 +243,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", required=True)
     p.add_argument("--model", required=True, help="checkpoint directory or hub id")
     p.add_argument("--output-dir", required=True, help="where results.json goes")
+    p.add_argument("--save-transcripts", action="store_true", help="also write every episode "
+                   "to transcripts.jsonl (toolrl score reads it)")
     p.add_argument("overrides", nargs="*", help="key=value overrides")
     p.add_argument("--debug", action="store_true", help="show tracebacks of config errors")
     p.set_defaults(func=_eval)
@@ -184,6 +258,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pass-threshold", type=float, default=1.0,
                    help="a sample counts as correct when its score >= this")
     p.set_defaults(func=_score_calls)
+
+    p = sub.add_parser("score", help="score saved trajectories (rollout dumps, eval "
+                       "transcripts) offline with any reward")
+    p.add_argument("input", nargs="+", help="JSONL files of trajectories, e.g. "
+                   "outputs/RUN/rollouts/step_5.jsonl")
+    p.add_argument("--reward", default=None, help="a registered reward id")
+    p.add_argument("--kwargs", default="{}", help="JSON object of the reward's kwargs")
+    p.add_argument("--config", default=None, help="score with this config's reward section "
+                   "(and env_rewards) instead of --reward")
+    p.add_argument("--output", default=None, help="JSONL written: id, uid, score, components, "
+                   "errors, saved_reward")
+    p.set_defaults(func=_score)
 
     p = sub.add_parser("data", help="convert public function-calling datasets to task rows")
     data = p.add_subparsers(dest="data_command", required=True, metavar="DATA_COMMAND")
@@ -209,6 +295,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("id", help="env id, e.g. toolrl/Calculator-v0")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--kwargs", default="{}", help="JSON object of env kwargs")
+    p.add_argument("--model", default=None, help="a model (or tokenizer) directory: count "
+                   "the first prompts' tokens, tools included, with its chat template")
+    p.add_argument("--max-prompt-tokens", type=int, default=None,
+                   help="the prompt budget checked with --model (rollout.max_prompt_tokens; "
+                   "default: the rollout's default)")
+    p.add_argument("--max-turns", type=int, default=None,
+                   help="the rollout's turn cap the oracle must finish within")
     p.set_defaults(func=_check_env)
     return parser
 

@@ -72,3 +72,90 @@ def test_cli_envs_and_check_env():
     bad = subprocess.run([*toolrl, "check-env", "toolrl/Nope-v0"], capture_output=True,
                          text=True, timeout=120)
     assert bad.returncode == 1 and "toolrl/Calculator-v0" in bad.stdout
+
+
+def _calculator() -> type:
+    from toolrl.core.registration import make_env
+
+    env = make_env("toolrl/Calculator-v0")
+    try:
+        return type(env.unwrapped)
+    finally:
+        env.close()
+
+
+def test_check_env_flags_what_would_hurt_training():
+    """Tools without type hints or docstrings, an evaluate that raises, an oracle whose episode
+    never ends by itself: each a failed check that says what to change."""
+    from toolrl import SubmitAnswer, ToolCall, Turn, register_env, submit_tool, tool
+
+    class Undocumented(SubmitAnswer):
+        @classmethod
+        def make_tasks(cls, n, seed=0, split="train", **kwargs):
+            return [{"id": f"u{seed}-{i}", "question": "Look up k."} for i in range(n)]
+
+        @tool(inline=True)
+        def lookup(self, key):  # no type hint, no docstring
+            return "v"
+
+        submit = submit_tool(str)
+
+        def evaluate(self) -> bool:
+            return self.submitted == "v"
+
+        def oracle_action(self) -> str:
+            call = ToolCall("lookup", {"key": "k"}) if self.turn == 0 else \
+                ToolCall("submit", {"answer": "v"})
+            return self.render_calls([call])
+
+    class EvaluateRaises(_calculator()):
+        def evaluate(self) -> bool:
+            return self.row["no_such_field"] == 1
+
+    class NeverEnds(_calculator()):
+        def on_turn(self, parse, results):
+            return Turn()
+
+    register_env("test/Undocumented-v0", Undocumented)
+    register_env("test/EvaluateRaises-v0", EvaluateRaises)
+    register_env("test/NeverEnds-v0", NeverEnds)
+
+    report = check_tool_env("test/Undocumented-v0")
+    docs = next(r for r in report.results if r.name == "tool docs")
+    assert not docs.ok and "lookup has no description" in docs.detail
+    assert "lookup(key) has no type" in docs.detail
+    assert {r.name for r in report.failures()} == {"tool docs"}, str(report)
+
+    report = check_tool_env("test/EvaluateRaises-v0")
+    evaluate = next(r for r in report.results if r.name == "evaluate")
+    assert not evaluate.ok and "KeyError: 'no_such_field'" in evaluate.detail
+    assert "in evaluate)" in evaluate.detail and "every episode" in evaluate.detail
+
+    report = check_tool_env("test/NeverEnds-v0")
+    policy = next(r for r in report.results if r.name == "scripted policy")
+    assert not policy.ok and "did not end by itself" in policy.detail
+    assert "Turn(terminated=True)" in policy.detail
+    calc = check_tool_env("toolrl/Calculator-v0", max_turns=1)
+    assert [r.name for r in calc.failures()] == ["scripted policy"]
+    assert "needs 2 turns, more than the rollout's max_turns=1" in calc.failures()[0].detail
+
+
+def test_check_env_prompt_budget(tiny_model_dir):
+    def count(messages, tools):  # a stand-in tokenizer: one token per character
+        return len(str(messages)) + len(str(tools))
+
+    report = check_tool_env("toolrl/Calculator-v0", count_tokens=count, max_prompt_tokens=10**6)
+    budget = next(r for r in report.results if r.name == "prompt budget")
+    assert budget.ok and "of 1000000 tokens" in budget.detail
+    report = check_tool_env("toolrl/Calculator-v0", count_tokens=count, max_prompt_tokens=50)
+    budget = next(r for r in report.results if r.name == "prompt budget")
+    assert not budget.ok and "8 of 8 task prompts" in budget.detail
+    assert "max_prompt_tokens=50" in budget.detail
+
+    toolrl = [sys.executable, "-m", "toolrl.cli", "check-env", "toolrl/Calculator-v0",
+              "--model", str(tiny_model_dir)]
+    ok = subprocess.run(toolrl, capture_output=True, text=True, timeout=300)
+    assert ok.returncode == 0 and "[ok] prompt budget" in ok.stdout, ok.stdout + ok.stderr
+    over = subprocess.run([*toolrl, "--max-prompt-tokens", "100"], capture_output=True,
+                          text=True, timeout=300)
+    assert over.returncode == 1 and "[FAIL] prompt budget" in over.stdout, over.stdout

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -55,3 +56,21 @@ def test_installed_package_provides_an_env_by_id(installed_example):
                             "custom/UnitConvert-v0"], capture_output=True, text=True,
                            timeout=120, cwd=installed_example.parent)
     assert check.returncode == 0 and "PASS" in check.stdout, check.stdout + check.stderr
+
+
+@pytest.mark.timeout(600)
+def test_dry_run_of_the_example_config(installed_example, tiny_model_dir):
+    """``toolrl train --dry-run`` on examples/custom_env/config.yaml: prompt token counts and
+    the oracle's reward, without Ray or vLLM."""
+    run = subprocess.run([sys.executable, "-m", "toolrl.cli", "train", "--config",
+                          str(EXAMPLE / "config.yaml"), "--dry-run",
+                          f"model.path={tiny_model_dir}"], capture_output=True, text=True,
+                         timeout=300, cwd=installed_example.parent,
+                         env={**os.environ, "COLUMNS": "160"})
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    out = run.stdout
+    assert "first prompts (with tools)" in out and "units-train-0-0" in out
+    oracle = next(line for line in out.splitlines() if line.startswith("│ oracle")
+                  and "terminated" not in line)  # the rewards table's row
+    assert oracle.split("│")[-3].strip() == "1.100"  # success 1.0 + 0.1 x format 1.0
+    assert "no problems found" in out

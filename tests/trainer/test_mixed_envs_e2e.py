@@ -55,6 +55,9 @@ def test_mixed_run_logs_per_env_metrics_and_eval_writes_bfcl_table(
     for row in (rows[0], rows[-1]):  # validation before RL and at the end, per env
         assert {k.removeprefix("val/success/") for k in row
                 if k.startswith("val/success/toolrl/")} == ENVS
+        # the configured rewards (each env's set) apart from success and the env's own reward
+        assert "val/reward_mean" in row and "val/env_reward_mean" in row
+        assert f"val/reward/{FC}/toolcall_fine" in row and "val/reward/success" in row
     trained = {k.removeprefix("train/success/") for r in rows[1:] for k in r
                if k.startswith("train/success/toolrl/")}
     assert trained == ENVS  # 18 rows, 6 per step: every env was drawn
@@ -79,7 +82,18 @@ def test_mixed_run_logs_per_env_metrics_and_eval_writes_bfcl_table(
     eval_overrides = [o for o in overrides if not o.startswith("model.path=")]
     assert main(["eval", "--config", "configs/function_calling_mixed.yaml", "--model",
                  str(run / "final_hf"), "--output-dir", str(out), *eval_overrides,
-                 f"data.val_file={val}"]) == 0
+                 f"data.val_file={val}", "--save-transcripts"]) == 0
+    # the transcripts are trajectories with their rewards: `toolrl score` with the config's
+    # reward sets gives every one the reward the eval gave it
+    saved = [json.loads(line) for line in (out / "transcripts.jsonl").read_text().splitlines()]
+    assert len(saved) == 9 and all(Trajectory.from_dict({k: v for k, v in d.items()
+                                                         if k != "reward"}).turns for d in saved)
+    scored = tmp_path / "scored.jsonl"
+    assert main(["score", str(out / "transcripts.jsonl"), "--config",
+                 "configs/function_calling_mixed.yaml", "--output", str(scored)]) == 0
+    for line in scored.read_text().splitlines():
+        line = json.loads(line)
+        assert line["score"] == pytest.approx(line["saved_reward"], abs=1e-6)
     results = json.loads((out / "results.json").read_text())
     assert results["num_tasks"] == 5 + 2 + 2
     assert set(results["per_env"]) == ENVS and results["per_env"][FC]["n"] == 5

@@ -47,3 +47,26 @@ def test_secret_values_are_redacted(tmp_path, monkeypatch):
     tracker.log_rollouts(1, [record])
     tracker.close()
     assert canary not in (tmp_path / "rollouts" / "step_1.jsonl").read_text()
+
+
+def test_console_and_plots_show_reward_components_finish_reasons_and_errors(tmp_path):
+    out = tmp_path / "console.txt"
+    tracker = Tracker(tmp_path, "exp", total_steps=2, console=Console(file=open(out, "w"),  # noqa: SIM115
+                                                                       width=200))
+    for step in (1, 2):
+        tracker.log(step, {"train/reward_mean": 0.5, "train/success": 0.25,
+                           "reward/total": 0.5, "reward/success": 0.25, "reward/format": 0.75,
+                           "reward/format/calls": 0.5, "reward/errors/format": float(step - 1),
+                           "reward/errors/success": 0.0, "reward/gate_open/format": 1.0,
+                           "rollout/finish_terminated": 0.75, "rollout/finish_context": 0.25,
+                           "rollout/finish_error": 0.0, "rollout/tool_errors_mean": 0.5,
+                           "val/reward_mean": 0.4})
+    plots = tracker.close()
+    lines = out.read_text().splitlines()
+    first, second = [i for i, line in enumerate(lines) if line.startswith("step")]
+    assert lines[first + 1].split() == [
+        "rewards:", "format=0.750", "success=0.250", "|", "finish:", "context=0.250", "|",
+        "errors:", "tool/episode=0.500"]
+    assert lines[second + 1].endswith("errors: tool/episode=0.500 reward format=1")
+    assert {p.name for p in plots} == {"reward.png", "success.png", "reward_components.png",
+                                       "finish_reasons.png", "errors.png"}

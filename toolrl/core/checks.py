@@ -4,7 +4,16 @@
   count as failures.
 - ``tool schemas``: every tool is an OpenAI function schema with a valid JSON Schema for its
   parameters that survives a JSON round trip; names are unique and well-formed.
-- ``scripted policy``: the env's oracle reaches ``success`` with no error observations.
+- ``tool docs``: every tool has a description and every parameter a type (a tool written
+  without type hints or a docstring gives the model nothing to go on); parameters without a
+  description are listed.
+- ``evaluate``: ``evaluate`` does not raise on the oracle's episode (if it did, every episode
+  of a run would end in an error).
+- ``scripted policy``: the env's oracle reaches ``success`` with no error observations and ends
+  the episode itself (``terminated``, not cut at ``max_turns``), within ``max_turns`` turns when
+  a rollout's cap is given.
+- ``prompt budget`` (with a token counter): the first prompts of a few tasks, tools included,
+  fit ``max_prompt_tokens``.
 - ``call round trip``: every oracle message parses, renders and parses back to the same calls.
 - ``seeded determinism``: two fresh envs given the same seed play identical episodes.
 - ``episode isolation``: an env reused after another episode, and two envs run concurrently,
@@ -16,9 +25,11 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import traceback
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import jsonschema
@@ -28,7 +39,7 @@ from toolrl.core.registration import ensure_registered, make_env
 from toolrl.core.trajectory import Trajectory
 from toolrl.registry import RegistryError
 
-__all__ = ["CheckReport", "CheckResult", "check_tool_env"]
+__all__ = ["CheckReport", "CheckResult", "check_tool_env", "describe_exception"]
 
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
@@ -107,6 +118,59 @@ def _check_schemas(tools: list[dict[str, Any]]) -> CheckResult:
     return CheckResult("tool schemas", True, f"{len(names)} tools")
 
 
+_TYPED = ("type", "enum", "const", "anyOf", "oneOf", "allOf", "$ref")
+
+
+def _check_tool_docs(tools: list[dict[str, Any]]) -> CheckResult:
+    problems, undescribed = [], []
+    for schema in tools:
+        fn = schema["function"]
+        if not str(fn.get("description") or "").strip():
+            problems.append(f"{fn['name']} has no description (a docstring)")
+        for param, spec in (fn.get("parameters") or {}).get("properties", {}).items():
+            if not isinstance(spec, dict) or not any(k in spec for k in _TYPED):
+                problems.append(f"{fn['name']}({param}) has no type (a type hint)")
+            elif not str(spec.get("description") or "").strip():
+                undescribed.append(f"{fn['name']}({param})")
+    if problems:
+        return CheckResult("tool docs", False, "; ".join(problems) + ": the model sees only "
+                           "the schema; write type hints and a Google-style docstring")
+    return CheckResult("tool docs", True, f"parameters without a description: "
+                       f"{', '.join(undescribed)}" if undescribed else "")
+
+
+def _check_prompts(env: Any, rows: list[Any],
+                   count_tokens: Callable[[list[dict[str, Any]], list[dict[str, Any]]], int],
+                   max_prompt_tokens: int) -> CheckResult:
+    counts = []
+    for row in rows:
+        messages, info = env.reset(seed=0, options=row)
+        counts.append(count_tokens(messages, info["tools"]))
+    over = [c for c in counts if c > max_prompt_tokens]
+    longest = max(counts)
+    if over:
+        return CheckResult("prompt budget", False,
+                           f"{len(over)} of {len(counts)} task prompts (tools included) exceed "
+                           f"max_prompt_tokens={max_prompt_tokens} (longest {longest}): those "
+                           f"episodes would end before the model says a word; raise "
+                           f"rollout.max_prompt_tokens or shorten the prompt and tool docs")
+    return CheckResult("prompt budget", True, f"longest of {len(counts)} prompts: {longest} of "
+                       f"{max_prompt_tokens} tokens")
+
+
+def describe_exception(exc: BaseException) -> str:
+    """``Type: message (at file:line in function)``: the exception and its innermost frame."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno} in " \
+            f"{frames[-1].name})" if frames else ""
+    return f"{type(exc).__name__}: {exc}{where}"
+
+
+def _raised_in_evaluate(exc: BaseException) -> bool:
+    return any(f.name in ("evaluate", "aevaluate")
+               for f in traceback.extract_tb(exc.__traceback__))
+
+
 def _check_round_trip(env: Any, ep: Trajectory) -> CheckResult:
     parser = env.unwrapped.parser
     for message in ep.messages:
@@ -129,8 +193,13 @@ def _run(check: Callable[[], CheckResult], name: str) -> CheckResult:
 
 
 def check_tool_env(env_id: str, *, seed: int = 0,
-                   env_kwargs: dict[str, Any] | None = None) -> CheckReport:
-    """Run every check on ``env_id``; never raises for a failing env (see the report)."""
+                   env_kwargs: dict[str, Any] | None = None, max_turns: int | None = None,
+                   count_tokens: Callable[[list[dict[str, Any]], list[dict[str, Any]]], int]
+                   | None = None, max_prompt_tokens: int | None = None) -> CheckReport:
+    """Run every check on ``env_id``; never raises for a failing env (see the report).
+
+    ``max_turns``: the rollout's turn cap the oracle must end within; ``count_tokens(messages,
+    tools)`` with ``max_prompt_tokens``: the prompt budget check (skipped without them)."""
     kwargs = dict(env_kwargs or {})
     report = CheckReport(env_id)
     try:
@@ -149,10 +218,36 @@ def check_tool_env(env_id: str, *, seed: int = 0,
             a, b, c = envs
             _, info = a.reset(seed=seed)
             out = [_check_schemas(info["tools"])]
-            first = play(a, seed=seed)
-            ok = first.success and not first.errors
-            out.append(CheckResult("scripted policy", ok, "" if ok else
-                                   f"success={first.success}, errors={first.errors[:3]}"))
+            out.append(_run(lambda: _check_tool_docs(info["tools"]), "tool docs"))
+            if count_tokens is not None and max_prompt_tokens is not None:
+                try:
+                    rows: list[Any] = a.unwrapped.make_tasks(8, seed=seed)
+                except TypeError:  # no task generator: the prompt of a bare reset
+                    rows = [None]
+                out.append(_run(lambda: _check_prompts(a, rows, count_tokens,
+                                                       max_prompt_tokens), "prompt budget"))
+            try:
+                first = play(a, seed=seed)
+            except Exception as exc:
+                if _raised_in_evaluate(exc):
+                    out.append(CheckResult("evaluate", False, f"evaluate() raised on the "
+                                           f"oracle's episode: {describe_exception(exc)}; "
+                                           f"every episode of a run would end in an error"))
+                out.append(CheckResult("scripted policy", False,
+                                       f"the oracle's episode raised {describe_exception(exc)}"))
+                return out
+            out.append(CheckResult("evaluate", True))
+            problems = []
+            if not first.success or first.errors:
+                problems.append(f"success={first.success}, errors={first.errors[:3]}")
+            if first.finish_reason != "terminated":
+                problems.append(f"the episode did not end by itself: the env cut it after "
+                                f"{len(first.turns)} turns (its max_turns); on_turn must return "
+                                f"Turn(terminated=True) once the task is done")
+            elif max_turns is not None and len(first.turns) > max_turns:
+                problems.append(f"the oracle needs {len(first.turns)} turns, more than the "
+                                f"rollout's max_turns={max_turns}")
+            out.append(CheckResult("scripted policy", not problems, "; ".join(problems)))
             out.append(_check_round_trip(a, first))
             same = play(b, seed=seed)
             out.append(CheckResult("seeded determinism",

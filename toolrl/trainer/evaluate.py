@@ -27,8 +27,12 @@ from toolrl.trainer.preflight import fit_prompt_budget
 
 
 def run_evaluation(cfg: ExperimentConfig, model: str, output_dir: str | os.PathLike,
-                   console: Console | None = None) -> dict[str, Any]:
-    """Greedy (``rollout.val_temperature``) episodes of ``model`` on the validation rows."""
+                   console: Console | None = None, save_transcripts: bool = False
+                   ) -> dict[str, Any]:
+    """Greedy (``rollout.val_temperature``) episodes of ``model`` on the validation rows;
+    with ``save_transcripts`` every episode also goes to ``transcripts.jsonl`` (a `Trajectory`
+    per line with the ``reward`` it got, as rollout dumps hold them: ``toolrl score`` reads
+    it)."""
     from toolrl.trainer.trainer import Trainer
 
     cfg.model.path = model
@@ -52,6 +56,14 @@ def run_evaluation(cfg: ExperimentConfig, model: str, output_dir: str | os.PathL
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(results, indent=2))
+    if save_transcripts:
+        from toolrl.trainer.tracking import redact, secret_values
+
+        secrets = secret_values()
+        with (out / "transcripts.jsonl").open("w", encoding="utf-8") as f:
+            for traj, score in zip(B.trajectories(batch), scores, strict=True):
+                f.write(json.dumps(redact({"reward": score, **traj.to_dict()}, secrets))
+                        + "\n")
     for table in result_tables(results, title=f"eval: {model}"):
         console.print(table)
     return results

@@ -134,8 +134,36 @@ class MlflowBackend(TrackerBackend):
 
 
 # The lines shown on the console for each step, in this order, when present.
-CONSOLE_KEYS = ("train/reward_mean", "train/success", "val/success", "actor/loss",
-                "actor/grad_norm", "timing/step_s")
+CONSOLE_KEYS = ("train/reward_mean", "train/success", "val/success", "val/reward_mean",
+                "actor/loss", "actor/grad_norm", "timing/step_s")
+
+
+def reward_components(metrics: Mapping[str, Any]) -> list[str]:
+    """The per-component reward keys of a metrics row: ``reward/<alias>`` (one level; not the
+    total, error counts or gate rates)."""
+    return sorted(k for k in metrics if k.startswith("reward/") and k.count("/") == 1
+                  and k != "reward/total")
+
+
+def console_details(metrics: Mapping[str, Any]) -> str:
+    """The second console line of a step: each reward component, the finish reasons other than
+    ``terminated`` (fractions of the batch), and the error counts that are not zero."""
+    parts = []
+    rewards = [f"{k.removeprefix('reward/')}={_fmt(metrics[k])}"
+               for k in reward_components(metrics)]
+    if rewards:
+        parts.append("rewards: " + " ".join(rewards))
+    finish = [f"{k.removeprefix('rollout/finish_')}={_fmt(v)}" for k, v in sorted(metrics.items())
+              if k.startswith("rollout/finish_") and k != "rollout/finish_terminated" and v]
+    if finish:
+        parts.append("finish: " + " ".join(finish))
+    errors = [f"reward {k.removeprefix('reward/errors/')}={v:g}"
+              for k, v in sorted(metrics.items()) if k.startswith("reward/errors/") and v]
+    if metrics.get("rollout/tool_errors_mean"):
+        errors.insert(0, f"tool/episode={_fmt(metrics['rollout/tool_errors_mean'])}")
+    if errors:
+        parts.append("errors: " + " ".join(errors))
+    return "  |  ".join(parts)
 
 
 class Tracker:
@@ -171,7 +199,11 @@ class Tracker:
             backend.log(step, clean)
         shown = "  ".join(f"{k.split('/', 1)[-1] if k.startswith('train/') else k}="
                           f"{_fmt(clean[k])}" for k in CONSOLE_KEYS if k in clean)
-        self._progress.console.print(f"step {step:>4}  {shown}")
+        self._progress.console.print(f"step {step:>4}  {shown}", markup=False, highlight=False)
+        details = console_details(clean)
+        if details:
+            self._progress.console.print(f"           {details}", markup=False,
+                                         highlight=False)
         self._progress.update(self._task, completed=step)
 
     def log_rollouts(self, step: int, records: Iterable[Mapping[str, Any]]) -> Path:
@@ -213,8 +245,16 @@ def plot_curves(metrics_path: str | os.PathLike, out_dir: str | os.PathLike) -> 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
-    panels = [("reward.png", "reward", ["train/reward_mean"]),
-              ("success.png", "success rate", ["train/success", "val/success"])]
+    keys = sorted({k for r in rows for k in r})
+    panels = [("reward.png", "reward", ["train/reward_mean", "val/reward_mean"]),
+              ("success.png", "success rate", ["train/success", "val/success"]),
+              ("reward_components.png", "mean raw score",
+               sorted({k for r in rows for k in reward_components(r)})),
+              ("finish_reasons.png", "fraction of episodes",
+               [k for k in keys if k.startswith("rollout/finish_")]),
+              ("errors.png", "count (tool errors: per episode)",
+               [k for k in keys if k.startswith("reward/errors/")
+                or k == "rollout/tool_errors_mean"])]
     for name, ylabel, keys in panels:
         series = {k: [(r["step"], r[k]) for r in rows if isinstance(r.get(k), int | float)]
                   for k in keys}

@@ -332,7 +332,8 @@ class Trainer:
     # --- validation ----------------------------------------------------------------------------
     def validate(self) -> dict[str, float]:
         """Greedy episodes on the held-out rows: success overall, per category and (in a run
-        of several envs) per env."""
+        of several envs) per env; the configured reward (``val/reward_mean``, components as
+        ``val/reward/<alias>``) and the env's own (``val/env_reward_mean``)."""
         batch = self.rollout(self.val_rows, 1, seed=self._seed("val"),
                              greedy=self.cfg.rollout.val_temperature == 0.0)
         trajs = B.trajectories(batch)
@@ -344,7 +345,10 @@ class Trainer:
             out.update({f"val/success/{c}": sum(v) / len(v) for c, v in by_cat.items()})
         if self.mixed:
             out.update(success_by("val/success", trajs, self._envs(trajs)))
-        out["val/reward_mean"] = sum(t.env_reward for t in trajs) / len(trajs)
+        results, reward_metrics = self.reward.score(trajs, self._envs(trajs))
+        out["val/reward_mean"] = sum(r.score for r in results) / len(results)
+        out.update({f"val/{k}": v for k, v in reward_metrics.items() if k != "reward/total"})
+        out["val/env_reward_mean"] = sum(t.env_reward for t in trajs) / len(trajs)
         return out
 
     # --- the loop ------------------------------------------------------------------------------
@@ -405,7 +409,7 @@ class Trainer:
         table.add_column("value", justify="right")
         if first_val is not None:
             table.add_row("val/success at step 0", f"{first_val:.3f}")
-        for key in ("val/success", "train/success", "train/reward_mean"):
+        for key in ("val/success", "val/reward_mean", "train/success", "train/reward_mean"):
             if key in last:
                 table.add_row(f"{key} (final)", f"{last[key]:.3f}")
         table.add_row("run dir", str(self.run_dir))

@@ -1,0 +1,185 @@
+"""`toolrl train --dry-run`: prompt token counts and oracle/bad-policy scores with the configured
+rewards, in-process, with no Ray, no vLLM and no process started; what would waste a run is a
+problem (exit 1)."""
+
+from __future__ import annotations
+
+import io
+import multiprocessing.process
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+import toolrl
+from toolrl.cli import main
+from toolrl.rollout.chat import ChatRenderer
+from toolrl.trainer.config import load_config
+from toolrl.trainer.dry_run import BAD_POLICIES, dry_run
+
+ROOT = Path(__file__).resolve().parents[2]
+QUICKSTART = ROOT / "configs" / "quickstart.yaml"
+Calculator = type(toolrl.make_env("toolrl/Calculator-v0").unwrapped)
+
+
+class EvaluateRaises(Calculator):
+    """Calculator whose evaluate() raises on every episode."""
+
+    def evaluate(self) -> bool:
+        return self.row["no_such_field"] > 0
+
+
+class NeverEnds(Calculator):
+    """Calculator whose submit never ends the episode."""
+
+    def on_turn(self, parse: Any, results: Any) -> toolrl.Turn:
+        return toolrl.Turn()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def broken_envs():
+    """Registered when this module's tests run (not at import: other modules' tests run every
+    registered env through check-env)."""
+    toolrl.register_env("dryrun/EvaluateRaises-v0", EvaluateRaises)
+    toolrl.register_env("dryrun/NeverEnds-v0", NeverEnds)
+
+
+@toolrl.reward("dryrun_boom")
+def boom(traj: toolrl.Trajectory) -> float:
+    """Raises on every trajectory."""
+    raise RuntimeError("boom from a reward")
+
+
+@toolrl.reward("dryrun_constant")
+def constant(traj: toolrl.Trajectory) -> float:
+    """Pays everything the same."""
+    return 0.5
+
+
+def config(tiny_model_dir: Path, *overrides: str):
+    return load_config(QUICKSTART, [f"model.path={tiny_model_dir}", "data.train_size=8",
+                                    "data.val_size=2", *overrides])
+
+
+def run(cfg, **kwargs):
+    out = io.StringIO()
+    report = dry_run(cfg, console=Console(file=out, width=160), **kwargs)
+    return report, out.getvalue()
+
+
+def test_quickstart_counts_prompt_tokens_and_scores_the_oracle_and_bad_policies(
+        tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    cfg = config(tiny_model_dir)
+    report, text = run(cfg, tasks=3)
+    assert report.ok, report.problems
+    assert report.train_rows == 8 and report.val_rows == 2
+    # the counts are the rollout worker's: the model's chat template with the env's tools
+    renderer = ChatRenderer(AutoTokenizer.from_pretrained(tiny_model_dir))
+    env = toolrl.make_env("toolrl/Calculator-v0", difficulty=1, style="plain")
+    expected = []
+    for row in [*env.unwrapped.make_tasks(2, seed=0, split="train", difficulty=1, style="plain"),
+                env.unwrapped.make_tasks(1, seed=0, split="val", difficulty=1,
+                                         style="plain")[0]]:
+        messages, info = env.reset(options=row)
+        expected.append((row["id"], len(renderer.render_prompt(messages, info["tools"]))))
+    assert [(p.task_id, p.tokens) for p in report.prompts] == expected
+    assert report.max_prompt_tokens == 192  # half of rollout.max_total_tokens=384
+    by_policy = {s.policy: s for s in report.policies}
+    assert set(by_policy) == {"oracle", *BAD_POLICIES}
+    oracle = by_policy["oracle"]
+    assert oracle.success == 1.0 and oracle.finish == {"terminated": 3}
+    assert oracle.rewards == {"success": 1.0} and oracle.reward_total == 1.0
+    assert by_policy["no_call"].reward_total == 0.0
+    assert by_policy["unknown_tool"].tool_errors > 0
+    for word in ("tokens", "oracle", "unknown_tool", "no problems found", str(expected[0][1])):
+        assert word in text
+
+
+def test_no_process_is_started(tiny_model_dir, monkeypatch):
+    """Ray, vLLM, subprocesses and multiprocessing: any start raises, the dry run still runs."""
+    import ray
+
+    def refuse(*args: Any, **kwargs: Any):
+        raise AssertionError("the dry run started a process")
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse)
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", refuse)
+    monkeypatch.setattr(os, "fork", refuse)
+    monkeypatch.setattr(ray, "init", refuse)
+    was_up = ray.is_initialized()
+    report, _ = run(config(tiny_model_dir), tasks=2)
+    assert report.ok and report.prompts and report.policies
+    assert ray.is_initialized() == was_up
+
+
+def test_a_prompt_over_the_budget_is_a_problem_with_the_key_to_change(tiny_model_dir):
+    report, text = run(config(tiny_model_dir, "rollout.max_prompt_tokens=100"), tasks=2)
+    longest = max(p.tokens for p in report.prompts)
+    assert longest > 100
+    assert len(report.problems) == 1
+    problem = report.problems[0]
+    assert "2 of 2 sampled prompts" in problem and f"longest {longest}" in problem
+    assert "rollout.max_prompt_tokens" in problem and "PROBLEM" in text
+
+
+def test_an_evaluate_that_raises_is_a_problem_naming_the_exception(tiny_model_dir):
+    report, _ = run(config(tiny_model_dir, "env.id=dryrun/EvaluateRaises-v0"), tasks=2)
+    oracle = next(s for s in report.policies if s.policy == "oracle")
+    assert oracle.finish == {"error": 2}
+    problem = next(p for p in report.problems if "oracle episodes ended in an env exception"
+                   in p)
+    assert "KeyError: 'no_such_field'" in problem and "in evaluate" in problem
+
+
+def test_an_oracle_that_never_ends_is_a_problem(tiny_model_dir):
+    report, _ = run(config(tiny_model_dir, "env.id=dryrun/NeverEnds-v0",
+                           "env.kwargs={max_turns: 2}"), tasks=1)
+    assert any("env cut the oracle" in p and "Turn(terminated=True)" in p
+               for p in report.problems), report.problems
+
+
+def test_reward_failures_and_a_reward_that_pays_everything_alike_are_problems(tiny_model_dir):
+    cfg = config(tiny_model_dir, "reward.rewards=[{name: dryrun_boom}]")
+    report, _ = run(cfg, tasks=1)
+    assert any("reward 'dryrun_boom' raised on 1 of 1 oracle episodes" in p
+               and "boom from a reward" in p for p in report.problems), report.problems
+    report, _ = run(config(tiny_model_dir, "reward.rewards=[{name: dryrun_constant}]"),
+                    tasks=1)
+    assert any("does not tell a correct episode from a bad one" in p
+               for p in report.problems), report.problems
+
+
+def test_cli_exit_status(tiny_model_dir, capsys):
+    base = ["train", "--config", str(QUICKSTART), "--dry-run", "--dry-run-tasks", "1",
+            f"model.path={tiny_model_dir}", "data.train_size=4", "data.val_size=1"]
+    assert main(base) == 0
+    assert "no problems found" in capsys.readouterr().out
+    assert main([*base, "rollout.max_prompt_tokens=64"]) == 1
+    assert "PROBLEM" in capsys.readouterr().out
+    assert main([*base, "env.id=nope/Nothing-v0"]) == 2  # not an env: one clear line
+
+
+def test_an_oracle_longer_than_the_rollout_cap_and_mixed_envs(tiny_model_dir):
+    """Rows of every env of a mixture are sampled; Bank's oracle needs 6 turns, more than a
+    rollout.max_turns of 4; its state-based reward sees the final state."""
+    cfg = config(tiny_model_dir, "rollout.max_turns=4", "data.mixture=[{env: toolrl/Bank-v0, "
+                 "train_size: 2, val_size: 1}]", "env_rewards={toolrl/Bank-v0: {rewards: "
+                 "[{name: exec_state}]}}")
+    report, _ = run(cfg, tasks=3)
+    assert [p.env for p in report.prompts] == ["toolrl/Calculator-v0", "toolrl/Bank-v0",
+                                               "toolrl/Calculator-v0"]
+    oracle = next(s for s in report.policies if s.policy == "oracle")
+    assert oracle.finish == {"terminated": 2, "max_turns": 1} and not oracle.reward_errors
+    assert "toolrl/Bank-v0/exec_state" in oracle.rewards
+    assert any("needs more than rollout.max_turns=4 turns" in p for p in report.problems)
+    report, _ = run(config(tiny_model_dir, "rollout.max_turns=6", "data.mixture=[{env: "
+                           "toolrl/Bank-v0, train_size: 2, val_size: 1}]",
+                           "rollout.max_prompt_tokens=512", "rollout.max_total_tokens=1536",
+                           "rollout.max_tokens_per_turn=128",
+                           "rollout.engine.max_model_len=2048"), tasks=3)
+    assert report.ok, report.problems  # Bank's budget: its prompt and its 6 longer turns

@@ -1,0 +1,465 @@
+"""``toolrl train --dry-run``: what a run would train on, in seconds, with no Ray and no vLLM.
+
+It loads the config and the task rows exactly as the trainer does, renders a few first prompts
+with their tools through the model's chat template (token counts against the rollout's prompt
+budget), plays each of those tasks with the env's oracle and with a few bad policies (no call, an
+unknown tool, a call without arguments, random arguments, random text), scores every episode with
+the configured rewards and prints per-reward scores, finish reasons and errors. What would make
+the run train on nothing (prompts over budget, an oracle that cannot succeed or does not end, env
+or reward exceptions, a reward that pays the oracle no more than a bad policy) is listed as a
+problem with the key to change; `dry_run` returns them (the command exits 1 when there are any).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import random
+import string
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from toolrl.core.checks import describe_exception
+from toolrl.core.env import OracleUnavailable, resolve_astep
+from toolrl.core.registration import make_env
+from toolrl.core.trajectory import Trajectory, TurnRecord, plain
+from toolrl.core.types import ToolCall
+from toolrl.registry import RegistryError
+from toolrl.reward import ComposedReward, RewardBatch, RewardConfigError
+from toolrl.rollout.worker import RolloutConfig, row_env
+from toolrl.trainer.config import ConfigError, ExperimentConfig, worker_rollout_config
+from toolrl.trainer.mixture import RewardSets, env_of
+
+__all__ = ["BAD_POLICIES", "DryRunReport", "PolicySummary", "PromptCount", "dry_run"]
+
+Policy = Callable[[Any, list[dict[str, Any]], random.Random], str]
+
+
+def _no_call(env: Any, messages: list[dict[str, Any]], rng: random.Random) -> str:
+    return "I am not sure."
+
+
+def _unknown_tool(env: Any, messages: list[dict[str, Any]], rng: random.Random) -> str:
+    return env.unwrapped.render_calls([ToolCall("no_such_tool", {"x": 1})])
+
+
+def _no_arguments(env: Any, messages: list[dict[str, Any]], rng: random.Random) -> str:
+    tools = env.unwrapped.tools_schema()
+    name = tools[0]["function"]["name"] if tools else "no_such_tool"
+    return env.unwrapped.render_calls([ToolCall(name, {})])
+
+
+def _random_arguments(env: Any, messages: list[dict[str, Any]], rng: random.Random) -> str:
+    tools = env.unwrapped.tools_schema()
+    if not tools:
+        return _no_call(env, messages, rng)
+    fn = rng.choice(tools)["function"]
+    params = fn.get("parameters") or {}
+    required = set(params.get("required") or [])
+    args = {k: _random_value(v, rng) for k, v in (params.get("properties") or {}).items()
+            if k in required or rng.random() < 0.5}
+    return env.unwrapped.render_calls([ToolCall(fn["name"], args)])
+
+
+def _random_text(env: Any, messages: list[dict[str, Any]], rng: random.Random) -> str:
+    return "".join(rng.choice(string.printable) for _ in range(rng.randint(0, 40)))
+
+
+BAD_POLICIES: dict[str, Policy] = {
+    "no_call": _no_call, "unknown_tool": _unknown_tool, "no_arguments": _no_arguments,
+    "random_arguments": _random_arguments, "random_text": _random_text,
+}
+"""The scripted bad policies every sampled task is also played with (name -> policy)."""
+
+
+def _oracle(env: Any, messages: list[dict[str, Any]], rng: random.Random) -> str:
+    return env.unwrapped.oracle_action()
+
+
+def _random_value(schema: Any, rng: random.Random) -> Any:
+    if not isinstance(schema, Mapping):
+        return "x"
+    if schema.get("enum"):
+        return rng.choice(list(schema["enum"]))
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), None)
+    if kind == "integer":
+        return rng.randint(-10, 100)
+    if kind == "number":
+        return round(rng.uniform(-10, 100), 2)
+    if kind == "boolean":
+        return rng.random() < 0.5
+    if kind == "array":
+        return [_random_value(schema.get("items"), rng) for _ in range(rng.randint(0, 2))]
+    if kind == "object":
+        return {}
+    return "".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(1, 8)))
+
+
+@dataclass
+class PromptCount:
+    """One sampled task's first prompt: its env and token count."""
+
+    task_id: Any
+    env: str
+    tokens: int
+
+
+@dataclass
+class PolicySummary:
+    """How one policy's episodes went: success, finish reasons, errors and reward scores."""
+
+    policy: str
+    episodes: int
+    success: float
+    finish: dict[str, int]
+    env_errors: list[str]  # an episode that ended in an exception: where and why
+    tool_errors: int  # typed error observations (bad calls), not failures
+    reward_total: float
+    rewards: dict[str, float]  # component alias (or env/alias) -> mean raw score
+    reward_errors: dict[str, list[str]]  # component -> the messages of its failures
+
+
+@dataclass
+class DryRunReport:
+    """What `dry_run` found (`problems` empty: nothing that would waste the run)."""
+
+    train_rows: int
+    val_rows: int
+    max_prompt_tokens: int
+    max_total_tokens: int
+    prompts: list[PromptCount] = field(default_factory=list)
+    policies: list[PolicySummary] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def dry_run(cfg: ExperimentConfig, *, tasks: int = 4, console: Console | None = None
+            ) -> DryRunReport:
+    """Check ``cfg`` end to end without Ray or vLLM (see the module docstring); ``tasks``
+    rows (train rows first, then one validation row) are rendered and played."""
+    from toolrl.trainer.trainer import Trainer
+
+    console = console or Console()
+    rollout = worker_rollout_config(cfg)
+    try:  # an unknown env or reward, or bad reward kwargs: one clear line, as a config error
+        trainer = Trainer(cfg, console=console)
+    except (RegistryError, RewardConfigError) as exc:
+        raise ConfigError(str(exc)) from None
+    try:
+        try:
+            train, val = trainer.load_tasks()
+        except RegistryError as exc:
+            raise ConfigError(str(exc)) from None
+        report = DryRunReport(len(train), len(val), rollout.max_prompt_len,
+                              rollout.max_total_tokens)
+        rows = _sample(train, val, tasks, cfg.env.id)
+        renderer = _renderer(cfg, rollout, report)
+        first_prompt = _count_prompts(cfg, rows, renderer, rollout, report)
+        episodes = {name: _play_all(cfg, rows, policy, rollout)
+                    for name, policy in {"oracle": _oracle, **BAD_POLICIES}.items()}
+        if not episodes["oracle"]:
+            report.notes.append(f"{cfg.env.id} has no oracle (oracle_action): only the bad "
+                                f"policies were played")
+        for name, trajs in episodes.items():
+            if trajs:
+                report.policies.append(_summarize(name, trajs, trainer.reward, cfg.env.id))
+        _check_oracle(episodes["oracle"], renderer, rollout, report)
+        _check_episodes(report)
+    finally:
+        trainer.close()
+    _print(cfg, report, first_prompt, console)
+    return report
+
+
+def _sample(train: list[dict[str, Any]], val: list[dict[str, Any]], n: int, default_env: str
+            ) -> list[dict[str, Any]]:
+    """``n`` rows: train rows taken in turn from each env of the run, then a validation row."""
+    by_env: dict[str, list[dict[str, Any]]] = {}
+    for row in train:
+        by_env.setdefault(env_of(row, default_env), []).append(row)
+    want = max(n - 1, 1) if val else max(n, 1)
+    picked: list[dict[str, Any]] = []
+    for k in range(want):
+        for rows in by_env.values():
+            if len(picked) < want and k < len(rows):
+                picked.append(rows[k])
+    return [dict(r) for r in picked + val[:max(n, 1) - len(picked)]]
+
+
+def _renderer(cfg: ExperimentConfig, rollout: RolloutConfig, report: DryRunReport) -> Any:
+    """The rollout workers' `ChatRenderer` on the run's tokenizer (None: none could be loaded;
+    the report says why)."""
+    from toolrl.rollout.chat import ChatRenderer, TemplateError
+
+    try:
+        tokenizer = _tokenizer(cfg, rollout)
+    except Exception as exc:  # no local model and no hub: counts are skipped, not the run
+        report.notes.append(f"no tokenizer ({type(exc).__name__}: {exc}): prompt token counts "
+                            f"skipped")
+        return None
+    try:
+        return ChatRenderer(tokenizer,
+                            allow_non_prefix_preserving=rollout.allow_non_prefix_preserving,
+                            chat_template_kwargs=rollout.chat_template_kwargs)
+    except TemplateError as exc:
+        report.problems.append(f"chat template: {exc}")
+        return None
+
+
+def _tokenizer(cfg: ExperimentConfig, rollout: RolloutConfig) -> Any:
+    path = rollout.engine.tokenizer or cfg.model.path
+    if not Path(path).expanduser().exists() and cfg.model.build_tiny_if_missing and \
+            rollout.engine.tokenizer is None:
+        from toolrl.models.tiny import build_tokenizer
+
+        return build_tokenizer(seed=cfg.seed)  # the tokenizer of the model the run would build
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
+def _count_prompts(cfg: ExperimentConfig, rows: list[dict[str, Any]], renderer: Any,
+                   rollout: RolloutConfig, report: DryRunReport) -> str:
+    """Token counts of the sampled rows' first prompts; returns the first one's text."""
+    first = ""
+    if renderer is None:
+        return first
+    for row in rows:
+        env_id, kwargs = row_env(row, cfg.env.id, cfg.env.kwargs)
+        env = make_env(env_id, **kwargs)
+        try:
+            messages, info = env.reset(seed=cfg.seed, options=row)
+            tools = info.get("tools") or []
+            ids = renderer.render_prompt(messages, tools)
+            first = first or renderer.render_text(messages, tools, add_generation_prompt=True)
+        except Exception as exc:
+            report.problems.append(f"task {row.get('id')!r} ({env_id}): the first prompt "
+                                   f"cannot be rendered: {type(exc).__name__}: {exc}")
+            continue
+        finally:
+            env.close()
+        report.prompts.append(PromptCount(row.get("id"), env_id, len(ids)))
+    over = [p for p in report.prompts if p.tokens > rollout.max_prompt_len]
+    if over:
+        longest = max(p.tokens for p in over)
+        report.problems.append(
+            f"{len(over)} of {len(report.prompts)} sampled prompts are longer than the prompt "
+            f"budget of {rollout.max_prompt_len} tokens (longest {longest}): those episodes end "
+            f"before sampling a token (finish reason 'context'). Set rollout.max_prompt_tokens "
+            f">= {longest} (rollout.max_total_tokens and rollout.engine.max_model_len must leave "
+            f"room for the response), or shorten the system prompt and tool descriptions")
+    return first
+
+
+def _play_all(cfg: ExperimentConfig, rows: list[dict[str, Any]], policy: Policy,
+              rollout: RolloutConfig) -> list[Trajectory]:
+    out = []
+    for i, row in enumerate(rows):
+        env_id, kwargs = row_env(row, cfg.env.id, cfg.env.kwargs)
+        rng = random.Random(f"{cfg.seed}:{i}")
+        try:
+            traj = asyncio.run(_play(env_id, kwargs, row, policy, cfg.seed + i,
+                                     rollout.max_turns, rng))
+        except OracleUnavailable:
+            continue
+        out.append(traj)
+    return out
+
+
+async def _play(env_id: str, kwargs: dict[str, Any], row: dict[str, Any], policy: Policy,
+                seed: int, max_turns: int, rng: random.Random) -> Trajectory:
+    """One text-level episode with the rollout's turn cap and finish reasons; an exception of
+    the env ends it with ``error`` (as the rollout worker does), never the dry run."""
+    env = make_env(env_id, **kwargs)
+    traj = Trajectory(row=dict(row), seed=seed)
+    try:
+        try:
+            messages, info = env.reset(seed=seed, options=row)
+        except Exception as exc:
+            traj.finish("error", error=f"reset: {describe_exception(exc)}")
+            return traj
+        traj.messages, traj.tools = list(messages), list(info.get("tools") or [])
+        traj.format, traj.row = info.get("format"), copy.deepcopy(env.unwrapped.row or row)
+        reason, info, error = await _turns(env, traj, policy, max_turns, rng)
+        try:  # as the rollout worker does: the final state on every finish, when it has one
+            state = plain(env.unwrapped.state_snapshot())
+        except Exception as exc:
+            state, error = None, error or f"state_snapshot: {describe_exception(exc)}"
+        traj.finish(reason, info, state, error)
+        return traj
+    finally:
+        env.close()
+
+
+async def _turns(env: Any, traj: Trajectory, policy: Policy, max_turns: int,
+                 rng: random.Random) -> tuple[str, dict[str, Any], str | None]:
+    """Play the turns; (finish reason, the last step's info, the error that ended it)."""
+    astep = resolve_astep(env)
+    for _ in range(max_turns):
+        action = policy(env, traj.messages, rng)  # OracleUnavailable: no oracle, no episode
+        traj.messages.append({"role": "assistant", "content": action})
+        try:
+            observation, reward, terminated, truncated, info = await astep(action)
+        except Exception as exc:
+            traj.turns.append(TurnRecord(action=action,
+                                         parse=env.unwrapped.parser.parse(action)))
+            return "error", {}, f"step: {describe_exception(exc)}"
+        traj.turns.append(TurnRecord.from_step(action, reward, info))
+        traj.messages.extend(observation)
+        if terminated or truncated:
+            return ("terminated" if terminated else "truncated"), info, None
+    return "max_turns", {}, None
+
+
+def _summarize(name: str, trajs: list[Trajectory], rewards: RewardSets, default_env: str
+               ) -> PolicySummary:
+    envs = [env_of(t.row, default_env) for t in trajs]
+    totals: list[float] = []
+    means: dict[str, list[float]] = {}
+    failures: dict[str, list[str]] = {}
+    groups: dict[str | None, list[int]] = {}
+    for i, env in enumerate(envs):
+        groups.setdefault(env if env in rewards.per_env else None, []).append(i)
+    for env, indices in groups.items():
+        fn: ComposedReward = rewards.default if env is None else rewards.per_env[env]
+        batch: RewardBatch = fn.score([trajs[i] for i in indices])
+        prefix = "" if env is None else f"{env}/"
+        totals += batch.scores
+        for alias, values in batch.components.items():
+            if "/" not in alias:
+                means.setdefault(prefix + alias, []).extend(v for v in values if v is not None)
+        for failure in batch.failures:
+            failures.setdefault(prefix + failure.reward, []).append(failure.message)
+    return PolicySummary(
+        policy=name, episodes=len(trajs), success=sum(t.success for t in trajs) / len(trajs),
+        finish=dict(Counter(t.finish_reason for t in trajs)),
+        env_errors=[f"task {t.id!r}: {t.error}" for t in trajs if t.finish_reason == "error"],
+        tool_errors=sum(len(t.errors) for t in trajs),
+        reward_total=sum(totals) / len(totals),
+        rewards={k: sum(v) / len(v) for k, v in means.items() if v}, reward_errors=failures)
+
+
+def _check_oracle(trajs: list[Trajectory], renderer: Any, rollout: RolloutConfig,
+                  report: DryRunReport) -> None:
+    """The oracle must succeed, end by itself within the turn cap, and fit the token budget."""
+    if not trajs:
+        return
+    failed = [t for t in trajs if not t.success and t.finish_reason == "terminated"]
+    if failed:
+        report.problems.append(
+            f"the oracle failed {len(failed)} of {len(trajs)} tasks that it ended itself (task "
+            f"{failed[0].id!r}): check the env's evaluate() and oracle_action()")
+    capped = [t for t in trajs if t.finish_reason == "max_turns"]
+    if capped:
+        report.problems.append(
+            f"the oracle's episode of task {capped[0].id!r} needs more than rollout.max_turns="
+            f"{rollout.max_turns} turns (the rollout stops it there, unfinished): raise "
+            f"rollout.max_turns")
+    cut = [t for t in trajs if t.finish_reason == "truncated"]
+    if cut:
+        report.problems.append(
+            f"the env cut the oracle's episode of task {cut[0].id!r} at its max_turns "
+            f"({len(cut[0].turns)} turns) instead of ending it: does on_turn return "
+            f"Turn(terminated=True) once the task is done?")
+    if renderer is None:
+        return
+    for t in trajs:
+        action = max((len(renderer.encode(turn.action)) for turn in t.turns), default=0)
+        if action > rollout.max_tokens_per_turn:
+            report.problems.append(
+                f"an oracle turn of task {t.id!r} has {action} tokens, more than "
+                f"rollout.max_tokens_per_turn={rollout.max_tokens_per_turn}: a model that "
+                f"acts like the oracle is cut off (finish reason 'length')")
+            break
+        try:
+            total = len(renderer.encode(renderer.render_text(t.messages, t.tools)))
+        except Exception:  # the template cannot render this transcript: counted nowhere else
+            continue
+        if total > rollout.max_total_tokens:
+            report.problems.append(
+                f"the oracle's transcript of task {t.id!r} has about {total} tokens, more than "
+                f"rollout.max_total_tokens={rollout.max_total_tokens}: a model that acts like "
+                f"the oracle runs out of context; raise rollout.max_total_tokens")
+            break
+
+
+def _check_episodes(report: DryRunReport) -> None:
+    """Env exceptions, reward exceptions, and a reward that does not tell good from bad."""
+    for s in report.policies:
+        if s.env_errors:
+            report.problems.append(
+                f"{len(s.env_errors)} of {s.episodes} {s.policy} episodes ended in an env "
+                f"exception (finish reason 'error', no reward signal): {s.env_errors[0]}")
+        for alias, messages in s.reward_errors.items():
+            report.problems.append(
+                f"reward {alias!r} raised on {len(messages)} of {s.episodes} {s.policy} "
+                f"episodes (scored with the fallback): {messages[0].splitlines()[0]}")
+    oracle = next((s for s in report.policies if s.policy == "oracle"), None)
+    bad = [s for s in report.policies if s.policy != "oracle"]
+    if oracle is not None and bad:
+        best = max(bad, key=lambda s: s.reward_total)
+        if oracle.reward_total <= best.reward_total:
+            report.problems.append(
+                f"the configured reward pays the oracle {oracle.reward_total:.3f} on average "
+                f"and the {best.policy} policy {best.reward_total:.3f}: it does not tell a "
+                f"correct episode from a bad one; check the reward section")
+
+
+def _print(cfg: ExperimentConfig, report: DryRunReport, first_prompt: str,
+           console: Console) -> None:
+    console.print(f"[bold]dry run[/bold] {cfg.experiment_name}: env {cfg.env.id}, "
+                  f"{report.train_rows} train / {report.val_rows} val tasks, prompt budget "
+                  f"{report.max_prompt_tokens} of {report.max_total_tokens} tokens, "
+                  f"{cfg.rollout.max_turns} turns of <= {cfg.rollout.max_tokens_per_turn} tokens")
+    if report.prompts:
+        table = Table(title="first prompts (with tools)")
+        for col in ("task", "env", "tokens", "budget"):
+            table.add_column(col, justify="right" if col in ("tokens", "budget") else "left")
+        for p in report.prompts:
+            over = p.tokens > report.max_prompt_tokens
+            table.add_row(str(p.task_id), p.env, f"[red]{p.tokens}[/red]" if over else
+                          str(p.tokens), str(report.max_prompt_tokens))
+        console.print(table)
+    if first_prompt:
+        console.print("first prompt as the model sees it:", style="bold")
+        console.print(first_prompt[:2000] + (" [...]" if len(first_prompt) > 2000 else ""),
+                      markup=False, highlight=False)
+    if report.policies:
+        table = Table(title="episodes of the oracle and of bad policies")
+        for col in ("policy", "n", "success", "finish reasons", "tool errors", "env errors"):
+            table.add_column(col, justify="left" if col in ("policy", "finish reasons") else
+                             "right")
+        for s in report.policies:
+            finish = ", ".join(f"{k} {v}" for k, v in sorted(s.finish.items()))
+            table.add_row(s.policy, str(s.episodes), f"{s.success:.2f}", finish,
+                          str(s.tool_errors), str(len(s.env_errors)))
+        console.print(table)
+        aliases = sorted({a for s in report.policies for a in s.rewards})
+        table = Table(title="configured rewards (mean raw scores)")
+        for col in ("policy", *aliases, "total", "errors"):
+            table.add_column(col, justify="left" if col == "policy" else "right")
+        for s in report.policies:
+            table.add_row(s.policy,
+                          *(f"{s.rewards[a]:.3f}" if a in s.rewards else "-" for a in aliases),
+                          f"{s.reward_total:.3f}",
+                          str(sum(len(m) for m in s.reward_errors.values())))
+        console.print(table)
+    for note in report.notes:
+        console.print(f"note: {note}", markup=False, highlight=False)
+    if report.ok:
+        console.print("[green]no problems found[/green] (no Ray, no vLLM started)")
+    for problem in report.problems:
+        console.print(f"PROBLEM: {problem}", style="red", markup=False, highlight=False)
+
