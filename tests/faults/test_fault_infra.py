@@ -82,7 +82,7 @@ ROWS = {
 
 @pytest.mark.timeout(120)
 def test_each_failure_is_classified_infra_or_policy(worker):
-    rows = list(ROWS.values()) + [ok(0)]
+    rows = [*ROWS.values(), ok(0)]
     records = B.trajectories(worker.rollout(make_rollout_input(rows)))
     got = {rec.id: rec for rec in records}
     assert got["down"].infra_failure == "tool_unreachable"
