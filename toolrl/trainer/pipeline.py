@@ -194,10 +194,7 @@ class PipelineTrainer(Trainer):
             return pending.future.get()
         except Exception as e:
             raise RolloutFailedError(
-                f"rollout of the batch for step {pending.step} failed ({describe(e)}); the "
-                f"run stopped after step {self.step} (the last step synced and logged) and no "
-                f"step trained on any part of that batch; trainer.resume=auto continues from "
-                f"the last checkpoint") from e
+                f"rollout of the batch for step {pending.step} failed ({describe(e)})") from e
 
     def staleness(self, batch: TensorDict) -> dict[str, float]:
         """Per-sample lag between the weights that generated ``batch`` and the actor that is

@@ -435,13 +435,14 @@ class Trainer:
             why = ("trainer.on_rollout_failure=stop" if cfg.on_rollout_failure != "retry"
                    else f"{self._retries} retries in a row (trainer.max_retries="
                         f"{cfg.max_retries})")
+            what = str(error) if isinstance(error, RolloutFailedError) else describe(error)
             raise RolloutFailedError(
-                f"{describe(error)}; the run stops ({why}) after step {self.step}, the last "
+                f"{what}; the run stops ({why}) after step {self.step}, the last "
                 f"step trained, synced and logged: no step trained on any part of the failed "
                 f"batch. trainer.resume=auto continues from the last checkpoint") from error
         self._retries += 1
         self._retries_total += 1
-        self.console.log(f"[yellow]rollout failed[/] ({describe(error)}); retry "
+        self.console.log(f"[yellow]rollout failed[/] ({error}); retry "
                          f"{self._retries} of {cfg.max_retries}")
 
     def recover(self, error: BaseException) -> None:
