@@ -328,7 +328,7 @@ class RolloutWorker(Worker):
 
     @remote(Dispatch.ONE_TO_ALL)
     def probe(self, texts: Sequence[str], max_tokens: int, seed: int) -> TensorDict:
-        """The weight-sync canary's probe (`toolrl.trainer.canary`): one user message per
+        """The weight-sync canary's probe (`toolrl.sync.canary`): one user message per
         text, ``max_tokens`` tokens sampled from each (temperature 1, seeded, past EOS) with
         the engine's log-prob beside every token; a rollout batch the actor can score."""
         sampling = SamplingConfig(temperature=1.0, max_tokens=max_tokens, ignore_eos=True)

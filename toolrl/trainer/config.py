@@ -152,7 +152,7 @@ class TrainerConfig:
     # episodes the infrastructure failed (tool server down, env raised or timed out):
     # refilled or dropped, never trained on; too many stop the run (trainer/failures.py)
     infra_failures: InfraFailureConfig = field(default_factory=InfraFailureConfig)
-    # after each weight push, engine and actor score a fixed probe (trainer/canary.py)
+    # after each weight push, engine and actor score a fixed probe (sync/canary.py)
     sync_canary: str = "stop"  # stop | warn | off
     sync_canary_tolerance: float | None = None  # max |log-prob diff|; None: by dtype
 

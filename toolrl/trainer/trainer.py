@@ -32,7 +32,7 @@ from toolrl.controller.worker_group import WorkerDiedError, WorkerGroupError, sp
 from toolrl.core.trajectory import Trajectory
 from toolrl.data import TaskLoader, load_rows
 from toolrl.rollout.worker import RolloutConfig, RolloutWorker, make_rollout_input, rollout_metrics
-from toolrl.trainer import canary
+from toolrl.sync import canary
 from toolrl.trainer import checkpoint as ckpt
 from toolrl.trainer.config import (
     ExperimentConfig,
@@ -224,15 +224,18 @@ class Trainer:
         return settle(batch, self.cfg.trainer.infra_failures, rerun)
 
     def check_sync(self, version: int) -> dict[str, float]:
-        """The weight-sync canary (`toolrl.trainer.canary`): every engine and the actor score
+        """The weight-sync canary (`toolrl.sync.canary`): every engine and the actor score
         the same probe; a gap past the tolerance stops the run (or warns)."""
         mode = self.cfg.trainer.sync_canary
         if mode == "off":
             return {}
+        start = time.perf_counter()
         probes = self.handles["rollout"].call(RolloutWorker.probe, canary.PROBE_TEXTS,
                                               canary.PROBE_TOKENS, canary.PROBE_SEED)
         scored = [self.actor.call(ActorWorker.compute_log_prob, p) for p in probes]
-        diffs = canary.probe_diff(probes, scored)
+        diffs = [canary.probe_diff(p[B.ROLLOUT_LOG_PROBS], s[B.OLD_LOG_PROBS],
+                                   p[B.RESPONSE_MASK]) for p, s in zip(probes, scored,
+                                                                      strict=True)]
         bound = canary.tolerance(self.rollout_config().engine.dtype,
                                  self.cfg.trainer.sync_canary_tolerance)
         problem = canary.verdict(diffs, bound, version)
@@ -240,7 +243,8 @@ class Trainer:
             if mode == "stop":
                 raise canary.SyncCanaryError(problem)
             self.console.log(f"[yellow]warning:[/] {problem}")
-        return {"sync/probe_max_abs_diff": canary.max_diff(diffs)}
+        return {"sync/probe_max_abs_diff": canary.max_diff(diffs),
+                "timing/sync_probe_s": time.perf_counter() - start}  # within timing/sync_s
 
     def learn(self, batch: TensorDict, timing: dict[str, float]) -> dict[str, float]:
         """reward -> log-probs -> advantage -> update on a finished rollout ``batch``; phase

@@ -4,10 +4,12 @@ A push that silently does nothing (a stale engine, a LoRA merge that never lands
 CPU kernel that keeps the old weights) shows up nowhere else until the run has wasted days:
 the engine keeps sampling from old weights and the loss still goes down. So after every push
 each rollout engine generates a few fixed probe sequences (`PROBE_TEXTS`, a fixed seed,
-`PROBE_TOKENS` tokens each, its log-prob beside every token) and the actor scores the same
-tokens. The largest gap is logged as ``sync/probe_max_abs_diff``; past the tolerance of the
-engine's dtype (`TOLERANCE`, or ``trainer.sync_canary_tolerance``) the run stops with
-`SyncCanaryError` (``trainer.sync_canary: stop``) or logs a warning (``warn``).
+`PROBE_TOKENS` tokens each, its log-prob beside every token: `RolloutWorker.probe`) and the
+actor scores the same tokens (the trainer's ``check_sync``). The largest gap is logged as
+``sync/probe_max_abs_diff``; past the tolerance of the engine's dtype (`TOLERANCE`, or
+``trainer.sync_canary_tolerance``) the run stops with `SyncCanaryError`
+(``trainer.sync_canary: stop``) or logs a warning (``warn``). Its time is
+``timing/sync_probe_s``, part of ``timing/sync_s``.
 
 The engine reports raw log-probs (before temperature) and the actor divides by the sampling
 temperature, so the canary needs ``rollout.temperature: 1.0`` (checked with the config).
@@ -18,9 +20,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from tensordict import TensorDict
-
-from toolrl import batch as B
 
 PROBE_TEXTS = ("What is 7 times 3?", "Call the tool add with a=2 and b=5.",
                "Name three colours.", "0 1 2 3 4 5 6 7 8 9")
@@ -42,14 +41,11 @@ def tolerance(dtype: str | None, override: float | None = None) -> float:
     return TOLERANCE.get(str(dtype or "float32").removeprefix("torch."), TOLERANCE["bfloat16"])
 
 
-def probe_diff(probes: Sequence[TensorDict], scored: Sequence[TensorDict]) -> list[float]:
-    """Per engine: max |engine - actor| log-prob over the probe's sampled tokens."""
-    out = []
-    for probe, actor in zip(probes, scored, strict=True):
-        mask = probe[B.RESPONSE_MASK].bool()
-        diff = (actor[B.OLD_LOG_PROBS] - probe[B.ROLLOUT_LOG_PROBS])[mask].abs()
-        out.append(float(diff.max()) if diff.numel() else 0.0)
-    return out
+def probe_diff(engine: torch.Tensor, actor: torch.Tensor, mask: torch.Tensor) -> float:
+    """Max |engine - actor| log-prob over the probe's sampled tokens (``mask`` 1) of one
+    engine: ``[B, R]`` tensors, the engine's log-probs beside the actor's of the same tokens."""
+    diff = (actor - engine)[mask.bool()].abs()
+    return float(diff.max()) if diff.numel() else 0.0
 
 
 def verdict(diffs: Sequence[float], bound: float, version: int) -> str | None:
