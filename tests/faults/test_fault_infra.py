@@ -172,3 +172,60 @@ def test_too_many_infra_failures_stop_the_run(worker):
     assert [t.id for t in B.trajectories(kept)] == ["ok-0", "ok-0"]
     everything = _batch(worker, [fault_row("down", "unreachable")])
     assert settle(everything, InfraFailureConfig(rule="drop_sample", max_fraction=1.0))[0] is None
+
+
+@pytest.mark.timeout(120)
+def test_an_http_service_that_is_down_is_an_infra_failure():
+    """Connection refused is the service's failure: ``http_error`` with ``infra: true``, and
+    the episode's ``infra_failure`` is ``tool_unreachable``; an HTTP 4xx stays the policy's."""
+    from fault_harness import call, play_batch
+    from test_fault_services import HTTP_ENV, http_rows
+    from toolrl.envs.http_api.service import ThreadedServer
+
+    from toolrl.core.registration import make_env
+
+    server = ThreadedServer().start()
+    url = server.url
+    server.stop()  # nothing listens there any more
+    rows = http_rows("down", n=2)
+    script = [call("list_orders"), "Done."]
+    episodes = asyncio.run(play_batch(lambda: make_env(HTTP_ENV, base_url=url, retries=0),
+                                      rows, lambda env, m: script[env.unwrapped.turn]))
+    for ep in episodes.values():
+        (error,) = ep.turns[0].errors
+        assert error["type"] == "http_error" and error["infra"] is True, error
+        assert ep.infra_failure == "tool_unreachable"
+
+
+@pytest.mark.timeout(120)
+def test_an_mcp_server_killed_between_turns_is_an_infra_failure():
+    """The MCP connection closed under the episode: ``tool_exception`` (``MCPError: Connection
+    closed``) with ``infra: true``; the episode is ``tool_unreachable``."""
+    import sys
+    import uuid
+
+    import psutil
+    from fault_harness import call, play_batch
+    from test_fault_services import FAULT_SERVER, MCP_ENV, MCP_ROW
+
+    from toolrl.core.registration import make_env
+
+    tag = uuid.uuid4().hex
+
+    def policy(env, messages):
+        if env.unwrapped.turn == 1:
+            for proc in psutil.Process().children(recursive=True):
+                if tag in " ".join(proc.cmdline()):
+                    proc.kill()
+        return [call("echo", text="hi"), call("echo", text="after"),
+                call("submit", answer="x")][env.unwrapped.turn]
+
+    episodes = asyncio.run(play_batch(
+        lambda: make_env(MCP_ENV, command=[sys.executable, FAULT_SERVER, "--tag", tag],
+                         tool_timeout=20), [dict(MCP_ROW, id="mcp-killed")], policy,
+        timeout=90))
+    ep = episodes["mcp-killed"]
+    (error,) = ep.turns[1].errors
+    assert error == {"type": "tool_exception", "tool": "echo",
+                     "message": "MCPError: Connection closed", "infra": True}
+    assert ep.infra_failure == "tool_unreachable" and not ep.turns[0].errors

@@ -17,7 +17,7 @@ from trainer_runs import ROOT, register_test_rewards, run_training_in_process, s
 
 from toolrl.controller import WorkerGroupError
 from toolrl.rollout.worker import RolloutWorker
-from toolrl.trainer.canary import SyncCanaryError
+from toolrl.sync.canary import SyncCanaryError
 from toolrl.trainer.config import load_config
 from toolrl.trainer.failures import RolloutFailedError
 from toolrl.trainer.tracking import read_metrics

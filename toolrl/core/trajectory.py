@@ -269,7 +269,9 @@ class Trajectory:
         """Close the record: why the episode ended, the env's last step ``info`` (kept as plain
         data, without the turn's parse, calls and results, which live in the turns), the
         final state and an error. ``success`` is ``info["success"]`` (False without one, e.g.
-        an episode cut by the budget), and ``info`` always holds it."""
+        an episode cut by the budget), and ``info`` always holds it. A turn with an
+        infrastructure tool error (``"infra": True``) makes ``infra_failure``
+        ``tool_unreachable``."""
         if reason not in FINISH_REASONS:
             raise ValueError(f"unknown finish reason {reason!r}; one of {FINISH_REASONS}")
         self.finish_reason, self.error = reason, error
@@ -278,6 +280,8 @@ class Trajectory:
         self.success = bool(self.info.get("success", False))
         self.info.setdefault("success", self.success)
         self.final_state = None if final_state is None else plain(final_state)
+        if self.infra_failure is None and any(e.get("infra") for e in self.errors):
+            self.infra_failure = "tool_unreachable"  # a tool's server was down, not the policy
 
     @classmethod
     def from_calls(cls, calls: Sequence[ToolCall | Mapping[str, Any]], row: Mapping[str, Any],

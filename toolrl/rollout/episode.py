@@ -366,9 +366,8 @@ class EpisodeRunner:
             except Exception as e:
                 logger.warning("state_snapshot failed: %s", e)
         traj = state.traj
+        traj.infra_failure = state.infra_failure
         traj.finish(state.finish_reason or "error", state.final_info, snapshot, state.error)
-        traj.infra_failure = state.infra_failure or (
-            "tool_unreachable" if any(e.get("infra") for e in traj.errors) else None)
         traj.messages = plain(traj.messages)
         traj.prompt_tokens = len(state.prompt_ids)
         traj.response_tokens = len(state.response_ids)
