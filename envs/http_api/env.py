@@ -214,7 +214,8 @@ class HttpApiEnv(ToolEnv):
                                          f"({type(exc).__name__})") from exc
         except httpx.TransportError as exc:
             raise ToolFailure("http_error", f"{ep.method} {path} failed: "
-                                            f"{type(exc).__name__}: {exc}") from exc
+                                            f"{type(exc).__name__}: {exc}",
+                              infra=True) from exc  # unreachable: not the policy's fault
         text = b"".join(chunks).decode("utf-8", errors="replace")
         if response.status_code >= 400:
             raise ToolFailure("http_error", f"HTTP {response.status_code}: {text[:200]}")

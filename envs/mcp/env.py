@@ -138,7 +138,15 @@ class MCPEnv(SubmitAnswer):
 
     def _remote_fn(self, name: str):
         async def call(**arguments: Any) -> str:
-            result = await self._bg.run(self._client.call_tool(name, arguments))
+            from mcp.shared.exceptions import MCPError
+            from mcp.types import CONNECTION_CLOSED
+
+            try:
+                result = await self._bg.run(self._client.call_tool(name, arguments))
+            except MCPError as exc:  # the server is gone: infrastructure, not the policy
+                if exc.error.code != CONNECTION_CLOSED:
+                    raise
+                raise ToolFailure("tool_exception", f"MCPError: {exc}", infra=True) from exc
             text = "\n".join(getattr(c, "text", "") for c in result.content)
             if result.is_error:
                 raise ToolFailure("tool_exception", text or f"{name} failed")

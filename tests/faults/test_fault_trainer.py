@@ -1,4 +1,5 @@
-"""Trainer faults: a rollout worker killed mid-step; a checkpoint save killed midway."""
+"""Trainer faults: a rollout worker killed mid-step (the run stops, or retries), a rollout that
+keeps failing, a weight push that does nothing (the canary), a checkpoint save killed midway."""
 
 from __future__ import annotations
 
@@ -15,7 +16,10 @@ import pytest
 from trainer_runs import ROOT, register_test_rewards, run_training_in_process, small_run_overrides
 
 from toolrl.controller import WorkerGroupError
+from toolrl.rollout.worker import RolloutWorker
+from toolrl.sync.canary import SyncCanaryError
 from toolrl.trainer.config import load_config
+from toolrl.trainer.failures import RolloutFailedError
 from toolrl.trainer.tracking import read_metrics
 from toolrl.trainer.trainer import Trainer
 
@@ -112,3 +116,124 @@ def test_rollout_worker_killed(ray_cluster, tiny_model_dir, tmp_path):
     steps = [r["step"] for r in read_metrics(metrics)]
     assert steps == logged_at_kill and steps[:2] == [0, 1], (steps, logged_at_kill)
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def _engine_pids(trainer: Trainer) -> list[int]:
+    return [p for pids in trainer.handles["rollout"].call(RolloutWorker.engine_pids)
+            for p in pids]
+
+
+def _gone(pid: int) -> bool:
+    return not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+@pytest.mark.timeout(900)
+def test_rollout_worker_killed_is_retried(ray_cluster, tiny_model_dir, tmp_path):
+    """trainer.on_rollout_failure=retry: the dead worker (here the process the rollout role
+    shares with the actor) and its engine are restarted, the run goes on from the last
+    complete checkpoint, redoes the step in flight and finishes; every step is logged once,
+    and the weight-sync canary agrees after every push."""
+    register_test_rewards()
+    cfg = load_config(ROOT / "configs/quickstart.yaml", small_run_overrides(
+        tiny_model_dir, tmp_path / "run", **{"trainer.total_steps": 4, "trainer.save_every": 1,
+                                              "trainer.on_rollout_failure": "retry",
+                                              "trainer.max_retries": 1}))
+    trainer = Trainer(cfg)
+    trainer.setup()
+    pid = trainer.handles["rollout"].group.pids[0]
+    engines = _engine_pids(trainer)
+    metrics = cfg.run_dir / "metrics.jsonl"
+
+    def kill_in_step_2() -> None:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            if 1 in [r["step"] for r in read_metrics(metrics)]:
+                os.kill(pid, signal.SIGKILL)
+                return
+            time.sleep(0.02)
+
+    killer = threading.Thread(target=kill_in_step_2, daemon=True)
+    killer.start()
+    try:
+        trainer.fit()
+        new_pid = trainer.handles["rollout"].group.pids[0]
+    finally:
+        trainer.close()
+    killer.join(timeout=5)
+    rows = read_metrics(metrics)
+    assert [r["step"] for r in rows] == [0, 1, 2, 3, 4]  # each step once, none lost
+    assert new_pid != pid and _gone(pid)
+    deadline = time.monotonic() + 30  # the killed worker's engine processes go too
+    while not all(_gone(p) for p in engines) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert all(_gone(p) for p in engines), [p for p in engines if not _gone(p)]
+    assert rows[-1]["trainer/rollout_retries"] == 1
+    assert all(r["sync/probe_max_abs_diff"] < 1e-3 for r in rows[1:])
+
+
+@pytest.mark.timeout(600)
+def test_rollout_failures_stop_after_max_retries(ray_cluster, tiny_model_dir, tmp_path):
+    """A rollout that fails every time is retried max_retries times, then the run stops with
+    one message naming the failure; nothing is logged for the failed step."""
+    register_test_rewards()
+    cfg = load_config(ROOT / "configs/quickstart.yaml", small_run_overrides(
+        tiny_model_dir, tmp_path / "run", **{"trainer.total_steps": 3,
+                                              "trainer.on_rollout_failure": "retry",
+                                              "trainer.max_retries": 2}))
+    attempts = []
+
+    class BrokenRollout(Trainer):
+        def rollout(self, rows, n, seed, greedy=False, uids=None):
+            if self.step >= 1 and not greedy:  # step 2 onwards: the rollout raises
+                attempts.append(self.step)
+                try:
+                    raise RuntimeError("engine exploded")
+                except RuntimeError as e:
+                    raise RolloutFailedError(f"rollout of step {self.step + 1} failed "
+                                             f"({e})") from e
+            return super().rollout(rows, n, seed, greedy, uids)
+
+    trainer = BrokenRollout(cfg)
+    try:
+        with pytest.raises(RolloutFailedError, match=r"engine exploded.*2 retries in a row "
+                                                     r"\(trainer.max_retries=2\)"):
+            trainer.fit()
+    finally:
+        trainer.close()
+    assert attempts == [1, 1, 1]  # the first try and two retries of the same step
+    assert [r["step"] for r in read_metrics(cfg.run_dir / "metrics.jsonl")] == [0, 1]
+
+
+@pytest.mark.timeout(600)
+def test_a_weight_push_that_does_nothing_stops_the_run(ray_cluster, tiny_model_dir, tmp_path):
+    """The weight-sync canary: a push that silently leaves the engine on the old weights is
+    caught after the first update (sync/probe_max_abs_diff past the fp32 tolerance) and stops
+    the run naming the version; with trainer.sync_canary=warn the run goes on and logs it."""
+    register_test_rewards()
+
+    class SilentSync(Trainer):
+        def sync_weights(self) -> int:  # reports a new version, loads nothing
+            self.fake_version = getattr(self, "fake_version", 0) + 1
+            return self.fake_version
+
+    overrides = {"trainer.total_steps": 2, "actor.lr": 1e-2}
+    cfg = load_config(ROOT / "configs/quickstart.yaml", small_run_overrides(
+        tiny_model_dir, tmp_path / "stop", **overrides))
+    trainer = SilentSync(cfg)
+    try:
+        with pytest.raises(SyncCanaryError, match=r"policy version 1 .*disagree"):
+            trainer.fit()
+    finally:
+        trainer.close()
+    assert [r["step"] for r in read_metrics(cfg.run_dir / "metrics.jsonl")] == [0]
+
+    cfg = load_config(ROOT / "configs/quickstart.yaml", small_run_overrides(
+        tiny_model_dir, tmp_path / "warn", **overrides, **{"trainer.sync_canary": "warn"}))
+    trainer = SilentSync(cfg)
+    try:
+        trainer.fit()
+    finally:
+        trainer.close()
+    rows = read_metrics(cfg.run_dir / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    assert all(r["sync/probe_max_abs_diff"] > 1e-3 for r in rows[1:])

@@ -256,12 +256,15 @@ class RayResourcePool(ResourcePool):
             cluster (GPU if the cluster has any).
         cpus_per_process: CPUs reserved in each bundle (fractions are fine).
         accelerator: Ray resource name of the device ("GPU").
+        custom_resources: more Ray resources each bundle asks for, e.g. ``{"rollout_node":
+            0.01}`` to put the pool on the nodes started with that resource.
     """
 
     name: str = "pool"
     use_gpu: bool | None = False
     cpus_per_process: float = 1.0
     accelerator: str = "GPU"
+    custom_resources: Mapping[str, float] = field(default_factory=dict)
     _pgs: list[PlacementGroup] | None = field(default=None, init=False, repr=False)
     _groups: list[str] = field(default_factory=list, init=False, repr=False)
 
@@ -280,6 +283,7 @@ class RayResourcePool(ResourcePool):
         out = {"CPU": float(self.cpus_per_process)}
         if self.uses_gpu:
             out[self.accelerator] = 1.0
+        out.update({str(k): float(v) for k, v in self.custom_resources.items()})
         return out
 
     def requests(self) -> list[PlacementRequest]:
@@ -326,11 +330,14 @@ class RayResourcePool(ResourcePool):
                 placement_group=pg, placement_group_bundle_index=local,
                 placement_group_capture_child_tasks=False),
         }
+        resources = {k: v * share for k, v in self.custom_resources.items()}
         if self.uses_gpu:
             if self.accelerator == "GPU":
                 options["num_gpus"] = share
             else:
-                options["resources"] = {self.accelerator: share}
+                resources[self.accelerator] = share
+        if resources:
+            options["resources"] = resources
         return options
 
     def claim(self, group: str) -> None:
@@ -367,28 +374,36 @@ class ResourcePoolManager:
 
     def __init__(self, pools: Mapping[str, Sequence[int]], mapping: Mapping[str, str], *,
                  use_gpu: bool | None = False, cpus_per_process: float = 1.0,
-                 max_colocate_count: int = 1, devices_per_node: int = 0) -> None:
+                 max_colocate_count: int = 1, devices_per_node: int = 0,
+                 custom_resources: Mapping[str, Mapping[str, float]] | None = None) -> None:
         if not pools:
             raise ResourceError("no resource pools configured")
         unknown = {role: p for role, p in mapping.items() if p not in pools}
         if unknown:
             raise ResourceError(
                 f"roles mapped to unknown pools: {unknown}; known pools: {sorted(pools)}")
+        custom = dict(custom_resources or {})
+        stray = sorted(set(custom) - set(pools))
+        if stray:
+            raise ResourceError(f"custom resources for unknown pools {stray}; known pools: "
+                                f"{sorted(pools)}")
         self.mapping = dict(mapping)
         self.pools: dict[str, RayResourcePool] = {
             name: RayResourcePool(list(counts), max_colocate_count=max_colocate_count,
                                   devices_per_node=devices_per_node, name=name, use_gpu=use_gpu,
-                                  cpus_per_process=cpus_per_process)
+                                  cpus_per_process=cpus_per_process,
+                                  custom_resources=dict(custom.get(name) or {}))
             for name, counts in pools.items()
         }
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> ResourcePoolManager:
         """Build from a mapping with keys ``pools``, ``mapping`` and optional ``use_gpu``
-        (true/false/"auto"), ``cpus_per_process``, ``max_colocate_count``, ``devices_per_node``.
+        (true/false/"auto"), ``cpus_per_process``, ``max_colocate_count``, ``devices_per_node``,
+        ``custom_resources`` (pool name -> Ray resources each of its bundles asks for).
         """
         known = {"pools", "mapping", "use_gpu", "cpus_per_process", "max_colocate_count",
-                 "devices_per_node"}
+                 "devices_per_node", "custom_resources"}
         extra = set(cfg) - known
         if extra:
             raise ResourceError(f"unknown resource config keys {sorted(extra)}; "
@@ -401,7 +416,8 @@ class ResourcePoolManager:
         return cls({k: list(v) for k, v in cfg["pools"].items()}, dict(cfg["mapping"]),
                    use_gpu=use_gpu, cpus_per_process=float(cfg.get("cpus_per_process", 1.0)),
                    max_colocate_count=int(cfg.get("max_colocate_count", 1)),
-                   devices_per_node=int(cfg.get("devices_per_node", 0)))
+                   devices_per_node=int(cfg.get("devices_per_node", 0)),
+                   custom_resources=cfg.get("custom_resources"))
 
     def pool_for(self, role: str) -> RayResourcePool:
         if role not in self.mapping:

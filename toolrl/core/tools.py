@@ -44,19 +44,31 @@ MAX_MESSAGE_CHARS = 300
 
 
 class ToolFailure(Exception):
-    """Raise inside a tool to report a typed error of your choosing (e.g. ``http_error``)."""
+    """Raise inside a tool to report a typed error of your choosing (e.g. ``http_error``).
 
-    def __init__(self, type: str, message: str) -> None:
+    ``infra=True`` says the failure is the infrastructure's, not the policy's (the tool's
+    server could not be reached, its connection dropped): the episode is then recorded as an
+    infrastructure failure (`toolrl.core.trajectory.Trajectory.infra_failure`) and kept out of
+    the loss and the reward statistics.
+    """
+
+    def __init__(self, type: str, message: str, infra: bool = False) -> None:
         super().__init__(message)
         self.type = type
         self.message = message
+        self.infra = infra
 
 
-def make_error(type: str, tool: str | None, message: str) -> dict[str, Any]:
-    """A typed error record: ``{"type", "tool", "message"}`` (message capped in length)."""
+def make_error(type: str, tool: str | None, message: str, infra: bool = False
+               ) -> dict[str, Any]:
+    """A typed error record: ``{"type", "tool", "message"}`` (message capped in length), with
+    ``"infra": True`` when the infrastructure failed (see `ToolFailure`)."""
     if len(message) > MAX_MESSAGE_CHARS:
         message = message[:MAX_MESSAGE_CHARS] + "..."
-    return {"type": type, "tool": tool, "message": message}
+    out: dict[str, Any] = {"type": type, "tool": tool, "message": message}
+    if infra:
+        out["infra"] = True
+    return out
 
 
 def error_observation(error: dict[str, Any]) -> str:
@@ -344,10 +356,14 @@ class Tool:
                                                      f"{limit:g} s")
             return done(error_observation(error), error)
         except ToolFailure as exc:
-            error = make_error(exc.type, self.name, exc.message)
+            error = make_error(exc.type, self.name, exc.message, infra=exc.infra)
             return done(error_observation(error), error)
         except asyncio.CancelledError:
             raise
+        except ConnectionError as exc:  # refused, reset, broken pipe: the server, not the call
+            error = make_error("tool_exception", self.name, f"{type(exc).__name__}: {exc}",
+                               infra=True)
+            return done(error_observation(error), error)
         except Exception as exc:  # the tool's own bug or refusal: an observation, not a crash
             error = make_error("tool_exception", self.name, f"{type(exc).__name__}: {exc}")
             return done(error_observation(error), error)

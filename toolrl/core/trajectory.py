@@ -20,6 +20,9 @@ policy of your own, e.g. the env's scripted oracle); the rollout batch carries o
     traj.success / .info  the env's outcome and its final step info
     traj.final_state      the env's `state_snapshot()` at the end
     traj.finish_reason    terminated | truncated | length | context | max_turns | error
+    traj.infra_failure    None, or why the infrastructure (not the policy) failed the episode:
+                          tool_unreachable | env_exception | env_timeout | agent_crash; the
+                          trainer keeps such episodes out of the loss and reward statistics
     traj.tools / .format  the tool schemas offered and the tool-call format
     traj.sampled_tokens   tokens the policy generated (prompt_tokens, response_tokens too)
     traj.policy_version   the weights that generated it; .timing: seconds spent
@@ -42,13 +45,21 @@ from typing import Any
 
 from toolrl.core.types import ParseResult, ToolCall, as_tool_call
 
-__all__ = ["FINISH_REASONS", "TokenStream", "ToolOutput", "Trajectory", "TurnRecord", "plain"]
+__all__ = ["FINISH_REASONS", "INFRA_FAILURES", "TokenStream", "ToolOutput", "Trajectory",
+           "TurnRecord", "plain"]
 
 FINISH_REASONS = ("terminated", "truncated", "length", "context", "max_turns", "error")
 """Why an episode ended: the env ended it (``terminated``) or cut it (``truncated``); a model
 turn ran into the response budget (``length``); an observation or the prompt did not fit
 (``context``); the runner's own turn cap (``max_turns``); the env or the template failed on
 this episode's input (``error``)."""
+
+INFRA_FAILURES = ("tool_unreachable", "env_exception", "env_timeout", "agent_crash")
+"""Why the infrastructure failed an episode (`Trajectory.infra_failure`), as opposed to a
+policy failure (a bad call, a wrong answer): a tool's server could not be reached or dropped
+the connection (a tool error with ``"infra": True``, see `toolrl.core.tools.ToolFailure`);
+the env raised (make_env, reset or step); an env step ran past ``rollout.env_timeout_s``; the
+episode loop itself crashed."""
 
 Span = tuple[int, int]
 
@@ -201,11 +212,15 @@ class Trajectory:
     timing: dict[str, float] = field(default_factory=dict)
     tokens: TokenStream | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    infra_failure: str | None = None
 
     def __post_init__(self) -> None:
         if self.finish_reason not in FINISH_REASONS:
             raise ValueError(f"unknown finish reason {self.finish_reason!r}; one of "
                              f"{FINISH_REASONS}")
+        if self.infra_failure is not None and self.infra_failure not in INFRA_FAILURES:
+            raise ValueError(f"unknown infra failure {self.infra_failure!r}; one of "
+                             f"{INFRA_FAILURES}")
 
     # --- what rewards and metrics read -------------------------------------------------------
     @property
@@ -254,7 +269,9 @@ class Trajectory:
         """Close the record: why the episode ended, the env's last step ``info`` (kept as plain
         data, without the turn's parse, calls and results, which live in the turns), the
         final state and an error. ``success`` is ``info["success"]`` (False without one, e.g.
-        an episode cut by the budget), and ``info`` always holds it."""
+        an episode cut by the budget), and ``info`` always holds it. A turn with an
+        infrastructure tool error (``"infra": True``) makes ``infra_failure``
+        ``tool_unreachable``."""
         if reason not in FINISH_REASONS:
             raise ValueError(f"unknown finish reason {reason!r}; one of {FINISH_REASONS}")
         self.finish_reason, self.error = reason, error
@@ -263,6 +280,8 @@ class Trajectory:
         self.success = bool(self.info.get("success", False))
         self.info.setdefault("success", self.success)
         self.final_state = None if final_state is None else plain(final_state)
+        if self.infra_failure is None and any(e.get("infra") for e in self.errors):
+            self.infra_failure = "tool_unreachable"  # a tool's server was down, not the policy
 
     @classmethod
     def from_calls(cls, calls: Sequence[ToolCall | Mapping[str, Any]], row: Mapping[str, Any],
@@ -284,7 +303,7 @@ class Trajectory:
                 "prompt_tokens": self.prompt_tokens, "response_tokens": self.response_tokens,
                 "sampled_tokens": self.sampled_tokens, "timing": self.timing,
                 "tokens": None if self.tokens is None else self.tokens.to_dict(),
-                "extra": self.extra}
+                "extra": self.extra, "infra_failure": self.infra_failure}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | Trajectory) -> Trajectory:
@@ -312,7 +331,8 @@ class Trajectory:
                    sampled_tokens=int(data.get("sampled_tokens", 0)),
                    timing={k: float(v) for k, v in (data.get("timing") or {}).items()},
                    tokens=None if tokens is None else TokenStream.from_dict(tokens),
-                   extra=dict(data.get("extra") or {}))
+                   extra=dict(data.get("extra") or {}),
+                   infra_failure=data.get("infra_failure"))
 
 
 _FIELDS = frozenset(Trajectory.__dataclass_fields__)

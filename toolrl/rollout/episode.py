@@ -14,7 +14,10 @@ and the token stream (``tokens``):
 - the engine's log-prob beside each response token (0.0 where nothing was sampled).
 
 Finish reasons: `toolrl.core.trajectory.FINISH_REASONS` (``error``: the env or the template
-failed on this episode's input; recorded, never raised).
+failed on this episode's input; recorded, never raised). An episode the infrastructure failed
+(the env raised, an env step ran past ``EpisodeConfig.env_timeout_s``, a tool's server was
+unreachable) also gets ``Trajectory.infra_failure``, so the trainer can tell it from a policy
+failure.
 
 The loop is built from small methods meant to be overridden: `EpisodeRunner.generate_turn`
 (how a model turn is produced: one engine call by default; several for a two-stage generate),
@@ -24,6 +27,7 @@ which of its tokens were sampled, so a subclass may insert fixed tokens mid-turn
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -60,12 +64,15 @@ class EpisodeConfig:
     max_turns: int = 32
     on_overflow: Literal["stop", "truncate"] = "stop"
     min_turn_tokens: int = 1
+    env_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.on_overflow not in ("stop", "truncate"):
             raise ValueError(f"on_overflow must be 'stop' or 'truncate', got {self.on_overflow!r}")
         if self.max_turns < 1 or self.min_turn_tokens < 1:
             raise ValueError("max_turns and min_turn_tokens must be >= 1")
+        if self.env_timeout_s is not None and not self.env_timeout_s > 0:
+            raise ValueError(f"env_timeout_s must be > 0 or None, got {self.env_timeout_s}")
 
 
 @dataclass
@@ -119,6 +126,7 @@ class EpisodeState:
     done: bool = False
     finish_reason: str | None = None
     error: str | None = None
+    infra_failure: str | None = None
 
     @property
     def token_ids(self) -> list[int]:
@@ -146,9 +154,11 @@ class EpisodeState:
                                                                     strict=True))
         return start, len(self.response_ids)
 
-    def end(self, reason: str, error: str | None = None) -> None:
-        """Mark the episode over (`EpisodeRunner.finish` closes the trajectory)."""
+    def end(self, reason: str, error: str | None = None, infra: str | None = None) -> None:
+        """Mark the episode over (`EpisodeRunner.finish` closes the trajectory); ``infra``
+        names an infrastructure failure (`toolrl.core.trajectory.INFRA_FAILURES`)."""
         self.done, self.finish_reason, self.error = True, reason, error
+        self.infra_failure = infra
 
 
 class EpisodeRunner:
@@ -197,7 +207,8 @@ class EpisodeRunner:
             tools = list(info.get("tools") or [])
             prompt = self.renderer.render_prompt(messages, tools)
         except Exception as e:  # a bad row or template: this episode fails, the batch goes on
-            return self.failed_state(env, row, seed, describe_exception(e, "reset"))
+            return self.failed_state(env, row, seed, describe_exception(e, "reset"),
+                                     infra="env_exception")
         limit = self.engine.max_model_len - len(prompt)
         budget = min(self.config.max_response_len or limit, limit)
         traj = Trajectory(messages=list(messages), row=row, tools=tools,
@@ -210,18 +221,21 @@ class EpisodeRunner:
         return state
 
     def failed_state(self, env: Any, row: Mapping[str, Any], seed: int | None,
-                     error: str) -> EpisodeState:
-        """A finished state for an episode that could not start (finish reason ``error``)."""
+                     error: str, infra: str | None = None) -> EpisodeState:
+        """A finished state for an episode that could not start (finish reason ``error``;
+        ``infra``: the infrastructure failure behind it)."""
         logger.warning("episode %s failed to start: %s", row.get("id"), error)
         # one placeholder token keeps the batch row non-empty; its response is empty
         traj = Trajectory(messages=list(row.get("messages") or []), row=dict(row), seed=seed)
         state = EpisodeState(env, traj, [self.renderer.eos_token_id], 0)
-        state.end("error", error)
+        state.end("error", error, infra)
         return state
 
-    def failed(self, row: Mapping[str, Any], seed: int | None, error: str) -> Trajectory:
-        """The trajectory of an episode that could not even get an env."""
-        return self.finish(self.failed_state(None, row, seed, error))
+    def failed(self, row: Mapping[str, Any], seed: int | None, error: str,
+               infra: str | None = "env_exception") -> Trajectory:
+        """The trajectory of an episode that could not even get an env (or whose loop
+        crashed: ``infra="agent_crash"``)."""
+        return self.finish(self.failed_state(None, row, seed, error, infra))
 
     async def play_turn(self, state: EpisodeState) -> None:
         """Generate one model turn, step the env, append the observation."""
@@ -247,12 +261,21 @@ class EpisodeRunner:
             state.end("length")
             return
         t1 = time.perf_counter()
+        limit = self.config.env_timeout_s
         try:
-            observation, reward, terminated, truncated, info = await self.step_env(state, text)
+            step = self.step_env(state, text)
+            observation, reward, terminated, truncated, info = \
+                await (asyncio.wait_for(step, limit) if limit is not None else step)
+        except TimeoutError:
+            logger.warning("env step timed out in episode %s after %s s", traj.id, limit)
+            traj.turns.append(self.unstepped_turn(state, text, span, out, gen_s))
+            state.end("error", f"step: the env did not answer within env_timeout_s={limit:g}",
+                      infra="env_timeout")
+            return
         except Exception as e:
             logger.warning("env step failed in episode %s: %s", traj.id, e)
             traj.turns.append(self.unstepped_turn(state, text, span, out, gen_s))
-            state.end("error", describe_exception(e, "step"))
+            state.end("error", describe_exception(e, "step"), infra="env_exception")
             return
         turn = TurnRecord.from_step(text, float(reward), info, parser=self.parser(state))
         turn.action_span, turn.finish_reason = span, out.finish_reason
@@ -344,6 +367,7 @@ class EpisodeRunner:
             except Exception as e:
                 logger.warning("state_snapshot failed: %s", e)
         traj = state.traj
+        traj.infra_failure = state.infra_failure
         traj.finish(state.finish_reason or "error", state.final_info, snapshot, state.error)
         traj.messages = plain(traj.messages)
         traj.prompt_tokens = len(state.prompt_ids)

@@ -77,6 +77,8 @@ class RolloutConfig:
             2, 512)``); the response gets the rest. Both are the padded widths of the batch.
         val_temperature: validation episodes decode greedily when 0 (the trainer's choice).
         on_overflow: see `EpisodeConfig`.
+        env_timeout_s: the longest one env step may take (None: no bound); past it the
+            episode ends as an infrastructure failure (``env_timeout``).
         engine: the vLLM engine (`EngineConfig`).
         env_id: env of rows without an ``env`` field; env_kwargs: passed to ``make_env``.
         seed: base of the per-episode sampling seeds (None: unseeded sampling).
@@ -100,6 +102,7 @@ class RolloutConfig:
     max_prompt_tokens: int | None = None
     val_temperature: float = 0.0
     on_overflow: str = "stop"
+    env_timeout_s: float | None = None
     engine: EngineConfig = field(default_factory=experiment_engine)
     env_id: str | None = None
     env_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -147,7 +150,8 @@ class RolloutConfig:
     def episode_config(self) -> EpisodeConfig:
         return EpisodeConfig(sampling=self.sampling, max_prompt_len=self.max_prompt_len,
                              max_response_len=self.max_response_len, max_turns=self.max_turns,
-                             on_overflow=self.on_overflow)  # type: ignore[arg-type]
+                             on_overflow=self.on_overflow,  # type: ignore[arg-type]
+                             env_timeout_s=self.env_timeout_s)
 
 
 def make_rollout_input(rows: Sequence[Mapping[str, Any]], n: int = 1,
@@ -323,6 +327,25 @@ class RolloutWorker(Worker):
         self.engine.wake_up(tags)
 
     @remote(Dispatch.ONE_TO_ALL)
+    def probe(self, texts: Sequence[str], max_tokens: int, seed: int) -> TensorDict:
+        """The weight-sync canary's probe (`toolrl.sync.canary`): one user message per
+        text, ``max_tokens`` tokens sampled from each (temperature 1, seeded, past EOS) with
+        the engine's log-prob beside every token; a rollout batch the actor can score."""
+        sampling = SamplingConfig(temperature=1.0, max_tokens=max_tokens, ignore_eos=True)
+        prompts = [self.renderer.render_prompt([{"role": "user", "content": t}], [])
+                   for t in texts]
+
+        async def run() -> list[Any]:
+            return await asyncio.gather(*(
+                self.engine.generate(p, sampling.replace(seed=seed + i))
+                for i, p in enumerate(prompts)))
+
+        outs = [c[0] for c in _run(run())]
+        return B.build_rollout_batch(
+            prompts, [o.token_ids for o in outs], [[1] * len(o.token_ids) for o in outs],
+            self.pad_token_id, rollout_log_probs=[o.log_probs for o in outs])
+
+    @remote(Dispatch.ONE_TO_ALL)
     def check_health(self) -> bool:
         return self.engine.is_healthy()
 
@@ -376,6 +399,10 @@ class RolloutWorker(Worker):
                     return runner.failed(row, seed, f"make_env: {type(e).__name__}: {e}")
                 try:
                     return await runner.run(env, row, seed=seed)
+                except Exception as e:  # the episode loop itself crashed: this row fails
+                    logger.warning("episode %s crashed: %s", row.get("id"), e)
+                    return runner.failed(row, seed, f"agent: {type(e).__name__}: {e}",
+                                         infra="agent_crash")
                 finally:
                     try:
                         env.close()

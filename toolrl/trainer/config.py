@@ -18,6 +18,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from toolrl.rollout.worker import RolloutConfig
+from toolrl.trainer.failures import INFRA_RULES, InfraFailureConfig
 from toolrl.trainer.health import HealthConfig
 from toolrl.workers.actor import ActorConfig
 from toolrl.workers.critic import CriticConfig
@@ -113,6 +114,10 @@ class ResourcesConfig:
     memory_check: str = "refuse"  # refuse | warn | skip: the pre-flight memory plan
     host_memory_gib: float | None = None  # RAM per node to plan with (None: this machine's)
     gpu_memory_gib: float | None = None  # memory per GPU to plan with (None: the visible GPU's)
+    # Ray custom resources each bundle of a pool asks for, by pool: "global" (trainer.mode=sync),
+    # "train" and "rollout" (pipeline), e.g. {rollout: {rollout_node: 0.01}} puts the rollout
+    # workers on the nodes started with --resources '{"rollout_node": 1}'
+    pool_resources: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 @dataclass
@@ -144,10 +149,18 @@ class TrainerConfig:
     log_rollouts: int = 8  # trajectories dumped per step
     mode: str = "sync"  # sync | pipeline (one-step off-policy)
     export_hf: bool = True  # write final_hf/ at the end
+    # a rollout worker that died or failed: stop the run naming it, or restart it (and its
+    # engine) and redo the batch, at most max_retries times in a row (docs/reliability.md)
     on_rollout_failure: str = "stop"  # stop | retry
     max_retries: int = 1
     call_timeout_s: float = 1800.0
     health: HealthConfig = field(default_factory=HealthConfig)  # per-step health checks
+    # episodes the infrastructure failed (tool server down, env raised or timed out):
+    # refilled or dropped, never trained on; too many stop the run (trainer/failures.py)
+    infra_failures: InfraFailureConfig = field(default_factory=InfraFailureConfig)
+    # after each weight push, engine and actor score a fixed probe (sync/canary.py)
+    sync_canary: str = "stop"  # stop | warn | off
+    sync_canary_tolerance: float | None = None  # max |log-prob diff|; None: by dtype
 
 
 @dataclass
@@ -190,6 +203,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "rollout.engine.backend": ("cpu", "gpu"),
     "trainer.mode": ("sync", "pipeline"),
     "trainer.on_rollout_failure": ("stop", "retry"),
+    "trainer.infra_failures.rule": INFRA_RULES,
+    "trainer.sync_canary": ("stop", "warn", "off"),
     "resources.memory_check": ("refuse", "warn", "skip"),
     "data.overlong_prompts": ("refuse", "filter"),
     "trainer.health.on_unhealthy": ("stop", "warn"),
@@ -261,6 +276,25 @@ def validate(cfg: ExperimentConfig) -> None:
     for key in positive:
         if _get(cfg, key) < 1:
             raise ConfigError(f"{key} must be >= 1, got {_get(cfg, key)}")
+    for key in ("trainer.max_retries", "trainer.infra_failures.refill_attempts"):
+        if _get(cfg, key) < 0:
+            raise ConfigError(f"{key} must be >= 0, got {_get(cfg, key)}")
+    if not 0.0 <= cfg.trainer.infra_failures.max_fraction <= 1.0:
+        raise ConfigError(f"trainer.infra_failures.max_fraction must be in [0, 1], got "
+                          f"{cfg.trainer.infra_failures.max_fraction}")
+    pools = ("train", "rollout") if cfg.trainer.mode == "pipeline" else ("global",)
+    stray = sorted(set(cfg.resources.pool_resources) - set(pools))
+    if stray:
+        raise ConfigError(f"resources.pool_resources: no pool {stray} in trainer.mode="
+                          f"{cfg.trainer.mode}; its pools: {list(pools)}")
+    if cfg.trainer.sync_canary != "off" and cfg.rollout.temperature != 1.0:
+        raise ConfigError(f"trainer.sync_canary={cfg.trainer.sync_canary} compares the engine's "
+                          f"raw log-probs with the actor's at rollout.temperature="
+                          f"{cfg.rollout.temperature}: set rollout.temperature=1.0 or "
+                          f"trainer.sync_canary=off")
+    tolerance = cfg.trainer.sync_canary_tolerance
+    if tolerance is not None and not tolerance > 0:
+        raise ConfigError(f"trainer.sync_canary_tolerance must be > 0 or null, got {tolerance}")
     if cfg.algorithm.advantage in ("grpo", "dr_grpo", "rloo", "grpo_turn") and \
             cfg.algorithm.group_size < 2:
         raise ConfigError(f"algorithm.advantage={cfg.algorithm.advantage} compares samples "

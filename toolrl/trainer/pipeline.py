@@ -19,13 +19,16 @@ sampling (``actor.loss.tis_cap``) corrects for the lag; this mode turns it on wi
 
 The step reuses the sync trainer: `Trainer.learn` (reward, log-probs, advantage, update) runs
 between launching the next rollout and syncing; validation, logging, checkpoints are
-`Trainer.fit`'s. A rollout that fails while a step trains (an exception, a dead worker) stops
-the run with `RolloutFailedError`, which names the worker: no step trains on a partial batch,
-and the step that was training is neither synced nor logged.
+`Trainer.fit`'s. A rollout that fails (an exception, a dead or hung worker) stops the run with
+`RolloutFailedError`, which names the worker: no step trains on a partial batch, and the step
+that was training is neither synced nor logged. With ``trainer.on_rollout_failure: retry`` the
+rollout pool alone is restarted (new workers, new engines), rejoins the weight-sync group and
+gets the actor's current weights, and the failed batch is generated again from the same rows.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,17 +37,14 @@ from rich.console import Console
 from tensordict import TensorDict
 
 from toolrl import batch as B
-from toolrl.controller import GroupFuture, ResourcePoolManager, RoleSpec, spawn
+from toolrl.controller import GroupFuture, RayWorkerGroup, ResourcePoolManager, RoleSpec, spawn
 from toolrl.rollout.worker import RolloutWorker, make_rollout_input
 from toolrl.trainer.config import ExperimentConfig
+from toolrl.trainer.failures import RolloutFailedError, describe
 from toolrl.trainer.trainer import Trainer, _first, _timed
 from toolrl.workers.actor import ActorWorker
 
 DEFAULT_TIS_CAP = 2.0  # actor.loss.tis_cap of pipeline runs whose config leaves it unset
-
-
-class RolloutFailedError(RuntimeError):
-    """A rollout of the pipeline failed; the message names the worker and the step."""
 
 
 @dataclass
@@ -78,10 +78,13 @@ class PipelineTrainer(Trainer):
         res = self.cfg.resources
         sizes = {"train": res.processes_per_node, "rollout": res.rollout_processes_per_node}
         mapping = {role: "rollout" if role == "rollout" else "train" for role in roles}
+        pools = sorted(set(mapping.values()))
         manager = ResourcePoolManager.from_config({
-            "pools": {p: [sizes[p]] * res.nodes for p in sorted(set(mapping.values()))},
+            "pools": {p: [sizes[p]] * res.nodes for p in pools},
             "mapping": mapping, "use_gpu": res.device == "cuda",
-            "cpus_per_process": res.cpus_per_process})
+            "cpus_per_process": res.cpus_per_process,
+            "custom_resources": {p: res.pool_resources[p] for p in pools
+                                 if p in res.pool_resources}})
         with self.console.status("starting workers (train and rollout pools)"):
             self.handles = spawn(manager, roles, call_timeout_s=self.cfg.trainer.call_timeout_s)
 
@@ -109,18 +112,73 @@ class PipelineTrainer(Trainer):
         if self.pending is None:  # the first step (or the first after a resume)
             self.pending = self.launch_rollout(self.step + 1)
         with _timed(timing, "rollout"):  # only the part that did not overlap with training
-            batch = self.collect(self.pending)
+            batch = self.collect_or_retry()
+            batch, infra = self.settle(batch)
         more = self.step + 1 < self.cfg.trainer.total_steps
         self.pending = self.launch_rollout(self.step + 2) if more else None
-        metrics = self.staleness(batch)
-        metrics.update(self.learn(batch, timing))
+        metrics = self.staleness(batch) if batch is not None else {}
+        metrics.update(self.learn(batch, timing) if batch is not None
+                       else self._learned_nothing())
+        metrics.update(infra)
+        relaunch = None
         with _timed(timing, "rollout_next_wait"):  # engines must be idle to load weights
             if self.pending is not None:
-                self.collect(self.pending)
+                try:
+                    self.collect(self.pending)
+                except RolloutFailedError as e:  # this step trained: finish it, then redo
+                    self.retry_or_stop(e)        # the next batch on the restarted pool
+                    self.restart_rollout()
+                    relaunch = self.pending
         with _timed(timing, "sync"):
             metrics["policy_version"] = float(self.sync_weights())
+            metrics.update(self.check_sync(int(metrics["policy_version"])))
+        if relaunch is not None:
+            self.pending = self.relaunch(relaunch)
         metrics.update({f"timing/{k}_s": v for k, v in timing.items()})
         return metrics
+
+    def collect_or_retry(self) -> TensorDict:
+        """The pending batch; a failed rollout is generated again on a restarted pool with the
+        weights it had (``trainer.on_rollout_failure: retry``), or stops the run."""
+        assert self.pending is not None
+        while True:
+            try:
+                return self.collect(self.pending)
+            except RolloutFailedError as e:
+                self.retry_or_stop(e)
+                self.restart_rollout()
+                # the engines get the actor's current weights under the same version
+                self.actor.call(ActorWorker.set_policy_version, self.version - 1)
+                self.sync_weights()
+                self.pending = self.relaunch(self.pending)
+
+    def relaunch(self, pending: PendingRollout) -> PendingRollout:
+        """Generate ``pending``'s batch again: the same rows (the loader rewinds to where they
+        were drawn and ends where it was) and the same seed."""
+        ahead = self.loader.state_dict()
+        self.loader.load_state_dict(pending.data_state)
+        again = self.launch_rollout(pending.step)
+        if self.loader.state_dict() != ahead:
+            raise RuntimeError("relaunch: the data loader did not end where it was")
+        return again
+
+    def restart_rollout(self) -> None:
+        """Kill the rollout pool's workers, start new ones (new engines) on the same
+        reservation and join them to the weight-sync group."""
+        old = self.handles["rollout"]
+        with contextlib.suppress(Exception):  # a dead or hung worker: killed below
+            old.call_async(RolloutWorker.shutdown).get(timeout=60)
+        old.group.shutdown()
+        group = RayWorkerGroup(old.group.pool, {"rollout": RoleSpec.of(
+            RolloutWorker, self.rollout_config())}, call_timeout_s=self.cfg.trainer.call_timeout_s)
+        self.handles["rollout"] = group.role("rollout")
+        self.connect_weight_sync()
+        self.console.log(f"rollout pool restarted (pids {group.pids})")
+
+    def recover(self, error: BaseException) -> None:
+        """Rollout failures are retried inside the step (`collect_or_retry`): what reaches
+        here stops the run (a rollout out of retries, a dead actor)."""
+        raise error
 
     def launch_rollout(self, step: int) -> PendingRollout:
         """Start generating the batch of ``step`` on the rollout pool; returns at once."""
@@ -136,10 +194,7 @@ class PipelineTrainer(Trainer):
             return pending.future.get()
         except Exception as e:
             raise RolloutFailedError(
-                f"rollout of the batch for step {pending.step} failed ({describe(e)}); the "
-                f"run stopped after step {self.step} (the last step synced and logged) and no "
-                f"step trained on any part of that batch; trainer.resume=auto continues from "
-                f"the last checkpoint") from e
+                f"rollout of the batch for step {pending.step} failed ({describe(e)})") from e
 
     def staleness(self, batch: TensorDict) -> dict[str, float]:
         """Per-sample lag between the weights that generated ``batch`` and the actor that is
@@ -190,15 +245,6 @@ def with_tis_default(cfg: ExperimentConfig) -> ExperimentConfig:
         return cfg
     loss = dataclasses.replace(cfg.actor.loss, tis_cap=DEFAULT_TIS_CAP)
     return dataclasses.replace(cfg, actor=dataclasses.replace(cfg.actor, loss=loss))
-
-
-def describe(error: BaseException) -> str:
-    """One line for an error from a worker group: its message's last line and Ray's notes
-    (which name the group, role and rank)."""
-    lines = [ln.strip() for ln in str(error).splitlines() if ln.strip()]
-    text = lines[-1] if lines else type(error).__name__
-    notes = " ".join(getattr(error, "__notes__", []))
-    return f"{type(error).__name__}: {text[:300]}" + (f" {notes}" if notes else "")
 
 
 __all__ = ["DEFAULT_TIS_CAP", "PendingRollout", "PipelineTrainer", "RolloutFailedError",

@@ -28,10 +28,11 @@ from tensordict import TensorDict
 from toolrl import batch as B
 from toolrl.algo import apply_kl_in_reward, compute_advantage, place_rewards, uniform_groups
 from toolrl.controller import ResourcePoolManager, RoleSpec, init_ray
-from toolrl.controller.worker_group import WorkerGroupError, spawn
+from toolrl.controller.worker_group import WorkerDiedError, WorkerGroupError, spawn
 from toolrl.core.trajectory import Trajectory
 from toolrl.data import TaskLoader, load_rows
 from toolrl.rollout.worker import RolloutConfig, RolloutWorker, make_rollout_input, rollout_metrics
+from toolrl.sync import canary
 from toolrl.trainer import checkpoint as ckpt
 from toolrl.trainer.config import (
     ExperimentConfig,
@@ -39,6 +40,7 @@ from toolrl.trainer.config import (
     save_config,
     worker_rollout_config,
 )
+from toolrl.trainer.failures import RolloutFailedError, describe, settle
 from toolrl.trainer.health import HealthMonitor, HealthReport
 from toolrl.trainer.memory import check_memory
 from toolrl.trainer.mixture import RewardSets, env_of, mixture_rows, success_by
@@ -91,9 +93,13 @@ class Trainer:
             self.restore(resume)
         else:  # a fresh start in a used run dir: metrics of an earlier attempt do not count
             _truncate_metrics(self.run_dir / "metrics.jsonl", -1)
-        self.tracker = Tracker(self.run_dir, cfg.experiment_name, config=_plain(cfg),
-                               backends=cfg.trainer.trackers, total_steps=cfg.trainer.total_steps,
-                               console=self.console, start_step=self.step)
+        self.tracker = self.open_tracker()
+
+    def open_tracker(self) -> Tracker:
+        cfg = self.cfg
+        return Tracker(self.run_dir, cfg.experiment_name, config=_plain(cfg),
+                       backends=cfg.trainer.trackers, total_steps=cfg.trainer.total_steps,
+                       console=self.console, start_step=self.step)
 
     def prepare_model(self) -> str:
         """The checkpoint RL starts from: the configured one, or its warm-started copy."""
@@ -185,7 +191,9 @@ class Trainer:
         pools = {"global": [res.processes_per_node] * res.nodes}
         manager = ResourcePoolManager.from_config({
             "pools": pools, "mapping": {role: "global" for role in roles},
-            "use_gpu": res.device == "cuda", "cpus_per_process": res.cpus_per_process})
+            "use_gpu": res.device == "cuda", "cpus_per_process": res.cpus_per_process,
+            "custom_resources": {p: res.pool_resources[p] for p in pools
+                                 if p in res.pool_resources}})
         with self.console.status("starting workers (vLLM engines, FSDP actors)"):
             self.handles = spawn(manager, roles, call_timeout_s=self.cfg.trainer.call_timeout_s)
 
@@ -204,16 +212,56 @@ class Trainer:
     def train_step(self) -> dict[str, float]:
         """rollout -> reward -> log-probs -> advantage -> update -> sync."""
         timing: dict[str, float] = {}
+        self._step_data = self.loader.state_dict()  # a retried step draws the same rows
         rows = self.loader.next_batch()
         with _timed(timing, "rollout"):
             batch = self.rollout(rows, self.cfg.algorithm.group_size, seed=self._seed("train"))
+            batch, infra = self.settle(batch)  # infra failures: refilled or dropped
         if self.sleep_level:  # GPU: the engine's weights and KV cache make room for the update
             self.handles["rollout"].call(RolloutWorker.sleep, self.sleep_level)
-        metrics = self.learn(batch, timing)
+        metrics = self.learn(batch, timing) if batch is not None else self._learned_nothing()
+        metrics.update(infra)
         with _timed(timing, "sync"):
             metrics["policy_version"] = float(self.sync_weights())
+            metrics.update(self.check_sync(int(metrics["policy_version"])))
         metrics.update({f"timing/{k}_s": v for k, v in timing.items()})
         return metrics
+
+    def _learned_nothing(self) -> dict[str, float]:
+        """Every episode of the batch failed for infrastructure reasons (and were dropped)."""
+        self._last_batch = None
+        return {}
+
+    def settle(self, batch: TensorDict) -> tuple[TensorDict | None, dict[str, float]]:
+        """Episodes the infrastructure failed never train: refilled (run again, same group)
+        or dropped per ``trainer.infra_failures`` (`toolrl.trainer.failures.settle`)."""
+        def rerun(rows: list[dict[str, Any]], uids: list[str], attempt: int) -> TensorDict:
+            return self.rollout(rows, 1, seed=self._seed(f"refill{attempt}"), uids=uids)
+
+        return settle(batch, self.cfg.trainer.infra_failures, rerun)
+
+    def check_sync(self, version: int) -> dict[str, float]:
+        """The weight-sync canary (`toolrl.sync.canary`): every engine and the actor score
+        the same probe; a gap past the tolerance stops the run (or warns)."""
+        mode = self.cfg.trainer.sync_canary
+        if mode == "off":
+            return {}
+        start = time.perf_counter()
+        probes = self.handles["rollout"].call(RolloutWorker.probe, canary.PROBE_TEXTS,
+                                              canary.PROBE_TOKENS, canary.PROBE_SEED)
+        scored = [self.actor.call(ActorWorker.compute_log_prob, p) for p in probes]
+        diffs = [canary.probe_diff(p[B.ROLLOUT_LOG_PROBS], s[B.OLD_LOG_PROBS],
+                                   p[B.RESPONSE_MASK]) for p, s in zip(probes, scored,
+                                                                      strict=True)]
+        bound = canary.tolerance(self.rollout_config().engine.dtype,
+                                 self.cfg.trainer.sync_canary_tolerance)
+        problem = canary.verdict(diffs, bound, version)
+        if problem is not None:
+            if mode == "stop":
+                raise canary.SyncCanaryError(problem)
+            self.console.log(f"[yellow]warning:[/] {problem}")
+        return {"sync/probe_max_abs_diff": canary.max_diff(diffs),
+                "timing/sync_probe_s": time.perf_counter() - start}  # within timing/sync_s
 
     def learn(self, batch: TensorDict, timing: dict[str, float]) -> dict[str, float]:
         """reward -> log-probs -> advantage -> update on a finished rollout ``batch``; phase
@@ -290,10 +338,16 @@ class Trainer:
         return version
 
     def rollout(self, rows: Sequence[Mapping[str, Any]], n: int, seed: int | None,
-                greedy: bool = False) -> TensorDict:
-        batch = make_rollout_input(rows, n=n)
-        return self.handles["rollout"].call(RolloutWorker.rollout, batch, seed=seed,
-                                            greedy=greedy)
+                greedy: bool = False, uids: Sequence[str] | None = None) -> TensorDict:
+        """One episode per row and sample; a failed call (a dead, hung or raising worker)
+        is a `RolloutFailedError` naming the worker."""
+        batch = make_rollout_input(rows, n=n, uids=uids)
+        try:
+            return self.handles["rollout"].call(RolloutWorker.rollout, batch, seed=seed,
+                                                greedy=greedy)
+        except Exception as e:
+            raise RolloutFailedError(f"rollout of step {self.step + 1} failed ({describe(e)})"
+                                     ) from e
 
     def score(self, batch: TensorDict) -> dict[str, float]:
         """Reward plugins -> ``token_level_scores`` (`toolrl.algo.credit.place_rewards`)."""
@@ -336,8 +390,10 @@ class Trainer:
         ``val/reward/<alias>``) and the env's own (``val/env_reward_mean``)."""
         batch = self.rollout(self.val_rows, 1, seed=self._seed("val"),
                              greedy=self.cfg.rollout.val_temperature == 0.0)
-        trajs = B.trajectories(batch)
-        out = {"val/success": sum(t.success for t in trajs) / len(trajs)}
+        every = B.trajectories(batch)
+        trajs = [t for t in every if t.infra_failure is None]  # not the policy's to answer for
+        out = {"val/success": sum(t.success for t in trajs) / max(len(trajs), 1),
+               "val/infra_failed": float(len(every) - len(trajs))}
         by_cat: dict[str, list[bool]] = {}
         for t in trajs:
             by_cat.setdefault(str(t.row.get("category", "all")), []).append(t.success)
@@ -346,9 +402,9 @@ class Trainer:
         if self.mixed:
             out.update(success_by("val/success", trajs, self._envs(trajs)))
         results, reward_metrics = self.reward.score(trajs, self._envs(trajs))
-        out["val/reward_mean"] = sum(r.score for r in results) / len(results)
+        out["val/reward_mean"] = sum(r.score for r in results) / max(len(results), 1)
         out.update({f"val/{k}": v for k, v in reward_metrics.items() if k != "reward/total"})
-        out["val/env_reward_mean"] = sum(t.env_reward for t in trajs) / len(trajs)
+        out["val/env_reward_mean"] = sum(t.env_reward for t in trajs) / max(len(trajs), 1)
         return out
 
     # --- the loop ------------------------------------------------------------------------------
@@ -366,21 +422,10 @@ class Trainer:
                 first_val = val["val/success"]
                 self.tracker.log(0, val)
             while self.step < cfg.total_steps:
-                start = time.perf_counter()
-                metrics = self.train_step()
-                self.step += 1
-                metrics["timing/step_s"] = time.perf_counter() - start
-                if (cfg.val_every and self.step % cfg.val_every == 0) or \
-                        self.step == cfg.total_steps:
-                    metrics.update(self.validate())
-                health = self.check_health()
-                metrics.update(health.metrics)
-                self.tracker.log(self.step, metrics)
-                self.dump_rollouts()
-                self.health.act(health)  # an unhealthy step stops the run (or warns)
-                if cfg.save_every and self.step % cfg.save_every == 0:
-                    self.save()
-                last = metrics
+                try:
+                    last = self.run_step()
+                except (RolloutFailedError, WorkerDiedError) as e:
+                    self.recover(e)  # raises unless trainer.on_rollout_failure retries
             if cfg.export_hf:
                 self.actor.call(ActorWorker.export_hf, str(self.run_dir / "final_hf"))
         finally:
@@ -393,6 +438,83 @@ class Trainer:
         trajs = B.trajectories(self._last_batch) if self._last_batch is not None else []
         return self.health.check(self.step, trajs, self._envs(trajs),
                                  self.reward.last_failures)
+
+    def run_step(self) -> dict[str, float]:
+        """One step with its validation, logging and checkpoint; returns its metrics."""
+        cfg = self.cfg.trainer
+        start = time.perf_counter()
+        metrics = self.train_step()
+        self.step += 1
+        metrics["timing/step_s"] = time.perf_counter() - start
+        if (cfg.val_every and self.step % cfg.val_every == 0) or self.step == cfg.total_steps:
+            metrics.update(self.validate())
+        metrics["trainer/rollout_retries"] = float(self._retries_total)
+        health = self.check_health()
+        metrics.update(health.metrics)
+        assert self.tracker is not None
+        self.tracker.log(self.step, metrics)
+        self.dump_rollouts()
+        self.health.act(health)  # an unhealthy step stops the run (or warns)
+        if cfg.save_every and self.step % cfg.save_every == 0:
+            self.save()
+        self._retries = 0  # max_retries counts failures in a row
+        return metrics
+
+    # --- rollout failures (trainer.on_rollout_failure) -------------------------------------
+    def retry_or_stop(self, error: BaseException) -> None:
+        """Raise `RolloutFailedError` unless ``on_rollout_failure=retry`` has a retry left;
+        else count one."""
+        cfg = self.cfg.trainer
+        if cfg.on_rollout_failure != "retry" or self._retries >= cfg.max_retries:
+            why = ("trainer.on_rollout_failure=stop" if cfg.on_rollout_failure != "retry"
+                   else f"{self._retries} retries in a row (trainer.max_retries="
+                        f"{cfg.max_retries})")
+            what = str(error) if isinstance(error, RolloutFailedError) else describe(error)
+            raise RolloutFailedError(
+                f"{what}; the run stops ({why}) after step {self.step}, the last "
+                f"step trained, synced and logged: no step trained on any part of the failed "
+                f"batch. trainer.resume=auto continues from the last checkpoint") from error
+        self._retries += 1
+        self._retries_total += 1
+        self.console.log(f"[yellow]rollout failed[/] ({error}); retry "
+                         f"{self._retries} of {cfg.max_retries}")
+
+    def recover(self, error: BaseException) -> None:
+        """After a failed step: stop, or redo it. A rollout that raised on a healthy worker
+        is redone as is; a dead or hung worker is restarted, and since the rollout role shares
+        its process with the actor, the actor too: the run goes on from the last complete
+        checkpoint (or from the start), whose step is redone with the same rows and seeds."""
+        self.retry_or_stop(error)
+        if not isinstance(error.__cause__, WorkerGroupError) and \
+                not isinstance(error, WorkerDiedError) and self._rollout_healthy():
+            self.loader.load_state_dict(self._step_data)
+            return
+        self.restart_workers()
+
+    def _rollout_healthy(self) -> bool:
+        try:
+            return all(self.handles["rollout"].call_async(RolloutWorker.check_health)
+                       .get(timeout=60))
+        except Exception:
+            return False
+
+    def restart_workers(self) -> None:
+        """Kill every worker group, start them again and resume from the newest complete
+        checkpoint (or step 0); metrics after that step are dropped (they are redone)."""
+        assert self.tracker is not None
+        self.tracker.close()
+        self.shutdown_workers()
+        self.start_workers()
+        path = ckpt.latest_checkpoint(self.run_dir / "checkpoints")
+        if path is not None:
+            self.restore(path)
+        else:
+            self.step = 0
+            self.loader = TaskLoader(self.train_rows, self.cfg.data.batch_size,
+                                     seed=self.cfg.seed, shuffle=self.cfg.data.shuffle)
+            _truncate_metrics(self.run_dir / "metrics.jsonl", 0)
+        self.console.log(f"workers restarted; the run goes on from step {self.step}")
+        self.tracker = self.open_tracker()
 
     def dump_rollouts(self) -> None:
         n = self.cfg.trainer.log_rollouts
@@ -449,19 +571,23 @@ class Trainer:
         self.console.log(f"resumed from {path} at step {self.step}")
 
     def close(self) -> None:
+        self.shutdown_workers()
+        self.reward.close()
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
+
+    def shutdown_workers(self) -> None:
+        """Stop the engines, kill every worker group, release the pools."""
         if "rollout" in self.handles:
             try:
-                self.handles["rollout"].call(RolloutWorker.shutdown)
-            except WorkerGroupError as e:  # a dead rollout worker: its group is killed below
+                self.handles["rollout"].call_async(RolloutWorker.shutdown).get(timeout=120)
+            except Exception as e:  # a dead or hung rollout worker: its group is killed below
                 self.console.log(f"rollout shutdown: {e}")
         for group in {id(h.group): h.group for h in self.handles.values()}.values():
             group.shutdown()
             group.pool.release()
         self.handles = {}
-        self.reward.close()
-        if self.lock is not None:
-            self.lock.release()
-            self.lock = None
 
     # --- helpers -------------------------------------------------------------------------------
     @property
@@ -487,6 +613,9 @@ class Trainer:
         return zlib.crc32(f"{self.cfg.seed}:{what}:{step}".encode()) % (2**31 - 1)
 
     _last_batch: TensorDict | None = None
+    _retries = 0  # failed steps in a row (trainer.max_retries)
+    _retries_total = 0
+    _step_data: dict[str, int] | None = None
 
 
 def _mismatch_metrics(batch: TensorDict) -> dict[str, float]:
