@@ -40,7 +40,8 @@ MCP_ENV, HTTP_ENV = "toolrl/MCP-v0", "toolrl/HttpApi-v0"
 FAULT_SERVER = str(Path(__file__).with_name("mcp_fault_server.py"))
 SILENT = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
 MCP_ROW = {"question": "Call the tools, then submit x.", "ground_truth": "x"}
-SLACK = 0.5  # what "exact" allows on a loaded 2-core machine
+SLACK = 1.0  # what "exact" allows on a loaded 2-core machine
+KILL = 2.0  # `MCPConnection.close` returns within shutdown_timeout + this
 
 
 @pytest.fixture(autouse=True)
@@ -120,7 +121,7 @@ def test_mcp_stdio_connect_timeout_is_exact_and_kills_the_server():
     assert 2.0 <= took <= 2.0 + SLACK, took
     env.close()
     close_mcp_connections()  # the failed session's teardown: bounded, then nothing is left
-    assert time.monotonic() - start <= 2.0 + 1.0 + 1.5 + SLACK
+    assert time.monotonic() - start <= 2.0 + 1.0 + KILL + SLACK
     assert tagged(tag) == []
 
 
@@ -162,7 +163,7 @@ def test_mcp_http_connect_timeout_is_exact(silent_http):
             held.append(server.accept()[0])
     assert held
     conn.close()
-    assert time.monotonic() - start <= 1.5 + 1.0 + 1.0 + SLACK
+    assert time.monotonic() - start <= 1.5 + 1.0 + KILL + SLACK
 
 
 @pytest.fixture
@@ -209,11 +210,11 @@ def test_http_tool_connect_timeout_is_exact(full_backlog, retries):
 
 # --- calls ---------------------------------------------------------------------------------
 def test_mcp_call_timeout_is_exact_and_the_shared_session_survives():
-    """Two concurrent episodes on one shared server: one calls a tool that takes 5 s with
-    ``tool_timeout=0.5``; its call times out at 0.5 s, the other episode's calls are not held
+    """Two concurrent episodes on one shared server: one calls a tool that takes 30 s with
+    ``tool_timeout=2``; its call times out at 2 s, the other episode's calls are not held
     up, and the same session answers the next calls."""
     rows = [dict(MCP_ROW, id="slow"), dict(MCP_ROW, id="quick")]
-    scripts = {"slow": [call("sleep", seconds=5), call("echo", text="after"),
+    scripts = {"slow": [call("sleep", seconds=30), call("echo", text="after"),
                         call("submit", answer="x")],
                "quick": [call("echo", text="a"), call("echo", text="b"),
                          call("submit", answer="x")]}
@@ -223,15 +224,15 @@ def test_mcp_call_timeout_is_exact_and_the_shared_session_survives():
 
     start = time.monotonic()
     episodes = asyncio.run(play_batch(
-        lambda: make_env(MCP_ENV, command=fault_server(), tool_timeout=0.5), rows, policy,
-        timeout=60))
+        lambda: make_env(MCP_ENV, command=fault_server(), tool_timeout=2.0), rows, policy,
+        timeout=90))
     slow, quick = episodes["slow"], episodes["quick"]
     assert kinds(slow) == [["timeout"], [], []] and slow.success
-    assert 0.5 <= slow.turns[0].env_s <= 0.5 + SLACK, slow.turns[0].env_s
+    assert 2.0 <= slow.turns[0].env_s <= 2.0 + SLACK, slow.turns[0].env_s
     assert outputs(slow)[1] == "after"
     assert kinds(quick) == [[], [], []] and outputs(quick)[:2] == ["a", "b"] and quick.success
-    assert quick.turns[0].env_s < 0.5
-    assert time.monotonic() - start < 30
+    assert quick.turns[0].env_s < 2.0
+    assert time.monotonic() - start < 30 + 60  # the slow call was not waited for (connect: 60)
 
 
 # --- shutdown ------------------------------------------------------------------------------
@@ -246,7 +247,7 @@ def test_close_kills_a_server_that_ignores_shutdown_and_its_children():
     start = time.monotonic()
     conn.close()
     took = time.monotonic() - start
-    assert took <= 1.0 + 1.5 + SLACK, took
+    assert took <= 1.0 + KILL + SLACK, took
     assert alive(group) == [], [psutil.Process(p).cmdline() for p in alive(group)]
 
 
@@ -318,7 +319,7 @@ def test_concurrent_episodes_share_one_server():
     pids = {outputs(ep)[0] for ep in episodes.values()}
     assert len(pids) == 1 and all(ep.success for ep in episodes.values())
     servers = set(descendants()) - before
-    assert int(pids.pop()) in servers and len(servers) == 2  # the watchdog and the server
+    assert int(pids.pop()) in servers and len(servers) == 3  # watchdog, its reaper, server
     close_mcp_connections()
     assert alive(servers) == []
 
@@ -350,3 +351,47 @@ def test_a_crashed_shared_server_is_restarted_for_the_next_episode():
                                  timeout=60))["next"]
     assert kinds(ep2) == [[], []] and ep2.success
     assert outputs(ep2)[0] != outputs(ep1)[0]  # a new server process
+
+
+
+def server_holder_class():
+    """A Ray actor class that holds a shared MCP session, as a rollout worker's episodes do
+    (defined here so that Ray ships it by value: workers cannot import this test module)."""
+
+    class ServerHolder:
+        def start(self, command: list[str]) -> list[int]:
+            import asyncio
+            import os
+
+            import psutil
+
+            from toolrl import shared_mcp_connection
+
+            conn = shared_mcp_connection(command, connect_timeout=60, shutdown_timeout=1.0)
+            asyncio.run(conn.call_tool("spawn_child", {}, timeout=30))
+            return [os.getpid(), *(p.pid for p in psutil.Process().children(recursive=True))]
+
+        def leave(self) -> None:
+            import ray
+
+            ray.actor.exit_actor()  # a graceful worker exit: nothing closed explicitly
+
+    return ServerHolder
+
+
+@pytest.mark.parametrize("end", ["ray.kill", "exit_actor"])
+def test_a_ray_worker_that_dies_leaves_no_process(ray_cluster, end):
+    ray = ray_cluster
+    actor = ray.remote(num_cpus=0)(server_holder_class()).remote()
+    worker, *started = ray.get(actor.start.remote(fault_server("--hang-on-exit")), timeout=120)
+    try:
+        assert len(started) >= 4  # the watchdog, its reaper, the server and its child
+        if end == "ray.kill":
+            ray.kill(actor, no_restart=True)
+        else:
+            with contextlib.suppress(ray.exceptions.RayActorError):
+                ray.get(actor.leave.remote(), timeout=60)
+        assert wait_gone([worker], timeout=30) == []
+        assert wait_gone(started, timeout=10) == []
+    finally:
+        wait_gone([worker, *started], timeout=0)

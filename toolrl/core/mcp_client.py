@@ -8,7 +8,7 @@ streamable HTTP it connects to a URL. Its timeouts are exact:
 - connect: `open` raises `ConnectionError` once ``connect_timeout`` has passed, not later
   (the half-open session is torn down in the background, within ``shutdown_timeout``);
 - per call: `call_tool` gives up after its ``timeout`` and the session stays usable;
-- shutdown: `close` returns within ``shutdown_timeout`` (plus the kill), and by then the
+- shutdown: `close` returns within ``shutdown_timeout`` (plus ``KILL_S``), and by then the
   server's process group is gone: the SDK closes stdin, then SIGTERMs and SIGKILLs the group;
   past ``shutdown_timeout`` toolrl SIGKILLs the group itself.
 
@@ -44,6 +44,7 @@ from toolrl.core.processes import (
 __all__ = ["MCPConnection", "close_mcp_connections", "shared_mcp_connection"]
 
 CONNECTION_CLOSED = -32000  # the MCP SDK's code for a session whose transport ended
+KILL_S = 2.0  # what killing a process group may add to ``shutdown_timeout``
 _loop = BackgroundLoop("toolrl-mcp")
 
 
@@ -212,15 +213,15 @@ class MCPConnection:
             await asyncio.to_thread(kill_group, pgid)
 
     def close(self) -> None:
-        """End the session; returns within ``shutdown_timeout`` plus the kill (~1 s at most),
-        with the stdio server's process group gone. Idempotent."""
+        """End the session; returns within ``shutdown_timeout`` plus ``KILL_S`` (the kill), with
+        the stdio server's process group gone. Idempotent."""
         with self._lock:
             teardown = self._begin_teardown()
             self._client = None
         if _loop.on_loop():
             return  # cannot block the loop the teardown runs on
         with contextlib.suppress(concurrent.futures.TimeoutError, Exception):
-            teardown.result(timeout=self.shutdown_timeout + 2.0)
+            teardown.result(timeout=self.shutdown_timeout + KILL_S)
 
     async def aclose(self) -> None:
         """`close` from an event loop (does not block it)."""
@@ -228,7 +229,8 @@ class MCPConnection:
             teardown = self._begin_teardown()
             self._client = None
         with contextlib.suppress(asyncio.TimeoutError, Exception):
-            await asyncio.wait_for(asyncio.wrap_future(teardown), self.shutdown_timeout + 2.0)
+            await asyncio.wait_for(asyncio.wrap_future(teardown),
+                                   self.shutdown_timeout + KILL_S)
 
 
 # --- one connection per server and process -----------------------------------------------

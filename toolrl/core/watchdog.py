@@ -6,14 +6,16 @@ own; it uses the standard library only and starts in ~20 ms. It:
 
 1. asks the kernel for ``SIGUSR1`` when the thread that started it dies
    (``prctl(PR_SET_PDEATHSIG)``), and exits at once if ``PARENT_PID`` is already gone;
-2. forks ``COMMAND`` into its group, handing it stdin and stdout (the watchdog keeps no copy,
+2. forks a reaper into its group, which gets the same signal when the watchdog dies (however:
+   its parent exited and it followed, or someone SIGKILLed it, as Ray does to the direct
+   children of a worker that exits); the reaper then sends ``SIGTERM`` to the group, waits up
+   to ``GRACE_S`` for it to go, and SIGKILLs every member left;
+3. forks ``COMMAND`` into its group, handing it stdin and stdout (the watchdog keeps no copy,
    so the server's exit closes the pipes as if it ran alone) and keeps stderr;
-3. waits. When the server exits, it kills whatever the server left in the group and exits
-   with the server's status (128 + signal when killed). On ``SIGUSR1`` (the parent died, even
-   by SIGKILL) it sends ``SIGTERM`` to the group, waits up to ``GRACE_S`` for the server,
-   then kills every other member (SIGKILL) and exits. A ``SIGTERM`` sent to the group (the
-   MCP SDK's shutdown) reaches the server directly; the watchdog waits for the server's exit
-   and then cleans up as above.
+4. waits. When the server exits, it kills whatever the server left in the group (the reaper
+   too) and exits with the server's status (128 + signal when killed). A ``SIGTERM`` sent to
+   the group (the MCP SDK's shutdown) reaches the server directly; the watchdog waits for the
+   server's exit and then cleans up as above.
 
 ``TOKEN`` only labels the process (``/proc/PID/cmdline``) so its owner can find it again.
 """
@@ -58,6 +60,28 @@ def kill_others(pgid: int) -> None:
         time.sleep(0.01)
 
 
+def end_group(pgid: int, grace: float) -> None:
+    """SIGTERM the group, wait up to ``grace`` s for it to go, then SIGKILL what is left
+    (this process excepted: it has SIGTERM blocked and exits after)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while group_members(pgid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    kill_others(pgid)
+
+
+def reaper(watchdog: int, pgid: int, grace: float, libc) -> None:
+    """The reaper's life: wait for the watchdog's death (its parent-death signal), then end
+    the group. It covers a watchdog killed outright (e.g. Ray SIGKILLs the direct children of a
+    worker that exits), which could not clean up itself."""
+    libc.prctl(PR_SET_PDEATHSIG, int(PARENT_GONE), 0, 0, 0)
+    if os.getppid() == watchdog:
+        while signal.sigwaitinfo({PARENT_GONE}).si_signo != PARENT_GONE:
+            pass
+    end_group(pgid, grace)
+
+
 def main() -> int:
     args = sys.argv[1:]
     if len(args) < 5 or args[3] != "--":
@@ -67,7 +91,7 @@ def main() -> int:
     with contextlib.suppress(OSError):  # a session leader already (start_new_session)
         os.setsid()
     pgid = os.getpgrp()
-    # No handlers: the watchdog takes its signals one at a time with sigwaitinfo.
+    # No handlers: signals are taken one at a time with sigwaitinfo.
     watched = {signal.SIGCHLD, PARENT_GONE, signal.SIGTERM}
     signal.pthread_sigmask(signal.SIG_BLOCK, watched)
     libc = ctypes.CDLL(None, use_errno=True)
@@ -75,6 +99,12 @@ def main() -> int:
         sys.stderr.write("toolrl watchdog: prctl(PR_SET_PDEATHSIG) failed\n")
     if os.getppid() != parent:  # the parent died before the prctl
         return 1
+    me = os.getpid()
+    if os.fork() == 0:
+        try:
+            reaper(me, pgid, grace, libc)
+        finally:
+            os._exit(0)
     pid = os.fork()
     if pid == 0:  # the server: nothing blocked, default handlers
         signal.pthread_sigmask(signal.SIG_SETMASK, set())
@@ -87,41 +117,19 @@ def main() -> int:
     os.dup2(devnull, 0)
     os.dup2(devnull, 1)
     os.close(devnull)
-    status = None
-    while status is None:
+    while True:
         info = signal.sigwaitinfo(watched)
         if info.si_signo == PARENT_GONE:
-            status = stop(pid, pgid, grace)
-        elif info.si_signo == signal.SIGCHLD:
-            done, wstatus = os.waitpid(pid, os.WNOHANG)
+            return 1  # the reaper sees this exit and ends the group
+        if info.si_signo == signal.SIGCHLD:
+            done, status = os.waitpid(pid, os.WNOHANG)
             if done == pid:
-                status = wstatus
+                break
         # SIGTERM sent to the group reached the server too: wait for its exit
-    kill_others(pgid)
+    kill_others(pgid)  # what the server left, and the reaper
     if os.WIFSIGNALED(status):
         return 128 + os.WTERMSIG(status)
     return os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1
-
-
-def stop(pid: int, pgid: int, grace: float) -> int:
-    """The parent is gone: SIGTERM the group, wait up to ``grace`` s for the server, then its
-    wait status (a SIGKILL status when it had to be killed)."""
-    with contextlib.suppress(ProcessLookupError):  # blocked here, delivered to the rest
-        os.killpg(pgid, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while True:
-        done, wstatus = os.waitpid(pid, os.WNOHANG)
-        if done == pid:
-            return wstatus
-        left = deadline - time.monotonic()
-        if left <= 0:
-            break
-        signal.sigtimedwait({signal.SIGCHLD}, min(left, 0.05))
-    try:
-        os.kill(pid, signal.SIGKILL)
-        return os.waitpid(pid, 0)[1]
-    except (ProcessLookupError, ChildProcessError):
-        return signal.SIGKILL
 
 
 if __name__ == "__main__":
