@@ -14,7 +14,10 @@ rewards and the examples import only from ``toolrl`` (as a third-party plugin do
   receives) with its `TurnRecord` per assistant turn, `ToolOutput`, `ParseResult`, `ToolCall`;
 - rewards: the `reward` decorator, `RewardResult`, `RewardError`, the `RewardFn` protocol;
 - helpers for plugins: `bfcl` (BFCL's checker semantics), `data` (task-row loaders,
-  BFCL's files), `get_format` (tool-call formats), `BackgroundLoop`;
+  BFCL's files), `get_format` (tool-call formats), `BackgroundLoop`; MCP servers as tools:
+  `MCPConnection` (exact timeouts, a stdio server in a process group of its own) and
+  `shared_mcp_connection` / `close_mcp_connections` (one server per process, shared by its
+  episodes);
 - rollouts of your own: `EpisodeRunner` (subclass its hooks to change the episode loop) with
   `EpisodeState`, `EpisodeConfig`, `TurnOutput`, `SamplingConfig`; `RolloutWorker`,
   `RolloutConfig`, `EngineConfig`, `make_rollout_input`.
@@ -44,6 +47,11 @@ if TYPE_CHECKING:
         resolve_astep,
         run_episode,
         submit_tool,
+    )
+    from toolrl.core.mcp_client import (
+        MCPConnection,
+        close_mcp_connections,
+        shared_mcp_connection,
     )
     from toolrl.core.parse import ToolCallFormat, get_format
     from toolrl.core.registration import env_ids, make_env, register_env
@@ -77,6 +85,7 @@ __getattr__, _, _lazy = lazy_loader.attach(__name__, submodules=["data"], submod
     "core.checks": ["check_tool_env"],
     "core.env": ["OracleUnavailable", "SubmitAnswer", "ToolEnv", "Turn", "oracle_policy",
                  "resolve_astep", "run_episode", "submit_tool"],
+    "core.mcp_client": ["MCPConnection", "close_mcp_connections", "shared_mcp_connection"],
     "core.parse": ["ToolCallFormat", "get_format"],
     "core.registration": ["env_ids", "make_env", "register_env"],
     "core.tools": ["Tool", "ToolFailure", "ToolResult", "tool"],
@@ -92,16 +101,18 @@ __getattr__, _, _lazy = lazy_loader.attach(__name__, submodules=["data"], submod
 })
 __all__ = [
     "ERROR_TYPES", "FINISH_REASONS", "BackgroundLoop", "BatchedRewardFn", "EngineConfig",
-    "EpisodeConfig", "EpisodeRunner", "EpisodeState", "MaxTurns", "ObservationBudget",
+    "EpisodeConfig", "EpisodeRunner", "EpisodeState", "MCPConnection", "MaxTurns",
+    "ObservationBudget",
     "OracleUnavailable", "ParseError", "ParseResult", "Registry", "RegistryError", "RewardError",
     "RewardFn", "RewardResult", "RolloutConfig", "RolloutWorker", "SamplingConfig",
     "SubmitAnswer", "TokenStream", "Tool", "ToolCall", "ToolCallFormat", "ToolEnv",
     "ToolFailure", "ToolOutput", "ToolResult", "ToolTimeout", "ToolWrapper", "Trajectory", "Turn",
     "TurnOutput", "TurnRecord", "__version__",
-    "as_tool_call", "bfcl", "check_tool_env", "data", "env_ids", "get_format",
+    "as_tool_call", "bfcl", "check_tool_env", "close_mcp_connections", "data", "env_ids",
+    "get_format",
     "get_reward_spec", "make_env", "make_rollout_input", "oracle_policy", "register_env",
     "resolve_astep", "reward",
-    "run_episode", "submit_tool", "tool",
+    "run_episode", "shared_mcp_connection", "submit_tool", "tool",
 ]
 
 

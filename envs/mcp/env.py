@@ -1,10 +1,13 @@
 """toolrl/MCP-v0: tools discovered from an MCP server with the ``mcp`` SDK.
 
-The env connects once (on its first reset) and keeps the session open until ``close()``: over
-stdio it spawns the server as a subprocess (default: the shipped textkit server,
-``server.py``; or any ``command``), over streamable HTTP it connects to ``url``. The session
-lives on a background event loop (`BackgroundLoop`), so ``astep`` works from any loop and the
-sync ``step`` shim too. Each MCP tool's ``inputSchema`` becomes the tool's parameters (validated
+Over stdio the server is a subprocess (default: the shipped textkit server, ``server.py``; or
+any ``command``) in a process group of its own, behind toolrl's watchdog; over streamable HTTP
+the env connects to ``url``. By default (``session="shared"``) every env of a process uses
+the process's one session (`toolrl.shared_mcp_connection`): a rollout worker starts the server
+once and its concurrent episodes share it; ``session="episode"`` opens a session per episode
+for stateful servers. Sessions live on a background event loop (`toolrl.MCPConnection`), so
+``astep`` works from any loop and the sync ``step`` shim too; connect, call and shutdown
+timeouts are exact. Each MCP tool's ``inputSchema`` becomes the tool's parameters (validated
 before the call); an ``isError`` result becomes a ``tool_exception`` observation. A local
 ``submit(answer)`` tool ends the episode.
 
@@ -15,15 +18,20 @@ Tasks ask for a text fact the tools compute; success = the submitted answer equa
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
-import contextlib
 import random
 import sys
 from pathlib import Path
 from typing import Any
 
-from toolrl import BackgroundLoop, SubmitAnswer, Tool, ToolCall, ToolFailure, submit_tool
+from toolrl import (
+    MCPConnection,
+    SubmitAnswer,
+    Tool,
+    ToolCall,
+    ToolFailure,
+    shared_mcp_connection,
+    submit_tool,
+)
 
 SERVER_SCRIPT = Path(__file__).with_name("server.py")
 SYSTEM_PROMPT = "Use the tools to find the answer, then call submit with it."
@@ -75,24 +83,34 @@ class MCPEnv(SubmitAnswer):
     Args:
         url: a streamable-HTTP MCP endpoint (``http://host:port/mcp``); None uses stdio.
         command: the stdio server command (default: the shipped textkit server).
-        connect_timeout: seconds to connect and list the tools.
+        session: ``"shared"`` (default): one session per process, shared by every episode of
+            it (a rollout worker starts one server, not one per episode); for servers that keep
+            no per-client state. ``"episode"``: a session of its own per episode (over stdio a
+            server process per episode, over HTTP a new MCP session on the same server); for
+            stateful servers.
+        connect_timeout: seconds to start the server, connect and list the tools (exact).
+        shutdown_timeout: seconds a closing session waits for the server to end before its
+            process group is killed.
     """
 
     system_prompt = SYSTEM_PROMPT
     default_max_turns = 6
     KINDS = ("word_count", "char_count", "reverse_text", "divide")
+    SESSIONS = ("shared", "episode")
 
     def __init__(self, *, url: str | None = None, command: list[str] | None = None,
-                 connect_timeout: float = 30.0, **kwargs: Any) -> None:
+                 session: str = "shared", connect_timeout: float = 30.0,
+                 shutdown_timeout: float = 5.0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        if session not in self.SESSIONS:
+            raise ValueError(f"session must be one of {list(self.SESSIONS)}, got {session!r}")
         self.url = url
         self.command = list(command) if command else [sys.executable, str(SERVER_SCRIPT)]
+        self.session = session
         self.connect_timeout = connect_timeout
-        self._bg = BackgroundLoop("toolrl-mcp")
-        self._client: Any = None
+        self.shutdown_timeout = shutdown_timeout
+        self._conn: MCPConnection | None = None
         self._remote: list[Tool] = []
-        self._stop: asyncio.Event | None = None
-        self._holder: concurrent.futures.Future | None = None
 
     @classmethod
     def make_tasks(cls, n: int, seed: int = 0, split: str = "train",
@@ -104,45 +122,36 @@ class MCPEnv(SubmitAnswer):
                 for i in range(n)]
 
     # --- connection ------------------------------------------------------------------------
+    @property
+    def target(self) -> str | list[str]:
+        return self.url or self.command
+
     def connect(self) -> list[Tool]:
-        """Open the MCP session (once) and return the discovered tools."""
-        if self._client is not None:
-            return self._remote
-        from mcp import Client, StdioServerParameters
-
-        target: Any = self.url or StdioServerParameters(command=self.command[0],
-                                                        args=self.command[1:])
-        ready: concurrent.futures.Future = concurrent.futures.Future()
-
-        async def hold() -> None:
-            self._stop = asyncio.Event()
-            async with Client(target) as client:
-                listed = await client.list_tools()
-                ready.set_result((client, listed.tools))
-                await self._stop.wait()
-
-        self._holder = self._bg.submit(hold())
-        done, _ = concurrent.futures.wait([ready, self._holder], timeout=self.connect_timeout,
-                                          return_when=concurrent.futures.FIRST_COMPLETED)
-        if ready not in done:
-            where = self.url or " ".join(self.command)
-            cause = self._holder.exception() if self._holder in done else None
-            self.close()
-            raise ConnectionError(f"cannot connect to the MCP server at {where}: "
-                                  f"{cause or f'no answer within {self.connect_timeout} s'}")
-        self._client, listed = ready.result()
-        self._remote = [Tool.from_schema({"name": t.name, "description": t.description or "",
-                                          "parameters": t.input_schema}, self._remote_fn(t.name))
-                        for t in listed]
+        """This episode's session (the process's shared one, or a new one) and its tools."""
+        if self.session == "shared":
+            conn = shared_mcp_connection(self.target, connect_timeout=self.connect_timeout,
+                                         shutdown_timeout=self.shutdown_timeout)
+        else:
+            self._close_own()
+            conn = MCPConnection(self.target, connect_timeout=self.connect_timeout,
+                                 shutdown_timeout=self.shutdown_timeout)
+            conn.open()  # a failed open ends its half-open session in the background
+        if conn is not self._conn:
+            self._conn = conn
+            self._remote = [Tool.from_schema({"name": t.name, "description": t.description or "",
+                                              "parameters": t.input_schema},
+                                             self._remote_fn(conn, t.name))
+                            for t in conn.tools]
         return self._remote
 
-    def _remote_fn(self, name: str):
+    @staticmethod
+    def _remote_fn(conn: MCPConnection, name: str):
         async def call(**arguments: Any) -> str:
             from mcp.shared.exceptions import MCPError
             from mcp.types import CONNECTION_CLOSED
 
             try:
-                result = await self._bg.run(self._client.call_tool(name, arguments))
+                result = await conn.call_tool(name, arguments)
             except MCPError as exc:  # the server is gone: infrastructure, not the policy
                 if exc.error.code != CONNECTION_CLOSED:
                     raise
@@ -154,15 +163,15 @@ class MCPEnv(SubmitAnswer):
 
         return call
 
+    def _close_own(self) -> None:
+        conn, self._conn, self._remote = self._conn, None, []
+        if conn is not None and self.session == "episode":
+            conn.close()
+
     def close(self) -> None:
-        if self._stop is not None and self._bg.started:
-            self._bg.call_soon(self._stop.set)
-            if self._holder is not None:
-                # the session may already have failed; we are closing anyway
-                with contextlib.suppress(Exception):
-                    self._holder.result(timeout=10)
-        self._client, self._stop, self._holder = None, None, None
-        self._bg.stop()
+        """Ends an ``"episode"`` session (its server's process group is gone on return); a
+        shared session stays with the process (`toolrl.close_mcp_connections`)."""
+        self._close_own()
         super().close()
 
     # --- episode ---------------------------------------------------------------------------

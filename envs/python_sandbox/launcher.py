@@ -19,7 +19,8 @@ work directory as cwd; it uses the standard library only. Steps, failing closed 
    the rlimits (CPU, address space, file size, open files, processes, no core), drops to the
    run's own unprivileged uid (``config["uid"]``) when root, sets no_new_privs and a
    parent-death SIGKILL, and execs ``python -I main.py``. The launcher waits and exits with the
-   child's status (128+signal when killed).
+   child's status (128+signal when killed). The launcher itself gets a parent-death SIGKILL
+   too, so a killed toolrl process takes the whole sandbox with it.
 """
 
 import ctypes
@@ -191,6 +192,13 @@ def main():
         return 97
     if config.get("probe"):
         return 0
+    # Die with the toolrl process that started us (even a SIGKILLed one): the child below
+    # dies with us, and with it every process of its PID namespace. Set after `isolate`, as
+    # credential changes clear it.
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0 or \
+            os.getppid() != config.get("parent", os.getppid()):
+        sys.stderr.write("SANDBOX_ERROR: the parent is gone (or prctl failed)\n")
+        return 97
     sys.stdout.flush()
     pid = os.fork()
     if pid == 0:

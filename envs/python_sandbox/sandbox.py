@@ -67,7 +67,7 @@ def _environment(workdir: str) -> dict[str, str]:
 def _config(workdir: str, limits: Limits, uid: int | None, probe: bool = False) -> str:
     return json.dumps({
         "workdir": workdir, "script": "main.py", "python": sys.executable, "probe": probe,
-        "uid": uid,
+        "uid": uid, "parent": os.getpid(),
         "expose": [sys.base_prefix, sys.prefix], "env": _environment(workdir),
         "limits": {"cpu_s": limits.cpu_s, "memory_bytes": limits.memory_bytes,
                    "file_bytes": limits.file_bytes, "open_files": limits.open_files,

@@ -9,6 +9,7 @@ import pytest
 from toolrl.envs.mcp.env import MCPEnv
 
 from toolrl.core.env import run_episode
+from toolrl.core.mcp_client import close_mcp_connections
 from toolrl.core.registration import make_env
 
 
@@ -21,6 +22,7 @@ def stdio_env():
     env = make_env("toolrl/MCP-v0")  # spawns the server over stdio on first reset
     yield env
     env.close()
+    close_mcp_connections()  # the process's shared session and its server
 
 
 def test_tools_are_discovered_with_their_input_schemas(stdio_env):
@@ -79,3 +81,9 @@ def test_unreachable_server_fails_loudly():
     with pytest.raises(ConnectionError, match="cannot connect to the MCP server"):
         env.reset(seed=0)
     env.close()
+    close_mcp_connections()
+
+
+def test_session_must_be_shared_or_episode():
+    with pytest.raises(ValueError, match=r"session must be one of \['shared', 'episode'\]"):
+        make_env("toolrl/MCP-v0", session="worker")

@@ -21,9 +21,17 @@ import psutil
 import pytest
 from fault_harness import assert_conserved, call, play_batch, serve_asgi, server_process
 
+from toolrl.core.mcp_client import close_mcp_connections
 from toolrl.core.registration import make_env
 
 pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(autouse=True)
+def no_shared_mcp_sessions():
+    """Shared MCP sessions (and their servers) end with each test."""
+    yield
+    close_mcp_connections()
 HTTP_ENV, MCP_ENV = "toolrl/HttpApi-v0", "toolrl/MCP-v0"
 FAULT_SERVER = str(Path(__file__).with_name("mcp_fault_server.py"))
 
@@ -155,12 +163,14 @@ def mcp_policy(script):
 
 def test_mcp_server_crashes_mid_call():
     """``crash`` kills the stdio server while the call is in flight; later remote calls fail
-    fast; the local ``submit`` still ends the episode."""
+    fast; the local ``submit`` still ends the episode. Each episode has its own server here
+    (``session="episode"``); a crash of a shared one: test_fault_tool_servers.py."""
     rows = [dict(MCP_ROW, id=f"mcp-crash-{i}") for i in range(2)]
     script = [call("echo", text="hi"), call("crash"), call("echo", text="again"),
               call("submit", answer="x")]
     episodes = asyncio.run(play_batch(
-        lambda: make_env(MCP_ENV, command=[sys.executable, FAULT_SERVER], tool_timeout=20),
+        lambda: make_env(MCP_ENV, command=[sys.executable, FAULT_SERVER], tool_timeout=20,
+                         session="episode"),
         rows, mcp_policy(script), timeout=90))
     for ep in episodes.values():
         assert kinds(ep) == [[], ["tool_exception"], ["tool_exception"], []]

@@ -360,7 +360,11 @@ class RolloutWorker(Worker):
 
     @remote(Dispatch.ONE_TO_ALL)
     def shutdown(self) -> None:
-        """Stop the engine and its processes (call before killing the group)."""
+        """Stop the engine and its processes, and the tool servers (MCP) this worker's
+        episodes shared (call before killing the group)."""
+        from toolrl.core.mcp_client import close_mcp_connections
+
+        close_mcp_connections()
         unregister_local_engine(self.engine)
         if self._sync is not None:
             self._sync.close()
