@@ -55,6 +55,8 @@ BENCHES: tuple[Bench, ...] = (
     Bench("controller", "bench_controller.py", "Controller dispatch overhead", timeout_s=300),
     Bench("env_overhead", "bench_env_overhead.py", "Env step overhead per tool call",
           timeout_s=180),
+    Bench("mcp", "bench_mcp.py", "MCP episodes/s: a server per episode vs one per worker",
+          timeout_s=300),
     Bench("scaling", "bench_scaling.py", "Scaling: batch size, turns, rollout workers",
           args=("--reps", "3"), timeout_s=720,
           plots=("scaling_batch", "scaling_turns", "scaling_workers")),
