@@ -108,12 +108,13 @@ def test_toolrl_train_stops_before_anything_starts(tmp_path, capsys, case):
     import ray
 
     overrides, message, _ = BAD[case]
+    ray_was_up = ray.is_initialized()  # another test file's in-process cluster may be up
     code, err = run_cli(capsys, "--config", write_config(tmp_path), *overrides)
     assert code == 2
     assert err.startswith("toolrl train: ") and message in err and err.count("\n") == 1, err
     assert "Traceback" not in err
     assert not (tmp_path / "run").exists()
-    assert not ray.is_initialized()
+    assert ray.is_initialized() == ray_was_up  # started no Ray
 
 
 def test_unknown_env_id_with_task_files(tmp_path, capsys):
@@ -178,13 +179,14 @@ def test_prompts_over_budget_stop_the_run_with_the_numbers(tmp_path, capsys, tin
     the tiny tokenizer: a budget of 100 refuses every row, before the run dir or Ray."""
     import ray
 
+    ray_was_up = ray.is_initialized()
     code, err = run_cli(capsys, "--config", write_config(tmp_path),
                         f"model.path={tiny_model_dir}", "data.train_size=16",
                         "data.val_size=4", "rollout.max_prompt_tokens=100")
     assert code == 2 and err.count("\n") == 1, err
     assert "16 of 16 train rows have a first prompt" in err
     assert "longer than rollout.max_prompt_tokens=100" in err and "data.overlong_prompts" in err
-    assert not (tmp_path / "run").exists() and not ray.is_initialized()
+    assert not (tmp_path / "run").exists() and ray.is_initialized() == ray_was_up
 
 
 def test_over_budget_rows_are_filtered_on_request(tiny_model_dir):
