@@ -65,7 +65,8 @@ def test_reward_kwargs_and_failures_are_reported_per_line(dump, tmp_path, capsys
     assert main(["score", str(dump), "--reward", "score_test_boom", "--output", str(out)]) == 0
     got = lines(out)
     assert got[0]["errors"] == [] and got[2]["errors"] == [
-        "score_test_boom: ValueError: cannot score a failure"]
+        "score_test_boom: ValueError: cannot score a failure (at test_score_trajectories.py:22 "
+        "in boom)"]  # where it was raised, as on the training console
     assert main(["score", str(dump), "--reward", "success", "--kwargs", '{"nope": 1}']) == 2
     assert "nope" in capsys.readouterr().err
 
