@@ -20,7 +20,7 @@ import signal
 import sys
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 __all__ = ["WATCHDOG", "find_guarded", "group_alive", "guarded_command", "kill_group",
@@ -51,28 +51,37 @@ def guarded_command(command: Sequence[str], token: str, grace: float = 1.0) -> l
             token, "--", *command]
 
 
-def find_guarded(token: str) -> list[int]:
-    """Pids of this process's live watchdogs started with ``token`` (each leads its group)."""
-    me, found = os.getpid(), []
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return found
-    for name in names:
+def _proc_stats() -> Iterator[tuple[int, list[bytes]]]:
+    """``(pid, fields after the command name)`` of every process in ``/proc`` (state first,
+    then ppid, pgrp, ...); raises OSError when ``/proc`` cannot be listed."""
+    for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
         try:
             with open(f"/proc/{name}/stat", "rb") as f:
                 stat = f.read()
-            fields = stat[stat.rfind(b")") + 2:].split()
+        except OSError:
+            continue
+        yield int(name), stat[stat.rfind(b")") + 2:].split()
+
+
+def find_guarded(token: str) -> list[int]:
+    """Pids of this process's live watchdogs started with ``token`` (each leads its group)."""
+    me, found = os.getpid(), []
+    try:
+        stats = list(_proc_stats())
+    except OSError:
+        return found
+    for pid, fields in stats:
+        try:
             if int(fields[1]) != me or fields[0] == b"Z":
                 continue
-            with open(f"/proc/{name}/cmdline", "rb") as f:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
                 argv = f.read().split(b"\0")
         except (OSError, IndexError, ValueError):
             continue
         if token.encode() in argv:
-            found.append(int(name))
+            found.append(pid)
     return found
 
 
@@ -85,21 +94,11 @@ def group_alive(pgid: int) -> bool:
     except PermissionError:
         return True
     try:
-        names = os.listdir("/proc")
+        stats = list(_proc_stats())
     except OSError:
         return True
-    for name in names:
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(b")") + 2:].split()
-        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != b"Z":
-            return True
-    return False
+    return any(len(fields) > 2 and int(fields[2]) == pgid and fields[0] != b"Z"
+               for _, fields in stats)
 
 
 def kill_group(pgid: int, grace: float = 0.0, poll: float = 0.01) -> bool:
