@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from toolrl.core.jsonl import json_objects
 from toolrl.core.trajectory import Trajectory
 from toolrl.core.types import ParseError, ParseResult, as_tool_call
 from toolrl.reward.compose import build_reward
@@ -32,24 +33,15 @@ class CategoryStats:
 def read_score_inputs(path: str) -> list[dict[str, Any]]:
     """Read and validate `score-calls` input lines; errors name the file and line."""
     rows = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{lineno}: not valid JSON: {exc}") from None
-            if not isinstance(row, dict):
-                raise ValueError(f"{path}:{lineno}: each line must be a JSON object")
-            missing = [k for k in _SCORE_KEYS if k not in row]
-            if missing:
-                raise ValueError(f"{path}:{lineno}: missing key(s) {', '.join(missing)} "
-                                 f"(each line needs {', '.join(_SCORE_KEYS)})")
-            if not isinstance(row["candidate"], list):
-                raise ValueError(f"{path}:{lineno}: 'candidate' must be a list of "
-                                 f"{{name, arguments}} calls")
-            rows.append(row)
+    for lineno, row in json_objects(path):
+        missing = [k for k in _SCORE_KEYS if k not in row]
+        if missing:
+            raise ValueError(f"{path}:{lineno}: missing key(s) {', '.join(missing)} "
+                             f"(each line needs {', '.join(_SCORE_KEYS)})")
+        if not isinstance(row["candidate"], list):
+            raise ValueError(f"{path}:{lineno}: 'candidate' must be a list of "
+                             f"{{name, arguments}} calls")
+        rows.append(row)
     return rows
 
 

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from toolrl.core.jsonl import json_objects
 from toolrl.core.trajectory import Trajectory
 from toolrl.reward.compose import build_reward
 
@@ -28,23 +29,13 @@ def read_trajectories(paths: Sequence[str | os.PathLike]
     """``(trajectory, saved reward)`` per line of the files; errors name the file and line."""
     out = []
     for path in paths:
-        with open(path, encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    data = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise ValueError(f"{path}:{lineno}: not valid JSON: {exc}") from None
-                if not isinstance(data, dict):
-                    raise ValueError(f"{path}:{lineno}: each line must be a JSON object (a "
-                                     f"trajectory)")
-                saved = data.pop("reward", None)
-                try:
-                    traj = Trajectory.from_dict(data)
-                except (TypeError, ValueError, KeyError) as exc:
-                    raise ValueError(f"{path}:{lineno}: not a trajectory: {exc}") from None
-                out.append((traj, None if saved is None else float(saved)))
+        for lineno, data in json_objects(path, "a JSON object (a trajectory)"):
+            saved = data.pop("reward", None)
+            try:
+                traj = Trajectory.from_dict(data)
+            except (TypeError, ValueError, KeyError) as exc:
+                raise ValueError(f"{path}:{lineno}: not a trajectory: {exc}") from None
+            out.append((traj, None if saved is None else float(saved)))
     if not out:
         raise ValueError(f"no trajectories in {', '.join(map(str, paths))}")
     return out
