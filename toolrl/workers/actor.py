@@ -18,10 +18,13 @@ are divided by ``temperature`` first, so they match the distribution the rollout
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from tensordict import TensorDict
 
 from toolrl.algo.loss import LossAggregator, PolicyLossConfig, actor_loss
@@ -35,6 +38,7 @@ from toolrl.batch import (
 from toolrl.controller.worker import Dispatch, Execute, Worker, remote
 from toolrl.sync.weights import DEFAULT_BUCKET_MB, local_engines
 from toolrl.workers.base import FSDPConfig, FSDPModel, LossTotals
+from toolrl.workers.lora import LoraAdapter, LoraConfig, lora_config
 from toolrl.workers.scoring import enable_scoring, prompt_groups, score_responses
 from toolrl.workers.weights import WeightSync
 
@@ -58,6 +62,9 @@ class ActorConfig(FSDPConfig):
             ``use_remove_padding`` or gradient checkpointing, every row runs whole.
         logits_chunk_size: response positions per LM-head chunk (None: as many as fit in
             256 MiB of float32 logits); the ``[tokens x vocab]`` logits never exist whole.
+        lora: train LoRA adapters (`toolrl.workers.lora.LoraConfig`; ``rank: 0``, the
+            default, trains the full weights). The reference is then the actor with its adapter
+            off (`FSDPActor.compute_ref_log_prob`), not a second model.
     """
 
     lr: float = 1e-6
@@ -67,9 +74,11 @@ class ActorConfig(FSDPConfig):
     weight_bucket_mb: float = DEFAULT_BUCKET_MB
     share_prompts: bool = True
     logits_chunk_size: int | None = None
+    lora: LoraConfig = field(default_factory=LoraConfig)
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        object.__setattr__(self, "lora", lora_config(self.lora))
         if not self.temperature > 0:
             raise ValueError(f"temperature must be > 0, got {self.temperature}")
         if isinstance(self.loss, dict):  # e.g. built from a plain mapping
@@ -101,7 +110,10 @@ class FSDPPolicy(FSDPModel):
 
     def __init__(self, config: ActorConfig, trainable: bool,
                  model_kwargs: dict[str, Any] | None = None) -> None:
-        super().__init__(config, trainable=trainable, model_kwargs=model_kwargs)
+        # LoRA wraps the trained actor only (a separate reference is the plain base model)
+        self.lora = LoraAdapter(config.lora) if config.lora.enabled and trainable else None
+        super().__init__(config, trainable=trainable, model_kwargs=model_kwargs,
+                         prepare=self.lora.apply if self.lora is not None else None)
         enable_scoring(self.model)
 
     def _log_probs(self, td: TensorDict, with_entropy: bool, entropy_grad: bool = False
@@ -135,11 +147,38 @@ class FSDPActor(FSDPPolicy):
     def __init__(self, config: ActorConfig, model_kwargs: dict[str, Any] | None = None
                  ) -> None:
         super().__init__(config, trainable=True, model_kwargs=model_kwargs)
-        self.weights = WeightSync(self.model, config.weight_bucket_mb)
+        self.weights = WeightSync(self.model, config.weight_bucket_mb, lora=self.lora,
+                                  lora_sync=config.lora.sync)
 
     def compute_log_prob(self, td: TensorDict, with_entropy: bool = False) -> TensorDict:
         """``old_log_probs [B, R]`` (and ``entropy``) of ``td``'s responses."""
         return self.log_probs(td, OLD_LOG_PROBS, with_entropy)
+
+    def compute_ref_log_prob(self, td: TensorDict) -> TensorDict:
+        """``ref_log_probs [B, R]``: a LoRA actor's base model (its adapter off); without
+        LoRA the actor has no reference of its own (use `FSDPReference`)."""
+        if self.lora is None:
+            raise RuntimeError("compute_ref_log_prob on a full fine-tuning actor: its "
+                               "reference is a separate FSDPReference (RefWorker)")
+        with self.lora.disabled():
+            return self.log_probs(td, REF_LOG_PROBS)
+
+    def export_hf(self, path: str | os.PathLike, merged: bool = False) -> Path | None:
+        """Without LoRA: the full model (`FSDPModel.export_hf`). With LoRA: the adapter in
+        PEFT's format, or with ``merged`` the full model with the adapter merged in."""
+        if self.lora is None:
+            return super().export_hf(path)
+        stream = self.lora.merged(self.weights.iter_full()) if merged else \
+            self.weights.iter_adapter()
+        state = {name: t for name, t in stream if self.rank == 0}  # every rank gathers
+        if merged:
+            return self._write_hf(state, path)
+        out = Path(path)
+        if self.rank == 0:
+            self.lora.save_adapter(state, out)
+        if dist.is_initialized():
+            dist.barrier()
+        return out if self.rank == 0 else None
 
     def _micro_loss(self, micro: TensorDict, totals: LossTotals
                     ) -> tuple[torch.Tensor, dict[str, float]]:
@@ -229,10 +268,16 @@ class ActorWorker(Worker):
         self.actor.load_checkpoint(path)
 
     @remote(Dispatch.ONE_TO_ALL)
-    def export_hf(self, path: str) -> str | None:
-        """Every rank gathers; rank 0 writes (its entry of the result is the path)."""
-        out = self.actor.export_hf(path)
+    def export_hf(self, path: str, merged: bool = False) -> str | None:
+        """Every rank gathers; rank 0 writes (its entry of the result is the path). A LoRA
+        actor writes its adapter (PEFT format), or with ``merged`` the merged model."""
+        out = self.actor.export_hf(path, merged=merged)
         return str(out) if out is not None else None
+
+    @remote(Dispatch.DP_SPLIT)
+    def compute_ref_log_prob(self, batch: TensorDict) -> TensorDict:
+        """A LoRA actor's reference log-probs: the same model with its adapter off."""
+        return self.actor.compute_ref_log_prob(batch)
 
     # weight sync
     @remote(Dispatch.ONE_TO_ALL)

@@ -27,7 +27,11 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from tensordict import TensorDict
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_state_dict,
+    set_state_dict,
+)
 from torch.distributed.tensor import DTensor
 
 from toolrl.algo.loss import batch_totals
@@ -206,12 +210,15 @@ class FSDPModel:
         trainable: build the optimizer and schedule; otherwise parameters are frozen.
         auto_cls: the transformers auto class (AutoModelForCausalLM by default).
         model_kwargs: extra ``from_pretrained`` arguments.
+        prepare: transforms the unsharded model before sharding (LoRA adapters); the optimizer
+            then holds only the parameters that still require gradients.
     """
 
     metric_prefix = "model"
 
     def __init__(self, config: FSDPConfig, trainable: bool = True, auto_cls: Any = None,
-                 model_kwargs: dict[str, Any] | None = None) -> None:
+                 model_kwargs: dict[str, Any] | None = None,
+                 prepare: Callable[[nn.Module], nn.Module] | None = None) -> None:
         if not config.model_path:
             raise ValueError(f"{type(self).__name__}: config.model_path is empty")
         init_distributed()
@@ -225,16 +232,17 @@ class FSDPModel:
             gradient_checkpointing=config.gradient_checkpointing and trainable,
             mp_policy=mixed_precision(config.param_dtype, config.reduce_dtype),
             reshard_after_forward=config.reshard_after_forward, freeze=not trainable,
-            **(model_kwargs or {}))
+            prepare=prepare, **(model_kwargs or {}))
         self.hf_config = self.model.config
         self.tied = ties_embeddings(self.model)
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
         self.num_updates = 0  # optimizer steps taken (drives the schedule and shuffling)
+        self.frozen_base = prepare is not None and trainable  # checkpoints skip frozen weights
         if trainable:
             self.optimizer = torch.optim.AdamW(
-                self.model.parameters(), lr=config.lr, betas=tuple(config.betas),
-                eps=config.eps, weight_decay=config.weight_decay)
+                [p for p in self.model.parameters() if p.requires_grad], lr=config.lr,
+                betas=tuple(config.betas), eps=config.eps, weight_decay=config.weight_decay)
             self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(config))
 
     # --- batching -------------------------------------------------------------------------
@@ -364,12 +372,19 @@ class FSDPModel:
         return out
 
     # --- checkpoints ----------------------------------------------------------------------
+    def _state_options(self) -> StateDictOptions:
+        """Checkpoints hold only trainable parameters when the base is frozen (LoRA): the
+        frozen weights come back from ``model_path``."""
+        return StateDictOptions(ignore_frozen_params=self.frozen_base,
+                                strict=not self.frozen_base)
+
     def _state(self) -> dict[str, Any]:
         if self.optimizer is not None:
-            model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+            model_sd, optim_sd = get_state_dict(self.model, self.optimizer,
+                                                options=self._state_options())
             state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
         else:
-            state = {"model": get_state_dict(self.model, [])[0]}
+            state = {"model": get_state_dict(self.model, [], options=self._state_options())[0]}
         if self.scheduler is not None:
             state["scheduler"] = self.scheduler.state_dict()
         state["meta"] = {"num_updates": self.num_updates}
@@ -389,9 +404,10 @@ class FSDPModel:
         dcp.load(state, checkpoint_id=str(path))
         if self.optimizer is not None:
             set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
-                           optim_state_dict=state["optim"])
+                           optim_state_dict=state["optim"], options=self._state_options())
         else:
-            set_state_dict(self.model, [], model_state_dict=state["model"], optim_state_dict={})
+            set_state_dict(self.model, [], model_state_dict=state["model"], optim_state_dict={},
+                           options=self._state_options())
         if self.scheduler is not None:
             self.scheduler.load_state_dict(state["scheduler"])
         self.num_updates = int(state["meta"]["num_updates"])
@@ -402,7 +418,11 @@ class FSDPModel:
         All ranks call this (the weights are gathered); rank 0 writes. ``lm_head.weight`` is
         dropped with tied embeddings, as in the original checkpoint.
         """
-        state = full_state_dict(self.model, skip_tied=True)
+        return self._write_hf(full_state_dict(self.model, skip_tied=True), path)
+
+    def _write_hf(self, state: dict[str, torch.Tensor], path: str | os.PathLike) -> Path | None:
+        """Rank 0 writes ``state`` (full tensors, checkpoint names) as an HF checkpoint;
+        every rank calls it."""
         out = Path(path)
         if self.rank == 0:
             _save_hf(self.config.model_path, self.hf_config, state, out)

@@ -130,6 +130,7 @@ def build_sharded_model(path: str, mesh: DeviceMesh, auto_cls: Any = None,
                         dtype: str | torch.dtype = "float32", gradient_checkpointing: bool = False,
                         mp_policy: MixedPrecisionPolicy | None = None,
                         reshard_after_forward: bool = True, freeze: bool = False,
+                        prepare: Callable[[nn.Module], nn.Module] | None = None,
                         **kwargs: Any) -> nn.Module:
     """`build_model` + `shard_model` with the checkpoint read by rank 0 only.
 
@@ -137,7 +138,9 @@ def build_sharded_model(path: str, mesh: DeviceMesh, auto_cls: Any = None,
     allocate their shards (``to_empty``) and receive them from rank 0
     (``set_model_state_dict(..., broadcast_from_rank0=True)``); buffers the state dict does not
     hold (rotary frequencies) are broadcast too. Every rank must call it. A world of one loads
-    directly. ``freeze`` turns gradients off (a reference model).
+    directly. ``freeze`` turns gradients off (a reference model). ``prepare`` transforms the
+    unsharded model on every rank before it is sharded (e.g. `toolrl.workers.lora` injects
+    adapters; rank 0's adapter initialization is the one broadcast).
     """
     if auto_cls is None:
         from transformers import AutoModelForCausalLM
@@ -146,6 +149,8 @@ def build_sharded_model(path: str, mesh: DeviceMesh, auto_cls: Any = None,
     full: dict[str, torch.Tensor] = {}
     if world_size() == 1 or rank() == 0:
         model = build_model(path, auto_cls, dtype, gradient_checkpointing, **kwargs)
+        if prepare is not None:
+            model = prepare(model)
         if world_size() > 1:
             full = model.state_dict()  # the full tensors sharding replaces, kept to broadcast
     else:
@@ -157,6 +162,8 @@ def build_sharded_model(path: str, mesh: DeviceMesh, auto_cls: Any = None,
         if gradient_checkpointing:
             model.gradient_checkpointing_enable(
                 gradient_checkpointing_kwargs={"use_reentrant": False})
+        if prepare is not None:
+            model = prepare(model)
     if freeze:
         model.requires_grad_(False)
     model = shard_model(model, mesh, mp_policy, reshard_after_forward)

@@ -7,12 +7,21 @@ copy. ``lm_head.weight`` is skipped when the embeddings are tied (the checkpoint
 engine, does not have it). The routes (colocated engines, a broadcast group of split pools;
 gloo on CPU, vLLM's NCCL weight transfer on GPU) and what both ends share are in
 `toolrl.sync.weights`.
+
+A LoRA actor (`toolrl.workers.lora`) pushes either the full weights with its adapter merged in
+(``lora_sync="merge"``: same routes, the checkpoint's names) or only its adapter
+(``"adapter"``: written in PEFT's format by every rank that hosts engines, and loaded by each
+as a new LoRA version; colocated engines only).
 """
 
 from __future__ import annotations
 
+import shutil
+import tempfile
+import weakref
 from collections.abc import Iterator, Sequence
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -28,6 +37,10 @@ from toolrl.sync.weights import (
     engine_loader,
 )
 from toolrl.workers.fsdp import all_reduce, rank, ties_embeddings
+from toolrl.workers.lora import is_adapter_name
+
+if TYPE_CHECKING:
+    from toolrl.workers.lora import LoraAdapter
 
 
 class WeightSync:
@@ -38,10 +51,14 @@ class WeightSync:
     """
 
     def __init__(self, model: nn.Module, bucket_mb: float = DEFAULT_BUCKET_MB,
-                 version: int = 0) -> None:
+                 version: int = 0, lora: LoraAdapter | None = None,
+                 lora_sync: str = "merge") -> None:
         if not bucket_mb > 0:
             raise ValueError(f"bucket_mb must be positive, got {bucket_mb}")
         self.model = model
+        self.lora = lora
+        self.adapter_only = lora is not None and lora_sync == "adapter"
+        self._adapter_root: Path | None = None  # where adapter pushes are written
         self.bucket_mb = float(bucket_mb)
         self.version = int(version)
         self.group: WeightSyncGroup | None = None
@@ -55,8 +72,21 @@ class WeightSync:
 
     def metadata(self) -> list[Meta]:
         """(name, dtype, full shape) of every tensor a push sends, in order; no gather."""
-        return [(name, str(t.dtype).removeprefix("torch."), tuple(t.shape))
+        meta = [(name, str(t.dtype).removeprefix("torch."), tuple(t.shape))
                 for name, t in self._state().items()]
+        return self.lora.merged_metadata(meta) if self.lora is not None else meta
+
+    def iter_push(self) -> Iterator[Named]:
+        """What a full-weights push sends: `iter_full`, with a LoRA adapter merged in."""
+        full = self.iter_full()
+        return self.lora.merged(full) if self.lora is not None else full
+
+    def iter_adapter(self) -> Iterator[Named]:
+        """Every rank: the LoRA adapter's tensors, whole (a collective, like `iter_full`)."""
+        for name, tensor in self._state().items():
+            if is_adapter_name(name):
+                full = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+                yield name, full.detach()
 
     def iter_full(self) -> Iterator[Named]:
         """Every rank: the full weights under checkpoint names, gathered one tensor at a time
@@ -70,7 +100,7 @@ class WeightSync:
         """`weights_checksum` of the full weights on rank 0 (None elsewhere); a collective,
         streamed like a push."""
         acc = Checksum()
-        for name, tensor in self.iter_full():
+        for name, tensor in (self.iter_adapter() if self.adapter_only else self.iter_push()):
             if rank() == 0:
                 acc.add(name, tensor)
         return acc.hexdigest() if rank() == 0 else None
@@ -92,8 +122,10 @@ class WeightSync:
                 "push_local: no inference engine is registered in any actor process; a "
                 "colocated rollout worker must call toolrl.sync.weights."
                 "register_local_engine(engine) (or use the split-pool sync group)")
+        if self.adapter_only:
+            return self._push_adapter_local(engines)
         for i in range(most):
-            stream = self.iter_full()
+            stream = self.iter_push()
             if i < len(engines):
                 engine_loader(engines[i])(stream)
             for _ in stream:  # keep the collective in step if a loader stopped early (or none)
@@ -101,6 +133,25 @@ class WeightSync:
         self.version += 1
         for engine in engines:  # samples are tagged with the actor's version
             engine.weight_version = self.version
+        return self.version
+
+    def _push_adapter_local(self, engines: Sequence[Any]) -> int:
+        """Every rank gathers the adapter; each rank with engines writes it (PEFT format) and
+        has them load it as LoRA version ``version`` (older versions' files are removed)."""
+        assert self.lora is not None
+        adapter = dict(self.iter_adapter())
+        self.version += 1
+        if engines:
+            if self._adapter_root is None:
+                self._adapter_root = Path(tempfile.mkdtemp(prefix="toolrl-adapter-"))
+                weakref.finalize(self, shutil.rmtree, str(self._adapter_root), True)
+            path = self.lora.save_adapter(adapter, self._adapter_root / f"v{self.version}")
+            for engine in engines:
+                engine.load_adapter_sync(str(path), self.version)
+                engine.weight_version = self.version
+            for old in self._adapter_root.iterdir():
+                if old != path:
+                    shutil.rmtree(old, ignore_errors=True)
         return self.version
 
     def connect(self, master_addr: str, master_port: int, world_size: int,
@@ -123,8 +174,11 @@ class WeightSync:
     def push_group(self) -> int:
         """Broadcast the weights over the sync group, bucket by bucket as they are gathered;
         returns the new version. Every actor rank calls it (the gathers are collectives)."""
+        if self.adapter_only:
+            raise RuntimeError("actor.lora.sync=adapter pushes into colocated engines only "
+                               "(trainer.mode=sync); use actor.lora.sync=merge with split pools")
         self.version += 1
-        stream = self.iter_full()
+        stream = self.iter_push()
         if rank() == 0 and self._nccl is not None:
             from vllm.distributed.weight_transfer.packed_tensor import (
                 DEFAULT_PACKED_NUM_BUFFERS,
