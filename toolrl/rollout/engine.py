@@ -54,6 +54,7 @@ MiB = 1 << 20
 # The qualified name vLLM imports in its worker process to extend the worker class.
 WORKER_EXTENSION = "toolrl.rollout.weight_transfer.WeightLoaderExtension"
 WEIGHT_TRANSFERS = ("ipc", "nccl")
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's allowed max_lora_rank values
 
 
 class EngineError(RuntimeError):
@@ -108,6 +109,9 @@ class EngineConfig:
             level > 0 builds the engine with vLLM's sleep mode (its CuMem allocator) so that
             `VLLMEngine.sleep` / ``wake_up`` work. None: 0 (the trainer picks 1 for GPU engines
             that share the actor's processes). CPU: no sleep mode.
+        max_lora_rank: build the engine with vLLM's LoRA support for adapters up to this rank
+            (one of vLLM's allowed ranks: 8, 16, 32, ...), so a LoRA actor can push only its
+            adapter (`VLLMEngine.load_adapter_sync`); 0: no LoRA support (full-weight pushes).
         startup_timeout_s / shutdown_timeout_s: bounds on start and stop.
         engine_kwargs: any other ``vllm.AsyncEngineArgs`` field, passed through.
     """
@@ -131,6 +135,7 @@ class EngineConfig:
     weight_bucket_mb: float = 256.0
     weight_transfer: str = "ipc"
     sleep_level: int | None = None
+    max_lora_rank: int = 0
     startup_timeout_s: float = 600.0
     shutdown_timeout_s: float = 30.0
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -149,6 +154,9 @@ class EngineConfig:
                              f"{self.weight_transfer!r}")
         if self.sleep_level not in (None, 0, 1, 2):
             raise ValueError(f"sleep_level must be 0, 1 or 2, got {self.sleep_level}")
+        if self.max_lora_rank and self.max_lora_rank not in VLLM_LORA_RANKS:
+            raise ValueError(f"max_lora_rank must be 0 or one of vLLM's {list(VLLM_LORA_RANKS)}, "
+                             f"got {self.max_lora_rank}")
         self.model = str(self.model)
 
     def resolved(self) -> EngineConfig:
@@ -198,6 +206,8 @@ class EngineConfig:
             kwargs["gpu_memory_utilization"] = c.gpu_memory_utilization
             kwargs["weight_transfer_config"] = WeightTransferConfig(backend=c.weight_transfer)
             kwargs["enable_sleep_mode"] = c.enable_sleep_mode
+        if c.max_lora_rank:  # one adapter at a time: the policy's latest version
+            kwargs.update(enable_lora=True, max_lora_rank=c.max_lora_rank, max_loras=1)
         if c.max_num_seqs is not None:
             kwargs["max_num_seqs"] = c.max_num_seqs
         block_size = c.block_size
@@ -291,6 +301,7 @@ class VLLMEngine:
         self.config = config
         self.weight_version = 0
         self._llm: Any = None
+        self._lora: Any = None  # the LoRARequest every generate uses (adapter pushes)
         self._closed = False
         self._engine_pids: list[int] = []
         self._check_backend()
@@ -362,7 +373,8 @@ class VLLMEngine:
                         want_logprobs: bool) -> list[Completion]:
         llm = self._require()
         final = None
-        async for out in llm.generate(_tokens_input(prompt), params, rid):
+        async for out in llm.generate(_tokens_input(prompt), params, rid,
+                                      lora_request=self._lora):
             final = out
         if final is None:
             raise EngineError(f"request {rid} returned no output")
@@ -485,6 +497,35 @@ class VLLMEngine:
             update_info=nccl_update_info(metadata))), timeout)
         self._call(llm.finish_weight_update(), timeout)
         return self._after_push(timeout)
+
+    def load_adapter_sync(self, path: str | os.PathLike, version: int,
+                          timeout: float | None = None) -> int:
+        """Serve a LoRA adapter (PEFT format in ``path``) from now on, as LoRA id ``version``
+        (> 0; the policy version): vLLM loads it (`add_lora`), every later request uses it,
+        the previous adapter is dropped and the prefix cache reset. Needs an engine built with
+        ``max_lora_rank`` > 0; no request may be in flight. Returns ``version``."""
+        self._not_on_loop("load_adapter_sync")
+        if not self.config.max_lora_rank:
+            raise EngineError("load_adapter_sync: this engine was built without LoRA support "
+                              "(EngineConfig.max_lora_rank=0); push merged weights instead")
+        if int(version) < 1:
+            raise ValueError(f"LoRA version must be >= 1, got {version}")
+        self._call(self._require_idle(), timeout)
+        self._call(self._swap_adapter(str(path), int(version)), timeout)
+        self._after_push(timeout)
+        self.weight_version = int(version)
+        return self.weight_version
+
+    async def _swap_adapter(self, path: str, version: int) -> None:
+        from vllm.lora.request import LoRARequest
+
+        llm = self._require()
+        request = LoRARequest(f"toolrl-policy-v{version}", version, path, load_inplace=True)
+        if not await llm.add_lora(request):
+            raise EngineError(f"vLLM did not load the adapter in {path}")
+        old, self._lora = self._lora, request
+        if old is not None and old.lora_int_id != version:
+            await llm.remove_lora(old.lora_int_id)
 
     def begin_staged_push(self, timeout: float | None = None) -> SharedMemoryPush:
         """CPU: a push whose buckets the caller fills itself (e.g. receives into, over a
