@@ -194,6 +194,7 @@ FILLED_BY_TRAINER: dict[str, str] = {
     "rollout.env_kwargs": "env.kwargs",
     "rollout.engine.weight_bucket_mb": "actor.weight_bucket_mb",
     "rollout.engine.weight_transfer": "trainer.mode",
+    "rollout.engine.max_lora_rank": "actor.lora (rank, with sync=adapter)",
 }
 """Keys of embedded component configs that the trainer fills (a value there would do nothing)."""
 
@@ -299,6 +300,10 @@ def validate(cfg: ExperimentConfig) -> None:
             cfg.algorithm.group_size < 2:
         raise ConfigError(f"algorithm.advantage={cfg.algorithm.advantage} compares samples "
                           "of a group: algorithm.group_size must be >= 2")
+    if cfg.actor.lora.enabled and cfg.actor.lora.sync == "adapter" and \
+            cfg.trainer.mode != "sync":
+        raise ConfigError("actor.lora.sync=adapter pushes into colocated engines only: use "
+                          "trainer.mode=sync, or actor.lora.sync=merge")
     if cfg.rollout.engine.sleep_level and cfg.trainer.mode == "pipeline":
         raise ConfigError("rollout.engine.sleep_level > 0 needs trainer.mode=sync: in pipeline "
                           "mode the engines generate while the actor trains")
@@ -347,8 +352,11 @@ def worker_rollout_config(cfg: ExperimentConfig, model: str | None = None) -> Ro
     r, e = cfg.rollout, cfg.rollout.engine
     sync = cfg.trainer.mode == "sync"
     sleep = e.sleep_level if e.sleep_level is not None else int(e.backend == "gpu" and sync)
+    lora = cfg.actor.lora
     engine = replace(e, model=model or cfg.model.path, seed=cfg.seed,
                      weight_bucket_mb=cfg.actor.weight_bucket_mb,
+                     max_lora_rank=lora.engine_rank if lora.enabled and lora.sync == "adapter"
+                     else 0,
                      weight_transfer="ipc" if sync else "nccl", sleep_level=sleep).resolved()
     return replace(r, engine=engine, env_id=cfg.env.id, env_kwargs=dict(cfg.env.kwargs),
                    seed=cfg.seed)

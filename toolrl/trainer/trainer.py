@@ -175,8 +175,7 @@ class Trainer:
                              temperature=cfg.rollout.temperature,
                              max_response_length=cfg.rollout.max_total_tokens)
         roles: dict[str, RoleSpec] = {"actor": RoleSpec.of(ActorWorker, actor_cfg)}
-        if cfg.algorithm.use_reference or cfg.actor.loss.kl_loss_coef > 0 or \
-                cfg.algorithm.kl_in_reward_coef > 0:
+        if self.needs_reference and not cfg.actor.lora.enabled:  # LoRA: the actor, adapter off
             roles["ref"] = RoleSpec.of(RefWorker, actor_cfg)
         if cfg.algorithm.name == "ppo":
             critic_cfg = _replace(cfg.critic, model_path=self.model_path,
@@ -308,6 +307,8 @@ class Trainer:
                 batch.update(self.actor.call(ActorWorker.compute_log_prob, batch))
             if "ref" in self.handles:
                 batch.update(self.handles["ref"].call(RefWorker.compute_ref_log_prob, batch))
+            elif self.needs_reference:  # a LoRA actor's base model: its adapter switched off
+                batch.update(self.actor.call(ActorWorker.compute_ref_log_prob, batch))
             if "critic" in self.handles:
                 batch.update(self.handles["critic"].call(CriticWorker.compute_values, batch))
         with _timed(timing, "advantage"):
@@ -319,6 +320,13 @@ class Trainer:
                 metrics.update(_first(self.handles["critic"].call(CriticWorker.update_critic,
                                                                   batch)))
         return metrics, adv_metrics
+
+    @property
+    def needs_reference(self) -> bool:
+        """Reference log-probs are computed (a KL term, or ``algorithm.use_reference``)."""
+        cfg = self.cfg
+        return cfg.algorithm.use_reference or cfg.actor.loss.kl_loss_coef > 0 or \
+            cfg.algorithm.kl_in_reward_coef > 0
 
     @property
     def needs_old_log_probs(self) -> bool:
@@ -427,11 +435,22 @@ class Trainer:
                 except (RolloutFailedError, WorkerDiedError) as e:
                     self.recover(e)  # raises unless trainer.on_rollout_failure retries
             if cfg.export_hf:
-                self.actor.call(ActorWorker.export_hf, str(self.run_dir / "final_hf"))
+                self.export_final()
         finally:
             self.tracker.close()
         self.summarize(first_val, last)
         return last
+
+    def export_final(self) -> None:
+        """``final_hf/``: the trained model. A LoRA actor also writes ``final_adapter/`` (PEFT
+        format) and writes ``final_hf/`` (merged) only with ``actor.lora.export_merged``."""
+        lora = self.cfg.actor.lora
+        if lora.enabled:
+            self.actor.call(ActorWorker.export_hf, str(self.run_dir / "final_adapter"))
+            if not lora.export_merged:
+                return
+        self.actor.call(ActorWorker.export_hf, str(self.run_dir / "final_hf"),
+                        merged=lora.enabled)
 
     def check_health(self) -> HealthReport:
         """The last step's `HealthReport` (its failures printed, counted)."""

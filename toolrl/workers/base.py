@@ -382,6 +382,9 @@ class FSDPModel:
         if self.optimizer is not None:
             model_sd, optim_sd = get_state_dict(self.model, self.optimizer,
                                                 options=self._state_options())
+            if self.frozen_base:  # a tied lm_head comes through ignore_frozen_params: drop it
+                trained = {n for n, p in self.model.named_parameters() if p.requires_grad}
+                model_sd = {k: v for k, v in model_sd.items() if k in trained}
             state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
         else:
             state = {"model": get_state_dict(self.model, [], options=self._state_options())[0]}

@@ -63,25 +63,28 @@ class LoraConfig:
             object.__setattr__(self, "target_modules", (self.target_modules,))
         object.__setattr__(self, "target_modules", tuple(self.target_modules))
         if self.rank < 0:
-            raise ValueError(f"lora.rank must be >= 0 (0: no LoRA), got {self.rank}")
+            raise ValueError(f"actor.lora.rank must be >= 0 (0: no LoRA), got {self.rank}")
         if self.sync not in LORA_SYNCS:
-            raise ValueError(f"lora.sync={self.sync!r} is not valid; choose one of "
+            raise ValueError(f"actor.lora.sync={self.sync!r} is not valid; choose one of "
                              f"{list(LORA_SYNCS)}")
         if not self.enabled:
             changed = [f.name for f in dataclasses.fields(self) if f.name != "rank"
                        and getattr(self, f.name) != f.default]
             if changed:
-                raise ValueError(f"lora.{changed[0]} is set but lora.rank is 0 (LoRA is off): "
-                                 f"set lora.rank > 0 or drop lora.{changed[0]}")
+                raise ValueError(f"actor.lora.{changed[0]} is set but actor.lora.rank is 0 "
+                                 f"(LoRA is off): set actor.lora.rank > 0 or drop "
+                                 f"actor.lora.{changed[0]}")
             return
         if not self.alpha > 0:
-            raise ValueError(f"lora.alpha must be > 0, got {self.alpha}")
+            raise ValueError(f"actor.lora.alpha must be > 0, got {self.alpha}")
         if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"lora.dropout must be in [0, 1), got {self.dropout}")
+            raise ValueError(f"actor.lora.dropout must be in [0, 1), got {self.dropout}")
         if not self.target_modules or not all(isinstance(t, str) and t
                                               for t in self.target_modules):
-            raise ValueError(f"lora.target_modules must name at least one layer, got "
+            raise ValueError(f"actor.lora.target_modules must name at least one layer, got "
                              f"{list(self.target_modules)}")
+        if self.sync == "adapter":
+            _ = self.engine_rank  # the engine must be able to hold the adapter
 
     @property
     def enabled(self) -> bool:
@@ -93,7 +96,7 @@ class LoraConfig:
         for r in VLLM_LORA_RANKS:
             if r >= self.rank:
                 return r
-        raise ValueError(f"lora.rank={self.rank} is above vLLM's largest LoRA rank "
+        raise ValueError(f"actor.lora.rank={self.rank} is above vLLM's largest LoRA rank "
                          f"{VLLM_LORA_RANKS[-1]}")
 
 
