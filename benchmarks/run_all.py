@@ -62,6 +62,8 @@ BENCHES: tuple[Bench, ...] = (
           plots=("scaling_batch", "scaling_turns", "scaling_workers")),
     Bench("scale", "bench_scale.py", "Real model sizes: Qwen2.5-0.5B's shape on CPU",
           timeout_s=2400),
+    Bench("lora", "bench_lora.py", "LoRA vs full fine-tuning: optimizer memory, sync time",
+          timeout_s=420),
 )
 PIPELINE = Bench("pipeline", "bench_pipeline.py", "Sync vs one-step-off pipeline",
                  args=("--rounds", "1", "--steps", "5"), timeout_s=900)

@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "benchmarks"
 sys.path.insert(0, str(BENCH))
 
+import bench_lora  # noqa: E402
 import bench_scale  # noqa: E402
 import bench_scaling  # noqa: E402
 import bench_trl  # noqa: E402
@@ -22,7 +23,7 @@ import benchlib  # noqa: E402
 import run_all  # noqa: E402
 
 SCRIPTS = ["bench_trl.py", "bench_weight_sync.py", "bench_env_overhead.py", "bench_scaling.py",
-           "bench_scale.py", "bench_update.py", "bench_mcp.py", "run_all.py"]
+           "bench_scale.py", "bench_update.py", "bench_mcp.py", "bench_lora.py", "run_all.py"]
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
@@ -240,3 +241,17 @@ def test_scale_report_from_fake_results():
     assert len(heads) == 1 and "actor/rollout process 11.00 GiB" in heads[0]
     assert "engine core 3.00 GiB" in heads[0] and "256 MiB buckets 2.00 GiB" in heads[0]
     assert "| **total** |" in text and "| 256 | 7 |" in text
+
+
+def test_lora_report_states_memory_and_sync_ratios():
+    mib = 2 ** 20
+    result = {"size": "large", "rank": 16, "params": 12_000_000,
+              "memory": {"full": (12_000_000, 48 * mib, 96 * mib),
+                         "lora": (600_000, 2.4 * mib, 4.8 * mib)},
+              "update_s": {"full": 1.0, "lora": 0.8},
+              "sync_s": {"full": 0.2, "merge": 0.25, "adapter": 0.05},
+              "probe_max_abs_diff": {"merge": 2e-6, "adapter": 3e-6}}
+    text = bench_lora.report(result, "a machine", ["--reps", "3"], 3)
+    assert "5.0% of the parameters" in text and "(20x less)" in text
+    assert "merged push 1.25x, adapter push 0.25x the full-weights push" in text
+    assert "| LoRA rank 16, sync=adapter |" in text
