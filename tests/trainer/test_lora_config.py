@@ -35,3 +35,33 @@ def test_adapter_sync_builds_engines_with_lora_support(sync, rank, engine_rank):
 def test_bad_lora_settings_are_config_errors(overrides, message):
     with pytest.raises(ConfigError, match=message):
         load_config(QUICKSTART, overrides)
+
+
+def test_memory_plan_counts_adapters_not_the_base_and_no_second_reference():
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from toolrl.models.tiny import shape_config
+    from toolrl.trainer.memory import ModelShape, plan_memory
+
+    config = shape_config("qwen2.5-0.5b")
+    shape = ModelShape.from_hf_config(config)
+    targets = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    import torch
+
+    with torch.device("meta"):
+        model = get_peft_model(AutoModelForCausalLM.from_config(config),
+                               LoraConfig(r=16, target_modules=list(targets)))
+    assert shape.lora_params(16, targets) == sum(p.numel() for p in model.parameters()
+                                                 if p.requires_grad)
+    scale = "configs/scale_0p5b_cpu.yaml"
+    kl = ["actor.loss.kl_loss_coef=0.01"]
+    full = plan_memory(load_config(scale, kl), shape)
+    lora = plan_memory(load_config(scale, [*kl, "actor.lora.rank=16"]), shape)
+    worker = next(p for p in full.processes if p.name.startswith("worker: actor"))
+    lworker = next(p for p in lora.processes if p.name.startswith("worker: actor"))
+    assert "ref weights" in worker.resident and "ref weights" not in lworker.resident
+    assert lworker.resident["actor AdamW state"] == pytest.approx(
+        2 * shape.lora_params(16, targets) * 4)
+    assert lworker.resident["actor AdamW state"] < worker.resident["actor AdamW state"] / 50
+    assert lora.host_total < full.host_total

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -85,6 +86,18 @@ class ModelShape:
                    head_dim=head_dim, intermediate=int(text.intermediate_size),
                    tied=bool(getattr(text, "tie_word_embeddings", False)),
                    largest_layer_params=embed)
+
+    def lora_params(self, rank: int, targets: Sequence[str]) -> int:
+        """Parameters of rank-``rank`` LoRA adapters (A: rank x in, B: out x rank) on the
+        projections named in ``targets``, in every layer (other names: hidden x hidden)."""
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        dims = {"q_proj": (self.hidden, q), "k_proj": (self.hidden, kv),
+                "v_proj": (self.hidden, kv), "o_proj": (q, self.hidden),
+                "gate_proj": (self.hidden, self.intermediate),
+                "up_proj": (self.hidden, self.intermediate),
+                "down_proj": (self.intermediate, self.hidden)}
+        per_layer = sum(rank * sum(dims.get(t, (self.hidden, self.hidden))) for t in targets)
+        return per_layer * self.layers
 
     @property
     def root_params(self) -> int:
@@ -249,14 +262,15 @@ def micro_batch_tokens(cfg: ExperimentConfig, forward_only: bool = False) -> tup
     return rows, prompts * prompt + rows * (total - prompt)
 
 
-def _policy_state(shape: ModelShape, dtype: str, shards: int, trainable: bool
-                  ) -> dict[str, float]:
+def _policy_state(shape: ModelShape, dtype: str, shards: int, trainable: bool,
+                  adapters: int = 0) -> dict[str, float]:
     """What a policy holds between steps: its weights and, trained, AdamW's two moments
-    (gradients are freed after each optimizer step)."""
+    (gradients are freed after each optimizer step). With LoRA ``adapters`` parameters are
+    added to the frozen weights and only they are optimized."""
     b = _bytes(dtype)
-    out = {"weights": shape.params * b / shards}
+    out = {"weights": (shape.params + adapters) * b / shards}
     if trainable:
-        out["AdamW state"] = 2 * shape.params * b / shards
+        out["AdamW state"] = 2 * (adapters or shape.params) * b / shards
     return out
 
 
@@ -284,8 +298,11 @@ def plan_memory(cfg: ExperimentConfig, shape: ModelShape, host_budget: float | N
     shards = res.nodes * res.processes_per_node  # FSDP ranks
     bucket = cfg.actor.weight_bucket_mb * MiB
     actor = cfg.actor
-    with_ref = cfg.algorithm.use_reference or actor.loss.kl_loss_coef > 0 or \
-        cfg.algorithm.kl_in_reward_coef > 0
+    # a LoRA actor trains only its adapters, and its reference is itself with them off
+    lora = actor.lora
+    adapters = shape.lora_params(lora.rank, lora.target_modules) if lora.enabled else 0
+    with_ref = (cfg.algorithm.use_reference or actor.loss.kl_loss_coef > 0 or
+                cfg.algorithm.kl_in_reward_coef > 0) and not lora.enabled
     with_critic = cfg.algorithm.name == "ppo"
     rows, train_tokens = micro_batch_tokens(cfg)
     _, fwd_tokens = micro_batch_tokens(cfg, forward_only=True)
@@ -300,14 +317,14 @@ def plan_memory(cfg: ExperimentConfig, shape: ModelShape, host_budget: float | N
     host.resident["process"] = WORKER_BASE
     dev = ProcessPlan(name, count=1, gpu=True) if gpu else host  # where the tensors live
     dev.resident.update({f"actor {k}": v for k, v in
-                         _policy_state(shape, actor.dtype, shards, True).items()})
+                         _policy_state(shape, actor.dtype, shards, True, adapters).items()})
     if with_ref:
         dev.resident["ref weights"] = shape.params * _bytes(actor.dtype) / shards
     if with_critic:
         dev.resident.update({f"critic {k}": v for k, v in
                              _policy_state(shape, cfg.critic.dtype, shards, True).items()})
     compute = _bytes(actor.param_dtype or actor.dtype)
-    grads = shape.params * _bytes(actor.dtype) / shards
+    grads = (adapters or shape.params) * _bytes(actor.dtype) / shards
     micro_batches = math.ceil(cfg.data.batch_size * cfg.algorithm.group_size
                               / shards / max(rows, 1))
     dev.add("update", **{
@@ -317,7 +334,8 @@ def plan_memory(cfg: ExperimentConfig, shape: ModelShape, host_budget: float | N
         "LM-head chunks": 3 * _chunk_bytes(shape, actor, train_tokens),
         # dense vocab x hidden gradients: the lookup's and each head chunk's, before they are
         # added into the (tied) weight's gradient
-        "embedding + LM-head gradient buffers": 2.0 * shape.vocab * shape.hidden * compute,
+        "embedding + LM-head gradient buffers": 0.0 if lora.enabled else
+        2.0 * shape.vocab * shape.hidden * compute,
         "unsharded root + layers": _unsharded(shape, actor, 2),
         # accumulating into existing gradients: FSDP2's reduce-scatter in- and outputs
         "gradient accumulation": 2 * _unsharded(shape, actor, 1) if micro_batches > 1 else 0.0})
