@@ -166,3 +166,29 @@ def test_export_writes_a_peft_adapter_and_the_merged_model(tiny_model_dir, batch
                            position_ids=batch["position_ids"]).logits[:, -r - 1:-1]
         lp = torch.log_softmax(logits, -1).gather(-1, batch["responses"][..., None])[..., 0]
         torch.testing.assert_close(lp[mask], trained[mask], atol=1e-4, rtol=0)
+
+
+def test_merged_stream_equals_peft_merge_in_checkpoint_order(tiny_model_dir):
+    import copy
+
+    from transformers import AutoModelForCausalLM
+
+    from toolrl.workers.lora import LoraAdapter
+
+    lora = LoraAdapter(LoraConfig(rank=4, alpha=8.0, target_modules=("q_proj", "down_proj")))
+    model = lora.apply(AutoModelForCausalLM.from_pretrained(tiny_model_dir))
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if ".lora_B." in name:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+    state = {k: v.clone() for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    merged = list(lora.merged(state.items()))
+    meta = [(n, str(t.dtype).removeprefix("torch."), tuple(t.shape)) for n, t in state.items()]
+    assert [(n, str(t.dtype).removeprefix("torch."), tuple(t.shape)) for n, t in merged] == \
+        lora.merged_metadata(meta)  # the broadcast route relies on this order
+    expected = copy.deepcopy(lora.peft).merge_and_unload().state_dict()
+    assert all(torch.allclose(t, expected[n], atol=1e-6) for n, t in merged)
+    assert all(torch.equal(state[n], model.state_dict()[n]) for n in state)  # nothing mutated
+    with pytest.raises(RuntimeError, match="ended before"):
+        list(lora.merged((n, t) for n, t in state.items() if ".lora_B." not in n))

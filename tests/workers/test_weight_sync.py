@@ -14,6 +14,7 @@ from toolrl.batch import split
 from toolrl.controller.network import free_port
 from toolrl.sync.weights import WeightSyncGroup, iter_buckets, weights_checksum
 from toolrl.workers.actor import ActorConfig, FSDPActor
+from toolrl.workers.lora import LoraConfig
 from toolrl.workers.weights import WeightSync
 
 
@@ -39,13 +40,15 @@ def test_checksum_is_order_free_and_sees_every_bit():
     assert weights_checksum({"z": a["x"], "y": a["y"]}) != weights_checksum(a)
 
 
-def _split_pools(rank, model_dir, shards, actor_port, sync_port, receivers):
-    """Ranks 0-1: a 2-rank FSDP2 actor; ranks 2..: rollout workers with a dict 'engine'."""
+def _split_pools(rank, model_dir, shards, actor_port, sync_port, receivers, lora=None):
+    """Ranks 0-1: a 2-rank FSDP2 actor (LoRA with ``lora``); ranks 2..: rollout workers with a
+    dict 'engine'."""
     sync_world = 1 + receivers
     if rank < 2:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(actor_port),
                           RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank))
-        actor = FSDPActor(ActorConfig(model_path=model_dir, lr=1e-3, weight_bucket_mb=0.25))
+        actor = FSDPActor(ActorConfig(model_path=model_dir, lr=1e-3, weight_bucket_mb=0.25,
+                                      lora=lora))
         actor.weights.connect("127.0.0.1", sync_port, sync_world, timeout_s=60)
         sums = []
         for _ in range(2):
@@ -69,11 +72,15 @@ def _split_pools(rank, model_dir, shards, actor_port, sync_port, receivers):
     return received
 
 
-def test_split_pool_broadcast_delivers_exactly_the_actor_weights(tiny_model_dir):
+@pytest.mark.parametrize("lora", [None, LoraConfig(rank=8, target_modules=("q_proj", "up_proj"))],
+                         ids=["full", "lora-merge"])
+def test_split_pool_broadcast_delivers_exactly_the_actor_weights(tiny_model_dir, lora):
+    """With LoRA (sync=merge, the pipeline route) the receivers get the checkpoint's names with
+    the adapter merged in: the base model at first (B = 0), the trained policy after."""
     td = with_policy_inputs(tiny_model_dir, make_batch(4, seed=9))
     shards = split(td, 2)
     out = run_ranks(_split_pools, 4, str(tiny_model_dir), shards, free_port(), free_port(), 2,
-                    init=False)
+                    lora, init=False)
     actor0, actor1, rollout_a, rollout_b = out
     assert actor1 == [(1, None), (2, None)]  # only actor rank 0 sends / checksums
     checkpoint_names = sorted(load_file(str(tiny_model_dir / "model.safetensors")))

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -160,39 +161,46 @@ class LoraAdapter:
     # --- views of the weights ----------------------------------------------------------------
     def merged(self, named: Iterable[Named]) -> Iterator[Named]:
         """A full-weights stream of the LoRA model (state-dict names, every tensor whole) ->
-        the base checkpoint's names with each adapter merged into its layer's weight
-        (``W + scaling * B @ A``, computed in float32). Adapter tensors are consumed, never
-        changed. At most one layer's weight waits for its A and B."""
-        pending: dict[str, dict[str, torch.Tensor]] = {}
+        the base checkpoint's names, in the same order (`merged_metadata`), with each adapter
+        merged into its layer's weight (``W + scaling * B @ A``, computed in float32). Adapter
+        tensors are consumed, never changed. Only what follows a weight still waiting for its
+        A and B is held back (a layer's bias)."""
+        queue: deque[list[Any]] = deque()  # [name, tensor or None while its merge waits]
+        parts: dict[str, dict[str, torch.Tensor]] = {}
+        slots: dict[str, list[Any]] = {}
         for name, tensor in named:
+            module = part = None
             if ".base_layer." in name:
                 module, leaf = name.split(".base_layer.", 1)
                 if leaf == "weight" and module in self.scaling:
-                    yield from self._maybe_merge(pending, module, "W", tensor)
+                    part = "W"
                 else:
-                    yield f"{module}.{leaf}", tensor
+                    queue.append([f"{module}.{leaf}", tensor])
             elif ".lora_A." in name:
-                yield from self._maybe_merge(pending, name.split(".lora_A.", 1)[0], "A", tensor)
+                module, part = name.split(".lora_A.", 1)[0], "A"
             elif ".lora_B." in name:
-                yield from self._maybe_merge(pending, name.split(".lora_B.", 1)[0], "B", tensor)
+                module, part = name.split(".lora_B.", 1)[0], "B"
             elif is_adapter_name(name):
                 raise RuntimeError(f"cannot merge adapter tensor {name!r}")
             else:
-                yield name, tensor
-        if pending:
+                queue.append([name, tensor])
+            if part is not None:
+                assert module is not None
+                got = parts.setdefault(module, {})
+                got[part] = tensor
+                if part == "W":
+                    slots[module] = [f"{module}.weight", None]
+                    queue.append(slots[module])
+                if len(got) == 3:
+                    del parts[module]
+                    delta = (got["B"].float() @ got["A"].float()) * self.scaling[module]
+                    slots.pop(module)[1] = (got["W"].float() + delta).to(got["W"].dtype)
+            while queue and queue[0][1] is not None:
+                out_name, out = queue.popleft()
+                yield out_name, out
+        if parts or queue:
             raise RuntimeError(f"weight stream ended before the adapters of "
-                               f"{sorted(pending)} were complete")
-
-    def _maybe_merge(self, pending: dict[str, dict[str, torch.Tensor]], module: str, part: str,
-                     tensor: torch.Tensor) -> Iterator[Named]:
-        parts = pending.setdefault(module, {})
-        parts[part] = tensor
-        if len(parts) < 3:
-            return
-        del pending[module]
-        w, a, b = parts["W"], parts["A"], parts["B"]
-        delta = (b.float() @ a.float()) * self.scaling[module]
-        yield f"{module}.weight", (w.float() + delta).to(w.dtype)
+                               f"{sorted(parts) or sorted(slots)} were complete")
 
     @staticmethod
     def merged_metadata(meta: Sequence[Meta]) -> list[Meta]:
