@@ -8,17 +8,24 @@ a call.
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import httpx
 import openai
 import psutil
 import pytest
+import torch
+from transformers import AutoModelForCausalLM
 
-from toolrl.core.parse import FORMATS, ToolCallFormat
+from toolrl.core.env import ToolEnv, Turn
+from toolrl.core.parse import FORMATS, ToolCallFormat, get_format
+from toolrl.core.registration import make_env, register_env
+from toolrl.core.tools import tool
 from toolrl.core.types import ParseResult, ToolCall
 from toolrl.rollout.chat import ChatRenderer
-from toolrl.rollout.engine import EngineConfig, VLLMEngine
+from toolrl.rollout.engine import EngineConfig, SamplingConfig, VLLMEngine
+from toolrl.rollout.episode import EpisodeConfig, EpisodeRunner
 from toolrl.rollout.gateway.app import Gateway
 from toolrl.rollout.gateway.server import GatewayServer
 
@@ -50,6 +57,41 @@ class EveryMessageCallsSubmit(ToolCallFormat):
 
     def _parse(self, text: str) -> ParseResult:
         return ParseResult(calls=[ToolCall("submit", {"answer": 1})], text="")
+
+
+class EveryMessageCallsNote(ToolCallFormat):
+    """Reads every assistant message as one call of ``note`` (so a random model uses tools)."""
+
+    name = "test-every-message-calls-note"
+
+    def _parse(self, text: str) -> ParseResult:
+        return ParseResult(calls=[ToolCall("note", {})], text=text)
+
+
+class ThreeTurnEnv(ToolEnv):
+    """Every turn calls ``note``; the episode ends after three turns."""
+
+    def __init__(self, **kwargs):
+        super().__init__(max_turns=4, **kwargs)
+        self.parser = EveryMessageCallsNote()
+
+    @classmethod
+    def make_tasks(cls, n, seed=0, split="train", **kwargs):
+        return [{"id": f"three-{seed}-{i}", "question": "Take three notes."} for i in range(n)]
+
+    @tool
+    def note(self) -> str:
+        """Take a note."""
+        return "noted"
+
+    def on_turn(self, parse, results):
+        return Turn(terminated=self.turn >= 3)
+
+    def evaluate(self):
+        return True
+
+
+register_env("toolrl-test/ThreeTurn-v0", ThreeTurnEnv)
 
 
 @pytest.fixture(scope="module")
@@ -214,3 +256,112 @@ def test_a_prompt_past_the_context_window_is_a_400(client):
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model=MODEL, messages=long, max_tokens=4)
     assert e.value.code == "context_length_exceeded"
+
+
+# --- token capture per episode ----------------------------------------------------------------
+def _run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 120))
+
+
+def _action_text(message) -> str:
+    """The text the model wrote, from the gateway's reply (calls rendered back in hermes)."""
+    if not message.tool_calls:
+        return message.content or ""
+    calls = [ToolCall(c.function.name, json.loads(c.function.arguments))
+             for c in message.tool_calls]
+    return get_format("hermes").render(calls, message.content or "")
+
+
+async def _replay_env_loop(base_url: str, row: dict, turns: int, max_tokens: int) -> None:
+    """An agent that plays ThreeTurn-v0 through the OpenAI client, greedily, as the env path
+    would: the env gets the text the model wrote and its observations go back as messages."""
+    env = make_env("toolrl-test/ThreeTurn-v0")
+    messages, info = env.reset(options=row)
+    async with openai.AsyncOpenAI(base_url=base_url, api_key="x", max_retries=0) as cl:
+        for _ in range(turns):
+            r = await cl.chat.completions.create(model=MODEL, messages=messages,
+                                                 tools=info["tools"], temperature=0,
+                                                 max_tokens=max_tokens)
+            msg = r.choices[0].message
+            obs, _, terminated, truncated, _ = env.step(_action_text(msg))
+            messages = [*messages, msg.model_dump(exclude_none=True),
+                        *({"tool_call_id": "call_0", **o} for o in obs)]
+            if terminated or truncated:
+                break
+    env.close()
+
+
+def test_a_three_turn_agent_episode_equals_the_env_path(engine, gateway, server):
+    row = ThreeTurnEnv.make_tasks(1)[0]
+    per_turn = 12
+    runner = EpisodeRunner(engine, gateway.renderer, EpisodeConfig(
+        sampling=SamplingConfig(temperature=0.0, max_tokens=per_turn), max_turns=3,
+        max_prompt_len=512, max_response_len=480))
+    env = make_env("toolrl-test/ThreeTurn-v0")
+    ref = _run(runner.run(env, row, seed=0))
+    env.close()
+    assert ref.num_turns == 3 and ref.finish_reason == "terminated"
+    eid = gateway.open_episode()
+    _run(_replay_env_loop(server.episode_url(eid), row, 3, per_turn))
+    capture = gateway.close_episode(eid)
+    traj, samples = capture.trajectory(row, format="hermes")
+    assert len(capture.calls) == 3 and capture.splits == 0 and len(samples) == 1
+    got, want = samples[0].tokens, ref.tokens
+    end = len(want.response_ids)
+    assert got.prompt_ids == want.prompt_ids
+    assert got.response_ids == want.response_ids[:end]
+    assert got.response_mask == want.response_mask[:end]
+    assert got.log_probs == pytest.approx(want.log_probs[:end], abs=1e-6)
+    assert [t.action_span for t in traj.turns] == [t.action_span for t in ref.turns]
+    assert [t.action for t in traj.turns] == [t.action for t in ref.turns]
+    assert traj.extra["gateway"]["splits"] == 0 and traj.sampled_tokens == sum(got.response_mask)
+
+
+def test_a_rewritten_history_starts_a_second_sample(gateway, server, hf_model):
+    async def agent(base_url):
+        async with openai.AsyncOpenAI(base_url=base_url, api_key="x", max_retries=0) as cl:
+            first = await cl.chat.completions.create(model=MODEL, messages=MESSAGES,
+                                                     temperature=1.0, seed=11, max_tokens=10)
+            keep = [*MESSAGES, first.choices[0].message.model_dump(exclude_none=True),
+                    {"role": "user", "content": "Go on."}]
+            await cl.chat.completions.create(model=MODEL, messages=keep, temperature=1.0,
+                                             seed=12, max_tokens=10)
+            summary = [MESSAGES[0], {"role": "user", "content": "Summary so far: 2 + 3."}]
+            await cl.chat.completions.create(model=MODEL, messages=summary, temperature=1.0,
+                                             seed=13, max_tokens=10)
+
+    eid = gateway.open_episode()
+    _run(agent(server.episode_url(eid)))
+    capture = gateway.close_episode(eid)
+    traj, samples = capture.trajectory({"id": "t"}, format="hermes")
+    assert [c.extends for c in capture.calls] == [False, True, False]
+    assert capture.splits == 1 and len(samples) == 2
+    assert traj.extra["gateway"]["turn_sample"] == [0, 0, 1]
+    a, b = samples[0].tokens, samples[1].tokens
+    assert a.prompt_ids == capture.calls[0].prompt_ids
+    assert b.prompt_ids == capture.calls[2].prompt_ids
+    n0, n1 = (len(c.completion_ids) for c in capture.calls[:2])
+    assert a.response_mask[:n0] == [1] * n0 and a.response_mask[-n1:] == [1] * n1
+    assert set(a.response_mask[n0:-n1]) == {0}  # the closing, the user turn, the prompt
+    for s in samples:
+        assert_engine_log_probs_match_hf(hf_model, s.tokens)
+
+
+@pytest.fixture(scope="module")
+def hf_model(tiny_model_dir):
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+
+
+def assert_engine_log_probs_match_hf(hf, s) -> None:
+    """transformers' fp32 log-probs of the sampled tokens equal the engine's."""
+    ids = torch.tensor([s.prompt_ids + s.response_ids])
+    with torch.no_grad():
+        logits = hf(ids).logits[0].float()
+    p = len(s.prompt_ids)
+    logp = torch.log_softmax(logits[p - 1: -1], -1)
+    ref = logp.gather(-1, torch.tensor(s.response_ids)[:, None])[:, 0]
+    mask = torch.tensor(s.response_mask).bool()
+    assert mask.any()
+    got = torch.tensor(s.log_probs)
+    assert torch.allclose(got[mask], ref[mask], atol=1e-4), (got[mask] - ref[mask]).abs().max()
+    assert (got[~mask] == 0).all()
