@@ -53,30 +53,35 @@ class Gateway:
         format: the tool-call format replies are parsed with (``hermes``, ...).
         max_tokens: the most tokens of one call (a request's ``max_tokens`` is clipped to it;
             None: the room left in the context window).
-        max_total_tokens: the most tokens of one captured sample (prompt and every call and
-            delta after it); None: the engine's context window.
+        max_prompt_tokens / max_response_tokens: the budget of one captured sample (the
+            batch's prompt and response widths): a first prompt past the first is a 400
+            ``context_length_exceeded``; a call whose merged response has no room left
+            starts a new sample. None: the engine's context window.
     """
 
     def __init__(self, engine: Any, renderer: Any, *, model: str = "policy",
                  format: str = "hermes", max_tokens: int | None = None,
-                 max_total_tokens: int | None = None) -> None:
+                 max_prompt_tokens: int | None = None,
+                 max_response_tokens: int | None = None) -> None:
         self.engine, self.renderer, self.model = engine, renderer, model
         self.format_name = format
         self.parser = get_format(format)
         self.max_tokens = max_tokens
-        self.max_total_tokens = min(max_total_tokens or engine.max_model_len,
-                                    engine.max_model_len)
+        limit = int(engine.max_model_len)
+        self.max_prompt_tokens = min(max_prompt_tokens or limit - 1, limit - 1)
+        self.max_response_tokens = min(max_response_tokens or limit, limit)
         self.episodes: dict[str, EpisodeCapture] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._app: Any = None
 
     # --- episodes --------------------------------------------------------------------------
-    def open_episode(self, episode_id: str | None = None) -> str:
-        """Start capturing a new episode; returns its id (the route's ``{id}``)."""
+    def open_episode(self, episode_id: str | None = None, **sampling: Any) -> str:
+        """Start capturing a new episode; returns its id (the route's ``{id}``).
+        ``sampling``: the route's ``seed``, ``temperature``, ``top_p`` (`EpisodeCapture`)."""
         eid = episode_id or uuid.uuid4().hex
         if eid in self.episodes:
             raise ValueError(f"episode {eid!r} is already open")
-        self.episodes[eid] = EpisodeCapture(eid)
+        self.episodes[eid] = EpisodeCapture(eid, **sampling)
         return eid
 
     def close_episode(self, episode_id: str) -> EpisodeCapture:
@@ -163,16 +168,19 @@ class Gateway:
         except ValueError as e:  # TemplateError: the template rejects these messages
             raise OpenAIError(f"the chat template cannot render these messages: {e}",
                               param="messages") from e
-        if extends and len(prompt) >= self.max_total_tokens:
-            # the merged sample is full: render afresh rather than fail the episode
-            prompt, extends = self.renderer.render_prompt(messages, tools or None), False
-        room = min(self.max_total_tokens, self.engine.max_model_len) - len(prompt)
-        if room < 1:
+        room = self.max_response_tokens
+        if extends:
+            room -= len(prompt) - capture.sample_prompt_len()
+            if room < 1:  # the merged sample is full: this call starts a new one
+                prompt, extends = self.renderer.render_prompt(messages, tools or None), False
+                room = self.max_response_tokens
+        if len(prompt) > self.max_prompt_tokens:
             raise OpenAIError(f"This model's maximum context length is "
-                              f"{self.max_total_tokens} tokens; the messages take "
+                              f"{self.max_prompt_tokens} prompt tokens; the messages take "
                               f"{len(prompt)}", param="messages",
                               code="context_length_exceeded")
-        sampling = self.sampling(req, room)
+        room = min(room, self.engine.max_model_len - len(prompt))
+        sampling = self.sampling(req, room, capture)
         t0 = time.perf_counter()
         try:
             [out] = await self.engine.generate(prompt, sampling)
@@ -211,13 +219,22 @@ class Gateway:
             pieces = self._pieces(out.token_ids, message["content"])
         return completion, pieces
 
-    def sampling(self, req: ChatRequest, room: int) -> SamplingConfig:
-        """The engine's sampling for a request (log-probs always: the capture needs them)."""
+    def sampling(self, req: ChatRequest, room: int,
+                 capture: EpisodeCapture | None = None) -> SamplingConfig:
+        """The engine's sampling for a request (log-probs always: the capture needs them);
+        an episode route's own temperature, top_p and seed win (`EpisodeCapture`)."""
         limit = min(x for x in (req.max_tokens, self.max_tokens, room) if x is not None)
-        structured = self.structured(req)
-        return SamplingConfig(temperature=req.temperature, top_p=req.top_p, max_tokens=limit,
-                              stop=req.stop, include_stop_str_in_output=True, seed=req.seed,
-                              logprobs=True, structured_outputs=structured)
+        temperature, top_p, seed = req.temperature, req.top_p, req.seed
+        if capture is not None:
+            if capture.temperature is not None:
+                temperature = capture.temperature
+            if capture.top_p is not None:
+                top_p = capture.top_p
+            if seed is None and capture.seed is not None:
+                seed = (capture.seed * 1_000_003 + 7919 * len(capture.calls)) % (2**31 - 1)
+        return SamplingConfig(temperature=temperature, top_p=top_p, max_tokens=limit,
+                              stop=req.stop, include_stop_str_in_output=True, seed=seed,
+                              logprobs=True, structured_outputs=self.structured(req))
 
     def structured(self, req: ChatRequest) -> dict[str, Any] | None:
         """vLLM structured-output constraints for ``tool_choice`` required / named: exactly

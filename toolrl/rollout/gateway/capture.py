@@ -117,11 +117,26 @@ class Sample:
 
 
 class EpisodeCapture:
-    """The calls of one episode (see the module docstring)."""
+    """The calls of one episode (see the module docstring).
 
-    def __init__(self, episode_id: str) -> None:
+    ``seed``, ``temperature`` and ``top_p`` (None: the request's) are the route's sampling:
+    a training route samples at the rollout's temperature whatever the agent asks, since the
+    update scores the tokens at that temperature; ``seed`` seeds each call (``seed`` and the
+    call's index) that does not bring its own.
+    """
+
+    def __init__(self, episode_id: str, *, seed: int | None = None,
+                 temperature: float | None = None, top_p: float | None = None) -> None:
         self.id = episode_id
+        self.seed, self.temperature, self.top_p = seed, temperature, top_p
         self.calls: list[CallRecord] = []
+
+    def sample_prompt_len(self) -> int:
+        """Prompt length of the sample the last call belongs to (0 before any call)."""
+        for c in reversed(self.calls):
+            if not c.extends:
+                return len(c.prompt_ids)
+        return 0
 
     def prompt_for(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
                    renderer: Any) -> tuple[list[int], bool]:
