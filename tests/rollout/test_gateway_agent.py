@@ -166,3 +166,27 @@ def test_agent_configs_that_cannot_share_advantages_fail_at_load():
                            "trainer.infra_failures.rule=drop_sample"])
     cfg = load_config(None, [agent, "trainer.infra_failures.rule=drop_sample"])
     assert cfg.rollout.agent == f"{AGENTS}:submit_once"
+
+
+def test_the_example_agent_plays_calculator_tasks(worker):
+    """examples/openai_agent: the plain tool loop runs under rollout.agent (the random model
+    answers in text, so each episode is one call that the agent judges unsolved)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "examples/openai_agent/calculator_agent.py"
+    spec = importlib.util.spec_from_file_location("calculator_agent", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    original = worker.agent.agent
+    worker.agent.agent = resolve_agent(module.solve)
+    try:
+        td = worker.rollout(make_rollout_input(rows(2), n=2))
+    finally:
+        worker.agent.agent = original
+    for t in B.trajectories(td):
+        assert t.infra_failure is None and t.finish_reason == "terminated"
+        assert t.num_turns >= 1 and t.info["success"] is False
+        assert t.messages[0]["role"] == "system" and t.tools
+    assert module.run_tool("div", {"a": 6, "b": 3}) == "2"
+    assert module.run_tool("div", {"a": 1, "b": 0}).startswith("error: ZeroDivisionError")

@@ -91,7 +91,10 @@ class RolloutConfig:
         agent: ``"package.module:solve"``: your own agent (``async solve(client, row)``, or a
             class with that method) plays each episode against the OpenAI-compatible gateway
             on the worker's engine instead of the env loop (`toolrl.rollout.gateway.agent`);
-            ``concurrency`` bounds its episodes too. None: the env loop.
+            ``concurrency``, the sampling keys, ``max_tokens_per_turn`` and the token budgets
+            apply to its calls; ``max_turns``, ``ignore_eos``, ``on_overflow`` and
+            ``env_timeout_s`` belong to the env loop (the agent's loop is its own).
+            None: the env loop.
         agent_timeout_s: each agent episode's deadline (past it: ``agent_timeout``).
         agent_format: the tool-call format gateway replies are parsed with; None: the format
             of ``env_id``'s env.
@@ -415,7 +418,8 @@ class RolloutWorker(Worker):
         from toolrl.rollout.gateway.agent import episode_rows
 
         temperature = 0.0 if greedy else self.config.temperature
-        results = await self.agent.run_all(rows, seeds, temperature, self.config.top_p)
+        results = await self.agent.run_all(rows, seeds, temperature, self.config.top_p,
+                                           self.config.top_k)
         return self.to_batch(*episode_rows(rows, uids, results))
 
     def _agent_runner(self) -> Any:

@@ -14,7 +14,8 @@ past its deadline (``agent_timeout``) or never calls the model (``agent_crash``)
 infrastructure-failed episode (`Trajectory.infra_failure`): the trainer keeps it out of the
 loss (`toolrl.trainer.failures`).
 
-The route samples at the rollout's temperature (greedy on validation) and seeds the calls
+The route samples at the rollout's temperature, top_p and top_k (greedy on validation), each
+call at most ``rollout.max_tokens_per_turn`` tokens, and seeds the calls
 from the episode's seed, whatever the agent's requests say: the update recomputes the
 log-probs at that temperature, and a seeded run repeats.
 """
@@ -91,7 +92,7 @@ class AgentRunner:
         self.server.stop()
 
     async def run_all(self, rows: Sequence[Mapping[str, Any]], seeds: Sequence[int | None],
-                      temperature: float, top_p: float = 1.0
+                      temperature: float, top_p: float = 1.0, top_k: int = -1
                       ) -> list[tuple[Trajectory, list[Sample]]]:
         """One episode per row, at most ``concurrency`` at once; results in row order."""
         import httpx
@@ -102,18 +103,20 @@ class AgentRunner:
         async with httpx.AsyncClient(limits=limits, timeout=self.timeout_s) as http:
             async def one(row: Mapping[str, Any], seed: int | None):
                 async with sem:
-                    return await self.run(row, seed, temperature, top_p, http)
+                    return await self.run(row, seed, temperature, top_p, top_k, http)
 
             return list(await asyncio.gather(*(one(r, s) for r, s in zip(rows, seeds,
                                                                            strict=True))))
 
     async def run(self, row: Mapping[str, Any], seed: int | None, temperature: float,
-                  top_p: float = 1.0, http: Any = None) -> tuple[Trajectory, list[Sample]]:
+                  top_p: float = 1.0, top_k: int = -1, http: Any = None
+                  ) -> tuple[Trajectory, list[Sample]]:
         """One episode: the agent against its own route, then the captured trajectory."""
         import openai
 
         t0 = time.perf_counter()
-        eid = self.gateway.open_episode(seed=seed, temperature=temperature, top_p=top_p)
+        eid = self.gateway.open_episode(seed=seed, temperature=temperature, top_p=top_p,
+                                        top_k=top_k)
         client = openai.AsyncOpenAI(base_url=self.server.episode_url(eid), api_key="toolrl",
                                     max_retries=0, timeout=self.timeout_s, http_client=http)
         info: Any = None

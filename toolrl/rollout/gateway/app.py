@@ -77,7 +77,8 @@ class Gateway:
     # --- episodes --------------------------------------------------------------------------
     def open_episode(self, episode_id: str | None = None, **sampling: Any) -> str:
         """Start capturing a new episode; returns its id (the route's ``{id}``).
-        ``sampling``: the route's ``seed``, ``temperature``, ``top_p`` (`EpisodeCapture`)."""
+        ``sampling``: the route's ``seed``, ``temperature``, ``top_p``, ``top_k``
+        (`EpisodeCapture`)."""
         eid = episode_id or uuid.uuid4().hex
         if eid in self.episodes:
             raise ValueError(f"episode {eid!r} is already open")
@@ -222,9 +223,10 @@ class Gateway:
     def sampling(self, req: ChatRequest, room: int,
                  capture: EpisodeCapture | None = None) -> SamplingConfig:
         """The engine's sampling for a request (log-probs always: the capture needs them);
-        an episode route's own temperature, top_p and seed win (`EpisodeCapture`)."""
+        an episode route's own temperature, top_p, top_k and seed win (`EpisodeCapture`)."""
         limit = min(x for x in (req.max_tokens, self.max_tokens, room) if x is not None)
         temperature, top_p, seed = req.temperature, req.top_p, req.seed
+        top_k = capture.top_k if capture is not None else -1
         if capture is not None:
             if capture.temperature is not None:
                 temperature = capture.temperature
@@ -232,7 +234,7 @@ class Gateway:
                 top_p = capture.top_p
             if seed is None and capture.seed is not None:
                 seed = (capture.seed * 1_000_003 + 7919 * len(capture.calls)) % (2**31 - 1)
-        return SamplingConfig(temperature=temperature, top_p=top_p, max_tokens=limit,
+        return SamplingConfig(temperature=temperature, top_p=top_p, top_k=top_k, max_tokens=limit,
                               stop=req.stop, include_stop_str_in_output=True, seed=seed,
                               logprobs=True, structured_outputs=self.structured(req))
 

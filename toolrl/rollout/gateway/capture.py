@@ -119,16 +119,18 @@ class Sample:
 class EpisodeCapture:
     """The calls of one episode (see the module docstring).
 
-    ``seed``, ``temperature`` and ``top_p`` (None: the request's) are the route's sampling:
+    ``seed``, ``temperature``, ``top_p`` and ``top_k`` (None: the request's; top_k: off)
+    are the route's sampling:
     a training route samples at the rollout's temperature whatever the agent asks, since the
     update scores the tokens at that temperature; ``seed`` seeds each call (``seed`` and the
     call's index) that does not bring its own.
     """
 
     def __init__(self, episode_id: str, *, seed: int | None = None,
-                 temperature: float | None = None, top_p: float | None = None) -> None:
+                 temperature: float | None = None, top_p: float | None = None,
+                 top_k: int = -1) -> None:
         self.id = episode_id
-        self.seed, self.temperature, self.top_p = seed, temperature, top_p
+        self.seed, self.temperature, self.top_p, self.top_k = seed, temperature, top_p, top_k
         self.calls: list[CallRecord] = []
 
     def sample_prompt_len(self) -> int:
