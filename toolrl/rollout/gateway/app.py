@@ -216,7 +216,7 @@ class Gateway:
                 reply=reply, text=text, parse=parse, finish_reason=out.finish_reason,
                 extends=extends, generate_s=gen_s))
         pieces = [message["content"] or ""]
-        if "tool_calls" not in message:
+        if req.stream and "tool_calls" not in message:  # token by token
             pieces = self._pieces(out.token_ids, message["content"])
         return completion, pieces
 
