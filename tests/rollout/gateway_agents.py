@@ -84,3 +84,13 @@ async def never_calls(client, row):
 
 def not_async(client, row):
     return None
+
+
+async def chatty(client, row):
+    """Talks until the conversation outgrows the budget (the client raises on the 400)."""
+    messages, tools = _tools(row)
+    for _ in range(50):
+        r = await client.chat.completions.create(model=MODEL, messages=messages, tools=tools,
+                                                 tool_choice="none")
+        messages = [*messages, r.choices[0].message.model_dump(exclude_none=True),
+                    {"role": "user", "content": "Tell me more."}]

@@ -365,3 +365,32 @@ def assert_engine_log_probs_match_hf(hf, s) -> None:
     got = torch.tensor(s.log_probs)
     assert torch.allclose(got[mask], ref[mask], atol=1e-4), (got[mask] - ref[mask]).abs().max()
     assert (got[~mask] == 0).all()
+
+
+def test_the_prompt_budget_bounds_a_samples_first_prompt_only(engine):
+    """A call that extends the sample may pass max_prompt_tokens (its growth is response);
+    once the response budget is spent, the next call starts afresh: here its prompt does not
+    fit, an OpenAI 400 ``context_length_exceeded``."""
+    renderer = ChatRenderer(engine.tokenizer)
+    first = len(renderer.render_prompt(MESSAGES))
+    gw = Gateway(engine, renderer, model=MODEL, max_tokens=8, max_prompt_tokens=first + 2,
+                 max_response_tokens=40)
+    eid = gw.open_episode()
+
+    async def agent(base_url):
+        async with openai.AsyncOpenAI(base_url=base_url, api_key="x", max_retries=0) as cl:
+            messages = list(MESSAGES)
+            for _ in range(8):
+                r = await cl.chat.completions.create(model=MODEL, messages=messages,
+                                                     temperature=0)
+                messages += [r.choices[0].message.model_dump(exclude_none=True),
+                             {"role": "user", "content": "go"}]
+
+    with GatewayServer(gw) as srv, pytest.raises(openai.BadRequestError) as e:
+        _run(agent(srv.episode_url(eid)))
+    assert e.value.code == "context_length_exceeded"  # the whole history, rendered afresh
+    capture = gw.close_episode(eid)
+    assert capture.overflow and capture.splits == 0
+    assert capture.calls[1].extends and len(capture.calls[1].prompt_ids) > first + 2
+    [sample] = capture.samples()
+    assert len(sample.tokens.response_ids) <= 40

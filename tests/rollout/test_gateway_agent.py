@@ -190,3 +190,12 @@ def test_the_example_agent_plays_calculator_tasks(worker):
         assert t.messages[0]["role"] == "system" and t.tools
     assert module.run_tool("div", {"a": 6, "b": 3}) == "2"
     assert module.run_tool("div", {"a": 1, "b": 0}).startswith("error: ZeroDivisionError")
+
+
+def test_an_agent_that_outgrows_the_budget_ends_with_context_not_infra(worker, agent_as):
+    agent_as("chatty")
+    td = worker.rollout(make_rollout_input(rows(1), n=1))
+    [t] = B.trajectories(td)
+    assert t.infra_failure is None and t.finish_reason == "context"
+    assert "context_length_exceeded" in t.error or "maximum context length" in t.error
+    assert t.num_turns >= 2 and td[B.RESPONSE_MASK].sum() == t.sampled_tokens

@@ -8,7 +8,11 @@ talks to the policy as to any OpenAI model: its own tools, its own loop. What it
 plugins then score the `Trajectory` the gateway captured (its turns, the calls parsed in the
 configured format, the tool messages the agent sent back).
 
-An episode runs at most ``rollout.agent_timeout_s`` seconds, and at most
+An agent whose conversation outgrows the token budget (``rollout.max_prompt_tokens`` for a
+sample's first prompt, ``max_total_tokens`` for a sample) gets OpenAI's 400
+``context_length_exceeded``; if it raises on it, the episode ends with ``context`` (as the env
+loop does) and trains on what was sampled. An episode runs at most ``rollout.agent_timeout_s``
+seconds, and at most
 ``rollout.concurrency`` run at once per worker. An agent that raises (``agent_crash``), runs
 past its deadline (``agent_timeout``) or never calls the model (``agent_crash``) gives an
 infrastructure-failed episode (`Trajectory.infra_failure`): the trainer keeps it out of the
@@ -129,14 +133,20 @@ class AgentRunner:
         except Exception as e:
             error, infra = f"agent: {type(e).__name__}: {e}", "agent_crash"
         capture = self.gateway.close_episode(eid)
+        finish = "error" if infra else "terminated"
+        if capture.overflow and capture.calls and infra == "agent_crash":
+            # the conversation outgrew the token budget: the policy's doing, as in the env
+            # loop's ``context`` end, not the infrastructure's
+            finish, infra = "context", None
         if infra is None and not capture.calls:
             error, infra = "agent: it never called the model", "agent_crash"
         if infra is not None:
+            finish = "error"
             logger.warning("episode %s failed: %s", row.get("id"), error)
         if info is not None and not isinstance(info, Mapping):
             info = {"result": plain(info)}
         traj, samples = capture.trajectory(row, format=self.gateway.format_name, info=info,
-                                           finish_reason="error" if infra else "terminated",
+                                           finish_reason=finish,
                                            error=error, infra=infra)
         if not samples:  # one placeholder token keeps the batch row non-empty
             samples = [Sample(TokenStream(prompt_ids=[self.renderer.eos_token_id]))]

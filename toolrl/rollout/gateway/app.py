@@ -175,7 +175,9 @@ class Gateway:
             if room < 1:  # the merged sample is full: this call starts a new one
                 prompt, extends = self.renderer.render_prompt(messages, tools or None), False
                 room = self.max_response_tokens
-        if len(prompt) > self.max_prompt_tokens:
+        if not extends and len(prompt) > self.max_prompt_tokens:
+            if capture is not None:
+                capture.overflow = True
             raise OpenAIError(f"This model's maximum context length is "
                               f"{self.max_prompt_tokens} prompt tokens; the messages take "
                               f"{len(prompt)}", param="messages",

@@ -123,7 +123,8 @@ class EpisodeCapture:
     are the route's sampling:
     a training route samples at the rollout's temperature whatever the agent asks, since the
     update scores the tokens at that temperature; ``seed`` seeds each call (``seed`` and the
-    call's index) that does not bring its own.
+    call's index) that does not bring its own. ``overflow``: a call was refused with
+    ``context_length_exceeded`` (the conversation outgrew the token budget).
     """
 
     def __init__(self, episode_id: str, *, seed: int | None = None,
@@ -132,6 +133,7 @@ class EpisodeCapture:
         self.id = episode_id
         self.seed, self.temperature, self.top_p, self.top_k = seed, temperature, top_p, top_k
         self.calls: list[CallRecord] = []
+        self.overflow = False  # a call was refused: the conversation outgrew the budget
 
     def sample_prompt_len(self) -> int:
         """Prompt length of the sample the last call belongs to (0 before any call)."""
