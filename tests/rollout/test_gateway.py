@@ -226,6 +226,8 @@ def test_streaming_matches_the_plain_reply(client):
      "tool_choice"),
     ({"stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
     ({"frobnicate": True}, 400, "frobnicate"),
+    ({"top_logprobs": 3, "logprobs": True}, 400, "top_logprobs"),
+    ({"parallel_tool_calls": False, "tools": TOOLS}, 400, "parallel_tool_calls"),
 ])
 def test_bad_requests_get_openai_shaped_errors(server, changes, status, param):
     body = {"model": MODEL, "messages": MESSAGES, "max_tokens": 4, **changes}

@@ -19,11 +19,11 @@ __all__ = ["ChatRequest", "OpenAIError", "chat_completion", "error_body", "strea
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 # Accepted and ignored: they change nothing about what is sampled.
-_IGNORED = ("user", "metadata", "store", "service_tier", "parallel_tool_calls", "top_logprobs",
-            "stream_options", "modalities", "prediction", "reasoning_effort")
+_IGNORED = ("user", "metadata", "store", "service_tier", "stream_options")
 _KNOWN = ("model", "messages", "tools", "tool_choice", "temperature", "top_p", "max_tokens",
           "max_completion_tokens", "stop", "seed", "logprobs", "n", "stream",
-          "frequency_penalty", "presence_penalty", "response_format", *_IGNORED)
+          "frequency_penalty", "presence_penalty", "response_format", "top_logprobs",
+          "parallel_tool_calls", *_IGNORED)
 
 
 class OpenAIError(Exception):
@@ -93,6 +93,12 @@ class ChatRequest:
             if body.get(key) not in (None, 0, 0.0):
                 raise OpenAIError(f"{key} is not supported (the policy's own distribution is "
                                   f"what trains)", param=key)
+        if body.get("top_logprobs") not in (None, 0):
+            raise OpenAIError("top_logprobs is not supported (logprobs=true gives the sampled "
+                              "tokens' log-probs)", param="top_logprobs")
+        if body.get("parallel_tool_calls") is False:
+            raise OpenAIError("parallel_tool_calls=false is not supported: a reply carries every "
+                              "call the model wrote", param="parallel_tool_calls")
         fmt = body.get("response_format")
         if fmt is not None and (not isinstance(fmt, Mapping) or fmt.get("type") != "text"):
             raise OpenAIError("response_format other than {'type': 'text'} is not supported",
