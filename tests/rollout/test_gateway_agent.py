@@ -36,7 +36,7 @@ def worker(tiny_model_dir):
                             multiprocessing=False),
         max_tokens_per_turn=96, max_prompt_tokens=512, max_total_tokens=1000,
         env_id="toolrl/Calculator-v0", concurrency=2, seed=0, agent=f"{AGENTS}:submit_once",
-        agent_timeout_s=20)
+        agent_timeout_s=180)
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     w = RolloutWorker(config)
     yield w

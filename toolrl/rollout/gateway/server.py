@@ -50,7 +50,7 @@ class GatewayServer:
             raise RuntimeError(f"the gateway did not start within {timeout} s")
         return self
 
-    def stop(self, timeout: float = 10.0) -> None:
+    def stop(self, timeout: float = 30.0) -> None:
         """Stop serving (idempotent)."""
         self.server.should_exit = True
         if self.thread.is_alive():
