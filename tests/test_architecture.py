@@ -185,6 +185,7 @@ PLUGIN_TREES = {  # tree -> the package it may import freely (its own)
     "envs": "toolrl.envs", "rewards": "toolrl.rewards",
     "examples/custom_env/src": "toolrl_custom_env",
     "examples/custom_reward": "toolrl_custom_reward", "examples/two_stage_rollout": "two_stage",
+    "examples/openai_agent": "calculator_agent",
 }
 
 

@@ -23,7 +23,8 @@ import benchlib  # noqa: E402
 import run_all  # noqa: E402
 
 SCRIPTS = ["bench_trl.py", "bench_weight_sync.py", "bench_env_overhead.py", "bench_scaling.py",
-           "bench_scale.py", "bench_update.py", "bench_mcp.py", "bench_lora.py", "run_all.py"]
+           "bench_scale.py", "bench_update.py", "bench_mcp.py", "bench_lora.py",
+           "bench_gateway.py", "run_all.py"]
 
 
 @pytest.mark.parametrize("script", SCRIPTS)

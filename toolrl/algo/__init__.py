@@ -11,7 +11,7 @@ from toolrl.algo.advantage import (
     register_advantage,
     uniform_groups,
 )
-from toolrl.algo.credit import place_rewards
+from toolrl.algo.credit import episode_advantage, place_rewards, share_advantages
 from toolrl.algo.kl import KL_KINDS, apply_kl_in_reward, kl_penalty
 from toolrl.algo.loss import (
     AGG_MODES,
@@ -45,6 +45,7 @@ __all__ = [
     "batch_totals",
     "compute_advantage",
     "entropy_from_logits",
+    "episode_advantage",
     "kl_penalty",
     "log_probs_and_entropy",
     "log_probs_from_logits",
@@ -55,6 +56,7 @@ __all__ = [
     "place_rewards",
     "register_advantage",
     "register_policy_loss",
+    "share_advantages",
     "uniform_groups",
     "value_loss",
 ]

@@ -17,6 +17,7 @@ caller passes each row's turn ends (`toolrl.core.trajectory.Trajectory.turn_ends
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -56,3 +57,45 @@ def place_rewards(response_mask: Tensor, totals: Sequence[float],
             outcome = totals[i] - sum(turns)
         scores[i, positions[-1]] += float(outcome)
     return scores
+
+
+def share_advantages(advantages: Tensor, response_mask: Tensor, leads: Sequence[int]) -> Tensor:
+    """``[B, R]`` advantages where row ``i`` takes row ``leads[i]``'s: the samples of one
+    episode (an agent whose rewritten history split it) share their lead sample's advantage.
+
+    The lead's advantage must be one value over its sampled tokens (outcome estimators:
+    grpo, dr_grpo, rloo, ...); row ``i`` gets that value on its own sampled tokens.
+    """
+    batch = advantages.shape[0]
+    if len(leads) != batch or response_mask.shape != advantages.shape:
+        raise ValueError(f"{len(leads)} leads for {batch} rows, mask {tuple(response_mask.shape)}"
+                         f" for advantages {tuple(advantages.shape)}")
+    mask = response_mask.bool()
+    value = torch.zeros(batch, dtype=advantages.dtype)
+    for i in set(leads):
+        row = advantages[i][mask[i]]
+        if len(row) and not torch.allclose(row, row[0].expand_as(row)):
+            raise ValueError(f"row {i}'s advantage varies over its tokens: samples can share "
+                             f"only one value per episode (an outcome estimator)")
+        value[i] = row[0] if len(row) else 0.0
+    index = torch.as_tensor(list(leads), dtype=torch.long)
+    return value[index][:, None] * mask.to(advantages.dtype)
+
+
+def episode_advantage(name: str, rewards: Tensor, response_mask: Tensor, leads: Sequence[int],
+                      uids: Sequence[Any], **kwargs: Any) -> tuple[Tensor, Tensor]:
+    """`compute_advantage` where several rows may be one episode: the estimator sees each
+    episode once (its lead row, ``leads[i]`` for row ``i``), and every row of the episode
+    shares the lead's advantage and return (`share_advantages`)."""
+    from toolrl.algo.advantage import compute_advantage
+
+    rows = sorted(set(leads))
+    sub = torch.as_tensor(rows, dtype=torch.long)
+    kwargs = {k: (v[sub] if isinstance(v, Tensor) else v) for k, v in kwargs.items()}
+    adv_l, ret_l = compute_advantage(name, rewards[sub], response_mask[sub],
+                                     uids=[uids[i] for i in rows], **kwargs)
+    adv, ret = torch.zeros_like(rewards, dtype=adv_l.dtype), torch.zeros_like(
+        rewards, dtype=ret_l.dtype)
+    adv[sub], ret[sub] = adv_l, ret_l
+    return share_advantages(adv, response_mask, leads), share_advantages(ret, response_mask,
+                                                                         leads)

@@ -21,7 +21,8 @@ policy of your own, e.g. the env's scripted oracle); the rollout batch carries o
     traj.final_state      the env's `state_snapshot()` at the end
     traj.finish_reason    terminated | truncated | length | context | max_turns | error
     traj.infra_failure    None, or why the infrastructure (not the policy) failed the episode:
-                          tool_unreachable | env_exception | env_timeout | agent_crash; the
+                          tool_unreachable | env_exception | env_timeout | agent_crash |
+                          agent_timeout; the
                           trainer keeps such episodes out of the loss and reward statistics
     traj.tools / .format  the tool schemas offered and the tool-call format
     traj.sampled_tokens   tokens the policy generated (prompt_tokens, response_tokens too)
@@ -54,12 +55,14 @@ turn ran into the response budget (``length``); an observation or the prompt did
 (``context``); the runner's own turn cap (``max_turns``); the env or the template failed on
 this episode's input (``error``)."""
 
-INFRA_FAILURES = ("tool_unreachable", "env_exception", "env_timeout", "agent_crash")
+INFRA_FAILURES = ("tool_unreachable", "env_exception", "env_timeout", "agent_crash",
+                  "agent_timeout")
 """Why the infrastructure failed an episode (`Trajectory.infra_failure`), as opposed to a
 policy failure (a bad call, a wrong answer): a tool's server could not be reached or dropped
 the connection (a tool error with ``"infra": True``, see `toolrl.core.tools.ToolFailure`);
 the env raised (make_env, reset or step); an env step ran past ``rollout.env_timeout_s``; the
-episode loop itself crashed."""
+episode loop itself crashed (or a ``rollout.agent`` raised or never called the model); a
+``rollout.agent`` ran past ``rollout.agent_timeout_s``."""
 
 Span = tuple[int, int]
 

@@ -232,7 +232,8 @@ class SamplingConfig:
     reproducible; ``n`` samples several completions of one prompt; ``logprobs`` asks for the
     log-prob of every sampled token (what PPO/GRPO need beside the tokens);
     ``allowed_token_ids`` restricts sampling to those tokens (e.g. to force a scripted turn
-    through the engine one token at a time).
+    through the engine one token at a time); ``structured_outputs`` are the keyword arguments
+    of vLLM's ``StructuredOutputsParams`` (e.g. a ``structural_tag``: constrained decoding).
     """
 
     temperature: float = 1.0
@@ -247,6 +248,7 @@ class SamplingConfig:
     logprobs: bool = True
     ignore_eos: bool = False
     allowed_token_ids: tuple[int, ...] = ()
+    structured_outputs: Mapping[str, Any] | None = None
 
     def replace(self, **changes: Any) -> SamplingConfig:
         return dataclasses.replace(self, **changes)
@@ -256,8 +258,9 @@ class SamplingConfig:
         log-probs in vLLM's flat layout and never deep-copied by the engine (each call builds
         a fresh object), which keeps the engine's per-request and per-token Python work low."""
         from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
+        from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
+        structured = self.structured_outputs
         return SamplingParams(
             n=self.n, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
             max_tokens=self.max_tokens, stop=list(self.stop) or None,
@@ -267,6 +270,7 @@ class SamplingConfig:
             allowed_token_ids=list(self.allowed_token_ids) or None,
             detokenize=bool(self.stop), skip_special_tokens=False,
             output_kind=RequestOutputKind.FINAL_ONLY, flat_logprobs=True, skip_clone=True,
+            structured_outputs=StructuredOutputsParams(**structured) if structured else None,
         )
 
 

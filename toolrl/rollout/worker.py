@@ -88,6 +88,16 @@ class RolloutConfig:
         pad_to_max: pad to the configured widths (needed to concatenate workers' shards);
             False pads to the longest sample of the shard.
         runner: the `EpisodeRunner` subclass (class or ``"module:Class"``); None: the default.
+        agent: ``"package.module:solve"``: your own agent (``async solve(client, row)``, or a
+            class with that method) plays each episode against the OpenAI-compatible gateway
+            on the worker's engine instead of the env loop (`toolrl.rollout.gateway.agent`);
+            ``concurrency``, the sampling keys, ``max_tokens_per_turn`` and the token budgets
+            apply to its calls; ``max_turns``, ``ignore_eos``, ``on_overflow`` and
+            ``env_timeout_s`` belong to the env loop (the agent's loop is its own).
+            None: the env loop.
+        agent_timeout_s: each agent episode's deadline (past it: ``agent_timeout``).
+        agent_format: the tool-call format gateway replies are parsed with; None: the format
+            of ``env_id``'s env.
         allow_non_prefix_preserving / chat_template_kwargs: see `ChatRenderer`.
     """
 
@@ -110,6 +120,9 @@ class RolloutConfig:
     seed_episodes: bool | None = None
     pad_to_max: bool = True
     runner: Any = None
+    agent: str | None = None
+    agent_timeout_s: float = 120.0
+    agent_format: str | None = None
     allow_non_prefix_preserving: bool = False
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
 
@@ -120,6 +133,11 @@ class RolloutConfig:
         if prompt is not None and not 1 <= prompt < self.max_total_tokens:
             raise ValueError(f"max_prompt_tokens ({prompt}) must be >= 1 and leave room for "
                              f"the response in max_total_tokens ({self.max_total_tokens})")
+        if self.agent is not None and self.runner is not None:
+            raise ValueError("rollout.agent and rollout.runner both replace the episode loop: "
+                             "set one of them")
+        if not self.agent_timeout_s > 0:
+            raise ValueError(f"agent_timeout_s must be > 0, got {self.agent_timeout_s}")
         if self.max_total_tokens > self.engine.max_model_len:
             raise ValueError(f"max_total_tokens ({self.max_total_tokens}) exceeds "
                              f"engine.max_model_len ({self.engine.max_model_len})")
@@ -216,6 +234,7 @@ class RolloutWorker(Worker):
                 chat_template_kwargs=config.chat_template_kwargs)
             self.runner = resolve_runner(config.runner)(self.engine, self.renderer,
                                                         config.episode_config())
+            self.agent = self._agent_runner() if config.agent else None
         except BaseException:
             self.engine.shutdown()
             raise
@@ -365,6 +384,8 @@ class RolloutWorker(Worker):
         from toolrl.core.mcp_client import close_mcp_connections
 
         close_mcp_connections()
+        if self.agent is not None:
+            self.agent.close()
         unregister_local_engine(self.engine)
         if self._sync is not None:
             self._sync.close()
@@ -380,6 +401,8 @@ class RolloutWorker(Worker):
         uids = B.get_non_tensor(batch, B.UID) if B.UID in batch else \
             [uuid.uuid4().hex for _ in range(n)]
         self._calls += 1
+        if self.agent is not None:
+            return await self.agent_rollout(rows, uids, self._seeds(n, seed), greedy)
         runner = self.runner
         if greedy:
             cfg = self.config.episode_config()
@@ -387,6 +410,34 @@ class RolloutWorker(Worker):
             runner = type(self.runner)(self.engine, self.renderer, cfg)
         results = await self.run_episodes(rows, self._seeds(n, seed), runner=runner)
         return self.to_batch(rows, uids, results)
+
+    async def agent_rollout(self, rows: Sequence[Mapping[str, Any]], uids: Sequence[str],
+                            seeds: Sequence[int | None], greedy: bool) -> TensorDict:
+        """``rollout.agent``'s episodes through the gateway; an episode whose rewritten history
+        split it into several samples gives several rows of its group (`episode_rows`)."""
+        from toolrl.rollout.gateway.agent import episode_rows
+
+        temperature = 0.0 if greedy else self.config.temperature
+        results = await self.agent.run_all(rows, seeds, temperature, self.config.top_p,
+                                           self.config.top_k)
+        return self.to_batch(*episode_rows(rows, uids, results))
+
+    def _agent_runner(self) -> Any:
+        from toolrl.rollout.gateway.agent import AgentRunner
+
+        c = self.config
+        fmt = c.agent_format
+        if fmt is None and c.env_id:
+            env = self.make_env({})
+            try:
+                fmt = getattr(getattr(env.unwrapped, "parser", None), "name", None)
+            finally:
+                env.close()
+        return AgentRunner(self.engine, self.renderer, c.agent, format=fmt or "hermes",
+                           timeout_s=c.agent_timeout_s, concurrency=c.concurrency,
+                           max_tokens=c.max_tokens_per_turn,
+                           max_prompt_tokens=c.max_prompt_len,
+                           max_response_tokens=c.max_response_len)
 
     async def run_episodes(self, rows: Sequence[Mapping[str, Any]],
                            seeds: Sequence[int | None],
@@ -475,6 +526,9 @@ def rollout_metrics(td: TensorDict) -> dict[str, float]:
     for t in trajs:
         key = f"rollout/finish_{t.finish_reason}"
         out[key] = out.get(key, 0.0) + 1.0 / n
+    from toolrl.rollout.gateway.agent import gateway_metrics
+
+    out.update(gateway_metrics(trajs))  # rollout.agent: model calls, split samples
     return out
 
 

@@ -304,6 +304,8 @@ def validate(cfg: ExperimentConfig) -> None:
             cfg.trainer.mode != "sync":
         raise ConfigError("actor.lora.sync=adapter pushes into colocated engines only: use "
                           "trainer.mode=sync, or actor.lora.sync=merge")
+    if cfg.rollout.agent is not None:
+        _check_agent(cfg)
     if cfg.rollout.engine.sleep_level and cfg.trainer.mode == "pipeline":
         raise ConfigError("rollout.engine.sleep_level > 0 needs trainer.mode=sync: in pipeline "
                           "mode the engines generate while the actor trains")
@@ -341,6 +343,21 @@ def validate(cfg: ExperimentConfig) -> None:
             not _looks_like_hub_id(model):
         raise ConfigError(f"model.path={model!r} does not exist (and "
                           f"model.build_tiny_if_missing is false)")
+
+
+def _check_agent(cfg: ExperimentConfig) -> None:
+    """``rollout.agent``: an episode may become several samples sharing one advantage."""
+    if cfg.algorithm.advantage not in AGENT_ADVANTAGES:
+        raise ConfigError(f"rollout.agent needs an outcome advantage (one value per episode, "
+                          f"shared by its samples): algorithm.advantage must be one of "
+                          f"{list(AGENT_ADVANTAGES)}, got {cfg.algorithm.advantage!r}")
+    if cfg.trainer.infra_failures.rule == "refill":
+        raise ConfigError("rollout.agent: trainer.infra_failures.rule=refill cannot put an "
+                          "episode that split into several samples in one failed sample's "
+                          "place; set trainer.infra_failures.rule=drop_sample or drop_group")
+
+
+AGENT_ADVANTAGES = ("grpo", "dr_grpo", "rloo")
 
 
 def worker_rollout_config(cfg: ExperimentConfig, model: str | None = None) -> RolloutConfig:

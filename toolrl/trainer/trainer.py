@@ -26,11 +26,18 @@ from rich.table import Table
 from tensordict import TensorDict
 
 from toolrl import batch as B
-from toolrl.algo import apply_kl_in_reward, compute_advantage, place_rewards, uniform_groups
+from toolrl.algo import (
+    apply_kl_in_reward,
+    compute_advantage,
+    episode_advantage,
+    place_rewards,
+    uniform_groups,
+)
 from toolrl.controller import ResourcePoolManager, RoleSpec, init_ray
 from toolrl.controller.worker_group import WorkerDiedError, WorkerGroupError, spawn
 from toolrl.core.trajectory import Trajectory
 from toolrl.data import TaskLoader, load_rows
+from toolrl.rollout.gateway.agent import episode_leads
 from toolrl.rollout.worker import RolloutConfig, RolloutWorker, make_rollout_input, rollout_metrics
 from toolrl.sync import canary
 from toolrl.trainer import checkpoint as ckpt
@@ -380,10 +387,15 @@ class Trainer:
                                                      cfg.kl_in_reward_coef, cfg.kl_in_reward_kind)
             metrics.update(kl_metrics)
         batch.set(B.TOKEN_LEVEL_REWARDS, rewards)
-        adv, ret = compute_advantage(cfg.advantage, rewards, mask,
-                                     uids=B.get_non_tensor(batch, B.UID),
-                                     values=batch.get(B.VALUES, None), gamma=cfg.gamma,
-                                     lam=cfg.lam)
+        uids = B.get_non_tensor(batch, B.UID)
+        values = batch.get(B.VALUES, None)
+        leads = episode_leads(B.trajectories(batch))  # agent episodes split into samples
+        if leads is None:
+            adv, ret = compute_advantage(cfg.advantage, rewards, mask, uids=uids, values=values,
+                                         gamma=cfg.gamma, lam=cfg.lam)
+        else:
+            adv, ret = episode_advantage(cfg.advantage, rewards, mask, leads, uids,
+                                         values=values, gamma=cfg.gamma, lam=cfg.lam)
         batch.set(B.ADVANTAGES, adv)
         batch.set(B.RETURNS, ret)
         valid = mask.bool()

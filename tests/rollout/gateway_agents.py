@@ -1,0 +1,96 @@
+"""Agents for the gateway tests (``rollout.agent: "tests.rollout.gateway_agents:X"``).
+
+The tiny model has random weights: the submitting agent forces a ``submit`` call with a named
+``tool_choice`` (constrained decoding), so reward plugins have a call to score.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from toolrl import make_env
+
+MODEL = "policy"
+INFLIGHT = {"now": 0, "max": 0}
+
+
+def _tools(row):
+    env = make_env("toolrl/Calculator-v0")
+    try:
+        messages, info = env.reset(options=row)
+        tools = [t for t in info["tools"] if t["function"]["name"] == "submit"]
+        for t in tools:  # bounded, so the random model's digits end
+            t["function"]["parameters"]["properties"]["answer"] = {
+                "type": "integer", "minimum": 0, "maximum": 20}
+        return messages, tools
+    finally:
+        env.close()
+
+
+async def submit_once(client, row):
+    """One call, forced to ``submit``; returns the tool's verdict as the episode's info."""
+    messages, tools = _tools(row)
+    INFLIGHT["now"] += 1
+    INFLIGHT["max"] = max(INFLIGHT["max"], INFLIGHT["now"])
+    try:
+        r = await client.chat.completions.create(
+            model=MODEL, messages=messages, tools=tools, max_tokens=90,
+            tool_choice={"type": "function", "function": {"name": "submit"}})
+        await asyncio.sleep(0.05)
+    finally:
+        INFLIGHT["now"] -= 1
+    call = r.choices[0].message.tool_calls[0]
+    return {"submitted": call.function.arguments}
+
+
+class TwoTurns:
+    """A class agent: a text turn, then a user nudge, then the forced submit."""
+
+    async def solve(self, client, row):
+        messages, tools = _tools(row)
+        first = await client.chat.completions.create(model=MODEL, messages=messages,
+                                                     tools=tools, tool_choice="none",
+                                                     max_tokens=6)
+        messages = [*messages, first.choices[0].message.model_dump(exclude_none=True),
+                    {"role": "user", "content": "Now submit."}]
+        await client.chat.completions.create(
+            model=MODEL, messages=messages, tools=tools, max_tokens=90,
+            tool_choice={"type": "function", "function": {"name": "submit"}})
+
+
+async def summarizes(client, row):
+    """Rewrites its history between two calls: two samples of one episode."""
+    messages, tools = _tools(row)
+    await client.chat.completions.create(model=MODEL, messages=messages, max_tokens=6)
+    summary = [messages[0], {"role": "user", "content": f"Summary: {row['question']}"}]
+    await client.chat.completions.create(
+        model=MODEL, messages=summary, tools=tools, max_tokens=90,
+        tool_choice={"type": "function", "function": {"name": "submit"}})
+
+
+async def raises(client, row):
+    await client.chat.completions.create(model=MODEL, max_tokens=2,
+                                         messages=[{"role": "user", "content": "hi"}])
+    raise RuntimeError("the agent's own bug")
+
+
+async def hangs(client, row):
+    await asyncio.sleep(3600)
+
+
+async def never_calls(client, row):
+    return {"success": True}
+
+
+def not_async(client, row):
+    return None
+
+
+async def chatty(client, row):
+    """Talks until the conversation outgrows the budget (the client raises on the 400)."""
+    messages, tools = _tools(row)
+    for _ in range(50):
+        r = await client.chat.completions.create(model=MODEL, messages=messages, tools=tools,
+                                                 tool_choice="none")
+        messages = [*messages, r.choices[0].message.model_dump(exclude_none=True),
+                    {"role": "user", "content": "Tell me more."}]

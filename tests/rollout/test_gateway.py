@@ -1,0 +1,398 @@
+"""The OpenAI-compatible gateway on a real tiny vLLM engine, driven by the official client.
+
+One engine per module; the gateway is served by uvicorn on loopback. The tiny model has
+random weights, so replies with tool calls come from ``tool_choice`` required / named
+(constrained decoding in the hermes syntax) or from a test format that reads every message as
+a call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import openai
+import psutil
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from toolrl.core.env import ToolEnv, Turn
+from toolrl.core.parse import FORMATS, ToolCallFormat, get_format
+from toolrl.core.registration import make_env, register_env
+from toolrl.core.tools import tool
+from toolrl.core.types import ParseResult, ToolCall
+from toolrl.rollout.chat import ChatRenderer
+from toolrl.rollout.engine import EngineConfig, SamplingConfig, VLLMEngine
+from toolrl.rollout.episode import EpisodeConfig, EpisodeRunner
+from toolrl.rollout.gateway.app import Gateway
+from toolrl.rollout.gateway.server import GatewayServer
+
+pytestmark = pytest.mark.slow
+
+MODEL = "tiny-policy"
+# bounded, so that a random model's constrained digits end within the token budget
+SMALL_INT = {"type": "integer", "minimum": 0, "maximum": 99}
+TOOLS = [
+    {"type": "function", "function": {
+        "name": "add", "description": "Add two numbers.",
+        "parameters": {"type": "object",
+                       "properties": {"a": SMALL_INT, "b": SMALL_INT},
+                       "required": ["a", "b"], "additionalProperties": False}}},
+    {"type": "function", "function": {
+        "name": "submit", "description": "Submit the answer.",
+        "parameters": {"type": "object", "properties": {"answer": SMALL_INT},
+                       "required": ["answer"], "additionalProperties": False}}},
+]
+MESSAGES = [{"role": "system", "content": "Use the tools."},
+            {"role": "user", "content": "What is 2 plus 3?"}]
+
+
+@FORMATS.register("test-every-message-calls-submit")
+class EveryMessageCallsSubmit(ToolCallFormat):
+    """Reads every assistant message as ``submit(answer=1)`` (so a random model calls)."""
+
+    name = "test-every-message-calls-submit"
+
+    def _parse(self, text: str) -> ParseResult:
+        return ParseResult(calls=[ToolCall("submit", {"answer": 1})], text="")
+
+
+class EveryMessageCallsNote(ToolCallFormat):
+    """Reads every assistant message as one call of ``note`` (so a random model uses tools)."""
+
+    name = "test-every-message-calls-note"
+
+    def _parse(self, text: str) -> ParseResult:
+        return ParseResult(calls=[ToolCall("note", {})], text=text)
+
+
+class ThreeTurnEnv(ToolEnv):
+    """Every turn calls ``note``; the episode ends after three turns."""
+
+    def __init__(self, **kwargs):
+        super().__init__(max_turns=4, **kwargs)
+        self.parser = EveryMessageCallsNote()
+
+    @classmethod
+    def make_tasks(cls, n, seed=0, split="train", **kwargs):
+        return [{"id": f"three-{seed}-{i}", "question": "Take three notes."} for i in range(n)]
+
+    @tool
+    def note(self) -> str:
+        """Take a note."""
+        return "noted"
+
+    def on_turn(self, parse, results):
+        return Turn(terminated=self.turn >= 3)
+
+    def evaluate(self):
+        return True
+
+
+register_env("toolrl-test/ThreeTurn-v0", ThreeTurnEnv)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir):
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    eng = VLLMEngine(EngineConfig(model=str(tiny_model_dir), max_model_len=1024,
+                                  kv_cache_gib=0.25, multiprocessing=False))
+    yield eng
+    eng.shutdown()
+    leftover = [p for p in psutil.Process().children(recursive=True) if p.pid not in before
+                and "resource_tracker" not in " ".join(p.cmdline())]
+    assert not leftover, f"engine processes left running: {leftover}"
+
+
+@pytest.fixture(scope="module")
+def gateway(engine):
+    return Gateway(engine, ChatRenderer(engine.tokenizer), model=MODEL, max_tokens=48)
+
+
+@pytest.fixture(scope="module")
+def server(gateway):
+    with GatewayServer(gateway) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    c = openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0, timeout=60)
+    yield c
+    c.close()
+
+
+def test_models_lists_the_served_model(client, server):
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    r = httpx.get(f"{server.url}/episodes/nope/v1/models")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "episode_not_found"
+
+
+def test_text_reply_with_usage_and_max_tokens(client):
+    for key in ("max_tokens", "max_completion_tokens"):
+        r = client.chat.completions.create(model=MODEL, messages=MESSAGES, temperature=0,
+                                           **{key: 5})
+        choice = r.choices[0]
+        assert r.object == "chat.completion" and r.model == MODEL
+        assert choice.message.role == "assistant" and isinstance(choice.message.content, str)
+        assert choice.message.tool_calls is None
+        assert choice.finish_reason in ("stop", "length")
+        assert 1 <= r.usage.completion_tokens <= 5
+        assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+
+
+def test_seeded_sampling_repeats_and_log_probs_come_back(client):
+    def ask(seed):
+        return client.chat.completions.create(model=MODEL, messages=MESSAGES, temperature=1.0,
+                                              top_p=0.95, seed=seed, max_tokens=16,
+                                              logprobs=True)
+
+    a, b, c = ask(1), ask(1), ask(2)
+    assert a.choices[0].message.content == b.choices[0].message.content
+    assert a.choices[0].message.content != c.choices[0].message.content
+    lps = a.choices[0].logprobs.content
+    assert len(lps) == a.usage.completion_tokens
+    assert all(x.logprob <= 0 for x in lps)
+    assert [x.logprob for x in lps] == [x.logprob for x in b.choices[0].logprobs.content]
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function",
+                                                 "function": {"name": "submit"}}])
+def test_required_and_named_tool_choice_give_a_valid_call(client, choice):
+    r = client.chat.completions.create(model=MODEL, messages=MESSAGES, tools=TOOLS,
+                                       tool_choice=choice, temperature=1.0, seed=3,
+                                       max_tokens=60)
+    c = r.choices[0]
+    assert c.finish_reason == "tool_calls", c.message
+    [call] = c.message.tool_calls
+    assert call.type == "function" and call.id.startswith("call_")
+    args = json.loads(call.function.arguments)
+    if isinstance(choice, dict):
+        assert call.function.name == "submit" and set(args) == {"answer"}
+    else:
+        assert call.function.name in ("add", "submit")
+
+
+def test_auto_parses_calls_with_the_configured_format_and_none_does_not(engine):
+    gw = Gateway(engine, ChatRenderer(engine.tokenizer), model=MODEL,
+                 format="test-every-message-calls-submit", max_tokens=8)
+    with GatewayServer(gw) as srv, openai.OpenAI(base_url=srv.base_url, api_key="x",
+                                                 max_retries=0, timeout=60) as cl:
+        auto = cl.chat.completions.create(model=MODEL, messages=MESSAGES, tools=TOOLS,
+                                          temperature=0)
+        none = cl.chat.completions.create(model=MODEL, messages=MESSAGES, tools=TOOLS,
+                                          tool_choice="none", temperature=0)
+    assert auto.choices[0].finish_reason == "tool_calls"
+    [call] = auto.choices[0].message.tool_calls
+    assert call.function.name == "submit" and json.loads(call.function.arguments) == \
+        {"answer": 1}
+    assert none.choices[0].message.tool_calls is None
+    assert none.choices[0].finish_reason in ("stop", "length")
+    assert isinstance(none.choices[0].message.content, str)
+
+
+def test_streaming_matches_the_plain_reply(client):
+    kw = {"model": MODEL, "messages": MESSAGES, "temperature": 1.0, "seed": 7,
+          "max_tokens": 12}
+    plain = client.chat.completions.create(**kw)
+    chunks = list(client.chat.completions.create(stream=True,
+                                                 stream_options={"include_usage": True}, **kw))
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert text == plain.choices[0].message.content
+    finishes = [ch.choices[0].finish_reason for ch in chunks if ch.choices]
+    assert finishes[-1] == plain.choices[0].finish_reason and finishes.count(None) == \
+        len(finishes) - 1
+    assert chunks[-1].usage.completion_tokens == plain.usage.completion_tokens
+    call = list(client.chat.completions.create(
+        stream=True, tools=TOOLS, tool_choice={"type": "function", "function": {"name": "add"}},
+        **{**kw, "max_tokens": 60}))
+    deltas = [d for ch in call for d in (ch.choices[0].delta.tool_calls or [])]
+    assert [d.function.name for d in deltas] == ["add"]
+    assert set(json.loads(deltas[0].function.arguments)) == {"a", "b"}
+    assert call[-1].choices[0].finish_reason == "tool_calls"
+
+
+@pytest.mark.parametrize(("changes", "status", "param"), [
+    ({"n": 2}, 400, "n"),
+    ({"model": "gpt-4o"}, 404, "model"),
+    ({"messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages[0].role"),
+    ({"messages": []}, 400, "messages"),
+    ({"messages": [{"role": "tool", "content": "5"}]}, 400, "messages[0].tool_call_id"),
+    ({"temperature": 3}, 400, "temperature"),
+    ({"max_tokens": 0}, 400, "max_tokens"),
+    ({"tool_choice": {"type": "function", "function": {"name": "mul"}}, "tools": TOOLS}, 400,
+     "tool_choice"),
+    ({"stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
+    ({"frobnicate": True}, 400, "frobnicate"),
+    ({"top_logprobs": 3, "logprobs": True}, 400, "top_logprobs"),
+    ({"parallel_tool_calls": False, "tools": TOOLS}, 400, "parallel_tool_calls"),
+])
+def test_bad_requests_get_openai_shaped_errors(server, changes, status, param):
+    body = {"model": MODEL, "messages": MESSAGES, "max_tokens": 4, **changes}
+    r = httpx.post(f"{server.base_url}/chat/completions", json=body, timeout=30)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and err["message"] and "type" in err
+
+
+def test_the_official_client_raises_its_own_error_classes(client):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=MODEL, messages=MESSAGES, n=2)
+    assert "n=2" in e.value.message
+    with pytest.raises(openai.NotFoundError) as e:
+        client.chat.completions.create(model="other", messages=MESSAGES)
+    assert e.value.code == "model_not_found"
+
+
+def test_malformed_json_and_unknown_paths(server):
+    r = httpx.post(f"{server.base_url}/chat/completions", content=b"{not json", timeout=30)
+    assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
+    r = httpx.get(f"{server.url}/v1/nothing-here", timeout=30)
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+
+
+def test_a_prompt_past_the_context_window_is_a_400(client):
+    long = [{"role": "user", "content": "1 " * 2000}]
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=MODEL, messages=long, max_tokens=4)
+    assert e.value.code == "context_length_exceeded"
+
+
+# --- token capture per episode ----------------------------------------------------------------
+def _run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 120))
+
+
+def _action_text(message) -> str:
+    """The text the model wrote, from the gateway's reply (calls rendered back in hermes)."""
+    if not message.tool_calls:
+        return message.content or ""
+    calls = [ToolCall(c.function.name, json.loads(c.function.arguments))
+             for c in message.tool_calls]
+    return get_format("hermes").render(calls, message.content or "")
+
+
+async def _replay_env_loop(base_url: str, row: dict, turns: int, max_tokens: int) -> None:
+    """An agent that plays ThreeTurn-v0 through the OpenAI client, greedily, as the env path
+    would: the env gets the text the model wrote and its observations go back as messages."""
+    env = make_env("toolrl-test/ThreeTurn-v0")
+    messages, info = env.reset(options=row)
+    async with openai.AsyncOpenAI(base_url=base_url, api_key="x", max_retries=0) as cl:
+        for _ in range(turns):
+            r = await cl.chat.completions.create(model=MODEL, messages=messages,
+                                                 tools=info["tools"], temperature=0,
+                                                 max_tokens=max_tokens)
+            msg = r.choices[0].message
+            obs, _, terminated, truncated, _ = env.step(_action_text(msg))
+            messages = [*messages, msg.model_dump(exclude_none=True),
+                        *({"tool_call_id": "call_0", **o} for o in obs)]
+            if terminated or truncated:
+                break
+    env.close()
+
+
+def test_a_three_turn_agent_episode_equals_the_env_path(engine, gateway, server):
+    row = ThreeTurnEnv.make_tasks(1)[0]
+    per_turn = 12
+    runner = EpisodeRunner(engine, gateway.renderer, EpisodeConfig(
+        sampling=SamplingConfig(temperature=0.0, max_tokens=per_turn), max_turns=3,
+        max_prompt_len=512, max_response_len=480))
+    env = make_env("toolrl-test/ThreeTurn-v0")
+    ref = _run(runner.run(env, row, seed=0))
+    env.close()
+    assert ref.num_turns == 3 and ref.finish_reason == "terminated"
+    eid = gateway.open_episode()
+    _run(_replay_env_loop(server.episode_url(eid), row, 3, per_turn))
+    capture = gateway.close_episode(eid)
+    traj, samples = capture.trajectory(row, format="hermes")
+    assert len(capture.calls) == 3 and capture.splits == 0 and len(samples) == 1
+    got, want = samples[0].tokens, ref.tokens
+    end = len(want.response_ids)
+    assert got.prompt_ids == want.prompt_ids
+    assert got.response_ids == want.response_ids[:end]
+    assert got.response_mask == want.response_mask[:end]
+    assert got.log_probs == pytest.approx(want.log_probs[:end], abs=1e-6)
+    assert [t.action_span for t in traj.turns] == [t.action_span for t in ref.turns]
+    assert [t.action for t in traj.turns] == [t.action for t in ref.turns]
+    assert traj.extra["gateway"]["splits"] == 0 and traj.sampled_tokens == sum(got.response_mask)
+
+
+def test_a_rewritten_history_starts_a_second_sample(gateway, server, hf_model):
+    async def agent(base_url):
+        async with openai.AsyncOpenAI(base_url=base_url, api_key="x", max_retries=0) as cl:
+            first = await cl.chat.completions.create(model=MODEL, messages=MESSAGES,
+                                                     temperature=1.0, seed=11, max_tokens=10)
+            keep = [*MESSAGES, first.choices[0].message.model_dump(exclude_none=True),
+                    {"role": "user", "content": "Go on."}]
+            await cl.chat.completions.create(model=MODEL, messages=keep, temperature=1.0,
+                                             seed=12, max_tokens=10)
+            summary = [MESSAGES[0], {"role": "user", "content": "Summary so far: 2 + 3."}]
+            await cl.chat.completions.create(model=MODEL, messages=summary, temperature=1.0,
+                                             seed=13, max_tokens=10)
+
+    eid = gateway.open_episode()
+    _run(agent(server.episode_url(eid)))
+    capture = gateway.close_episode(eid)
+    traj, samples = capture.trajectory({"id": "t"}, format="hermes")
+    assert [c.extends for c in capture.calls] == [False, True, False]
+    assert capture.splits == 1 and len(samples) == 2
+    assert traj.extra["gateway"]["turn_sample"] == [0, 0, 1]
+    a, b = samples[0].tokens, samples[1].tokens
+    assert a.prompt_ids == capture.calls[0].prompt_ids
+    assert b.prompt_ids == capture.calls[2].prompt_ids
+    n0, n1 = (len(c.completion_ids) for c in capture.calls[:2])
+    assert a.response_mask[:n0] == [1] * n0 and a.response_mask[-n1:] == [1] * n1
+    assert set(a.response_mask[n0:-n1]) == {0}  # the closing, the user turn, the prompt
+    for s in samples:
+        assert_engine_log_probs_match_hf(hf_model, s.tokens)
+
+
+@pytest.fixture(scope="module")
+def hf_model(tiny_model_dir):
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+
+
+def assert_engine_log_probs_match_hf(hf, s) -> None:
+    """transformers' fp32 log-probs of the sampled tokens equal the engine's."""
+    ids = torch.tensor([s.prompt_ids + s.response_ids])
+    with torch.no_grad():
+        logits = hf(ids).logits[0].float()
+    p = len(s.prompt_ids)
+    logp = torch.log_softmax(logits[p - 1: -1], -1)
+    ref = logp.gather(-1, torch.tensor(s.response_ids)[:, None])[:, 0]
+    mask = torch.tensor(s.response_mask).bool()
+    assert mask.any()
+    got = torch.tensor(s.log_probs)
+    assert torch.allclose(got[mask], ref[mask], atol=1e-4), (got[mask] - ref[mask]).abs().max()
+    assert (got[~mask] == 0).all()
+
+
+def test_the_prompt_budget_bounds_a_samples_first_prompt_only(engine):
+    """A call that extends the sample may pass max_prompt_tokens (its growth is response);
+    once the response budget is spent, the next call starts afresh: here its prompt does not
+    fit, an OpenAI 400 ``context_length_exceeded``."""
+    renderer = ChatRenderer(engine.tokenizer)
+    first = len(renderer.render_prompt(MESSAGES))
+    gw = Gateway(engine, renderer, model=MODEL, max_tokens=8, max_prompt_tokens=first + 2,
+                 max_response_tokens=40)
+    eid = gw.open_episode()
+
+    async def agent(base_url):
+        async with openai.AsyncOpenAI(base_url=base_url, api_key="x", max_retries=0) as cl:
+            messages = list(MESSAGES)
+            for _ in range(8):
+                r = await cl.chat.completions.create(model=MODEL, messages=messages,
+                                                     temperature=0)
+                messages += [r.choices[0].message.model_dump(exclude_none=True),
+                             {"role": "user", "content": "go"}]
+
+    with GatewayServer(gw) as srv, pytest.raises(openai.BadRequestError) as e:
+        _run(agent(srv.episode_url(eid)))
+    assert e.value.code == "context_length_exceeded"  # the whole history, rendered afresh
+    capture = gw.close_episode(eid)
+    assert capture.overflow and capture.splits == 0
+    assert capture.calls[1].extends and len(capture.calls[1].prompt_ids) > first + 2
+    [sample] = capture.samples()
+    assert len(sample.tokens.response_ids) <= 40

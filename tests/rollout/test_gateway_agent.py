@@ -1,0 +1,201 @@
+"""``rollout.agent``: a user's agent plays episodes against the gateway on a real rollout worker
+(tiny vLLM engine in this process, gateway on loopback)."""
+
+from __future__ import annotations
+
+import json
+
+import psutil
+import pytest
+import torch
+
+from tests.rollout import gateway_agents
+from toolrl import batch as B
+from toolrl.algo import episode_advantage, place_rewards
+from toolrl.reward import build_reward
+from toolrl.rollout.engine import EngineConfig
+from toolrl.rollout.gateway.agent import episode_leads, resolve_agent
+from toolrl.rollout.worker import RolloutConfig, RolloutWorker, make_rollout_input, rollout_metrics
+from toolrl.trainer.failures import InfraFailureConfig, settle
+
+pytestmark = pytest.mark.slow
+
+AGENTS = "tests.rollout.gateway_agents"
+
+
+def rows(n, seed=0):
+    from toolrl.envs.calculator import CalculatorEnv
+
+    return CalculatorEnv.make_tasks(n, seed=seed, difficulty=1)
+
+
+@pytest.fixture(scope="module")
+def worker(tiny_model_dir):
+    config = RolloutConfig(
+        engine=EngineConfig(model=str(tiny_model_dir), max_model_len=1024, kv_cache_gib=0.25,
+                            multiprocessing=False),
+        max_tokens_per_turn=96, max_prompt_tokens=512, max_total_tokens=1000,
+        env_id="toolrl/Calculator-v0", concurrency=2, seed=0, agent=f"{AGENTS}:submit_once",
+        agent_timeout_s=180)
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    w = RolloutWorker(config)
+    yield w
+    w.shutdown()
+    leftover = [p for p in psutil.Process().children(recursive=True) if p.pid not in before
+                and "resource_tracker" not in " ".join(p.cmdline())]
+    assert not leftover, f"processes left running: {leftover}"
+    assert not w.agent.server.thread.is_alive()
+
+
+@pytest.fixture()
+def agent_as(worker):
+    original = worker.agent.agent
+
+    def use(name, timeout_s=None):
+        worker.agent.agent = resolve_agent(f"{AGENTS}:{name}")
+        if timeout_s is not None:
+            worker.agent.timeout_s = timeout_s
+
+    yield use
+    worker.agent.agent, worker.agent.timeout_s = original, worker.config.agent_timeout_s
+
+
+def test_agent_episodes_become_a_batch_that_rewards_score(worker):
+    gateway_agents.INFLIGHT["max"] = 0
+    task_rows = rows(3)
+    td = worker.rollout(make_rollout_input(task_rows, n=2))
+    trajs = B.trajectories(td)
+    assert B.batch_len(td) == 6 and B.get_non_tensor(td, B.UID)[0::2] == \
+        B.get_non_tensor(td, B.UID)[1::2]
+    assert gateway_agents.INFLIGHT["max"] <= worker.config.concurrency  # the config's limit
+    mask, lps = td[B.RESPONSE_MASK], td[B.ROLLOUT_LOG_PROBS]
+    for i, t in enumerate(trajs):
+        assert t.infra_failure is None and t.finish_reason == "terminated"
+        [turn] = t.turns
+        [call] = turn.parse.calls
+        assert call.name == "submit"
+        assert json.loads(t.info["submitted"]) == call.arguments  # what the agent got back
+        assert mask[i].sum() == t.sampled_tokens > 0
+        # constrained decoding: vLLM reports log-probs under the grammar's mask (forced: 0)
+        assert (lps[i][mask[i].bool()] <= 0).all() and (lps[i][mask[i].bool()] < 0).any()
+        assert (lps[i][~mask[i].bool()] == 0).all()
+        assert t.policy_version == worker.engine.weight_version
+    with build_reward(["answer_match"]) as fn:
+        scores = fn.score(trajs).scores
+    want = [float(t.calls[0].arguments["answer"] == t.row["ground_truth"]) for t in trajs]
+    assert scores == want
+    metrics = rollout_metrics(td)
+    assert metrics["rollout/gateway_calls_mean"] == 1.0
+    assert metrics["rollout/gateway_splits"] == 0.0
+
+
+def test_a_class_agent_with_two_turns_is_one_sample(worker, agent_as):
+    agent_as("TwoTurns")
+    td = worker.rollout(make_rollout_input(rows(2), n=1))
+    for i, t in enumerate(B.trajectories(td)):
+        assert t.num_turns == 2 and t.extra["gateway"]["splits"] == 0
+        a, b = (turn.action_span for turn in t.turns)
+        m = td[B.RESPONSE_MASK][i]
+        assert m[a[0]:a[1]].all() and m[b[0]:b[1]].all() and not m[a[1]:b[0]].any()
+        assert t.turns[0].observation_span == (a[1], b[0])
+
+
+def test_a_rewritten_history_gives_two_rows_of_one_group_sharing_the_advantage(worker,
+                                                                              agent_as):
+    agent_as("summarizes")
+    td = worker.rollout(make_rollout_input(rows(2), n=2))
+    trajs = B.trajectories(td)
+    uids = B.get_non_tensor(td, B.UID)
+    assert B.batch_len(td) == 8  # 4 episodes x 2 samples
+    assert [t.extra["gateway"]["sample"] for t in trajs] == [0, 1] * 4
+    assert uids[0] == uids[1] == uids[2] == uids[3] != uids[4]
+    assert rollout_metrics(td)["rollout/gateway_splits"] == 4.0
+    leads = episode_leads(trajs)
+    assert leads == [1, 1, 3, 3, 5, 5, 7, 7]
+    rewards = place_rewards(td[B.RESPONSE_MASK], [0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.5, 0.5])
+    adv, _ = episode_advantage("grpo", rewards, td[B.RESPONSE_MASK], leads, uids)
+    value = [float(adv[i][td[B.RESPONSE_MASK][i].bool()][0]) for i in range(8)]
+    # one group of two episodes (rewards 0 and 1): each episode's samples share its advantage
+    assert value[0] == value[1] < 0 < value[2] == value[3]
+    assert value[0] == pytest.approx(-value[2])
+    mask = td[B.RESPONSE_MASK].bool()
+    assert (adv[~mask] == 0).all()
+
+
+@pytest.mark.parametrize(("agent", "kind", "words"), [
+    ("raises", "agent_crash", "the agent's own bug"),
+    ("hangs", "agent_timeout", "agent_timeout_s=2"),
+    ("never_calls", "agent_crash", "never called the model"),
+])
+def test_a_failing_agent_gives_an_infra_failed_episode_kept_out_of_the_loss(worker, agent_as,
+                                                                            agent, kind, words):
+    agent_as(agent, timeout_s=2)
+    td = worker.rollout(make_rollout_input(rows(2), n=1))
+    trajs = B.trajectories(td)
+    assert [t.infra_failure for t in trajs] == [kind, kind]
+    assert all(t.finish_reason == "error" and words in t.error for t in trajs)
+    assert not worker.agent.gateway.episodes  # every route closed
+    kept, metrics = settle(td, InfraFailureConfig(rule="drop_sample", max_fraction=1.0))
+    assert kept is None and metrics[f"rollout/infra_failed/{kind}"] == 2.0
+
+
+def test_greedy_rollouts_repeat(worker, agent_as):
+    agent_as("TwoTurns")
+    a = worker.rollout(make_rollout_input(rows(2), n=1), greedy=True)
+    b = worker.rollout(make_rollout_input(rows(2), n=1), greedy=True)
+    assert torch.equal(a[B.RESPONSES], b[B.RESPONSES])
+
+
+def test_bad_agent_specs_fail_clearly():
+    with pytest.raises(ValueError, match=r"cannot import rollout\.agent"):
+        resolve_agent("tests.rollout.gateway_agents:missing")
+    with pytest.raises(TypeError, match="async"):
+        resolve_agent(f"{AGENTS}:not_async")
+    with pytest.raises(ValueError, match=r"rollout\.agent and rollout\.runner"):
+        RolloutConfig(agent=f"{AGENTS}:raises", runner="x:y")
+
+
+def test_agent_configs_that_cannot_share_advantages_fail_at_load():
+    from toolrl.trainer.config import ConfigError, load_config
+
+    agent = f"rollout.agent={AGENTS}:submit_once"
+    with pytest.raises(ConfigError, match="rule=refill"):
+        load_config(None, [agent])
+    with pytest.raises(ConfigError, match="outcome advantage"):
+        load_config(None, [agent, "algorithm.advantage=gae", "algorithm.name=ppo",
+                           "trainer.infra_failures.rule=drop_sample"])
+    cfg = load_config(None, [agent, "trainer.infra_failures.rule=drop_sample"])
+    assert cfg.rollout.agent == f"{AGENTS}:submit_once"
+
+
+def test_the_example_agent_plays_calculator_tasks(worker):
+    """examples/openai_agent: the plain tool loop runs under rollout.agent (the random model
+    answers in text, so each episode is one call that the agent judges unsolved)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "examples/openai_agent/calculator_agent.py"
+    spec = importlib.util.spec_from_file_location("calculator_agent", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    original = worker.agent.agent
+    worker.agent.agent = resolve_agent(module.solve)
+    try:
+        td = worker.rollout(make_rollout_input(rows(2), n=2))
+    finally:
+        worker.agent.agent = original
+    for t in B.trajectories(td):
+        assert t.infra_failure is None and t.finish_reason == "terminated"
+        assert t.num_turns >= 1 and t.info["success"] is False
+        assert t.messages[0]["role"] == "system" and t.tools
+    assert module.run_tool("div", {"a": 6, "b": 3}) == "2"
+    assert module.run_tool("div", {"a": 1, "b": 0}).startswith("error: ZeroDivisionError")
+
+
+def test_an_agent_that_outgrows_the_budget_ends_with_context_not_infra(worker, agent_as):
+    agent_as("chatty")
+    td = worker.rollout(make_rollout_input(rows(1), n=1))
+    [t] = B.trajectories(td)
+    assert t.infra_failure is None and t.finish_reason == "context"
+    assert "context_length_exceeded" in t.error or "maximum context length" in t.error
+    assert t.num_turns >= 2 and td[B.RESPONSE_MASK].sum() == t.sampled_tokens

@@ -1,0 +1,202 @@
+"""`AgentRunner`: your own agent, against the gateway, one episode per task row.
+
+``rollout.agent: "pkg.mod:solve"`` names an async callable ``solve(client, row)`` (or a class
+whose instances have that method; it is built once per worker with no arguments). For every
+task row it gets an ``openai.AsyncOpenAI`` whose base URL is that episode's gateway route, and
+talks to the policy as to any OpenAI model: its own tools, its own loop. What it returns
+(None, or a mapping such as ``{"success": True}``) becomes the trajectory's ``info``; reward
+plugins then score the `Trajectory` the gateway captured (its turns, the calls parsed in the
+configured format, the tool messages the agent sent back).
+
+An agent whose conversation outgrows the token budget (``rollout.max_prompt_tokens`` for a
+sample's first prompt, ``max_total_tokens`` for a sample) gets OpenAI's 400
+``context_length_exceeded``; if it raises on it, the episode ends with ``context`` (as the env
+loop does) and trains on what was sampled. An episode runs at most ``rollout.agent_timeout_s``
+seconds, and at most
+``rollout.concurrency`` run at once per worker. An agent that raises (``agent_crash``), runs
+past its deadline (``agent_timeout``) or never calls the model (``agent_crash``) gives an
+infrastructure-failed episode (`Trajectory.infra_failure`): the trainer keeps it out of the
+loss (`toolrl.trainer.failures`).
+
+The route samples at the rollout's temperature, top_p and top_k (greedy on validation), each
+call at most ``rollout.max_tokens_per_turn`` tokens, and seeds the calls
+from the episode's seed, whatever the agent's requests say: the update recomputes the
+log-probs at that temperature, and a seeded run repeats.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import importlib
+import inspect
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+from toolrl.core.trajectory import TokenStream, Trajectory, plain
+from toolrl.rollout.gateway.app import Gateway
+from toolrl.rollout.gateway.capture import Sample
+from toolrl.rollout.gateway.server import GatewayServer
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["AgentRunner", "episode_leads", "episode_rows", "gateway_metrics", "resolve_agent"]
+
+Agent = Callable[[Any, Mapping[str, Any]], Awaitable[Any]]
+
+
+def resolve_agent(spec: Any) -> Agent:
+    """The ``solve(client, row)`` coroutine function of ``"module:name"`` (a function, or a
+    class with a ``solve`` method, instantiated here), or of the object itself."""
+    obj = spec
+    if isinstance(spec, str):
+        module, _, name = spec.partition(":")
+        if not name:
+            module, _, name = spec.rpartition(".")
+        try:
+            obj = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError, ValueError) as e:
+            raise ValueError(f"cannot import rollout.agent {spec!r}: {e}") from e
+    if isinstance(obj, type):
+        obj = obj()
+    fn = obj if inspect.isfunction(obj) or inspect.ismethod(obj) else getattr(obj, "solve", None)
+    if not (callable(fn) and inspect.iscoroutinefunction(fn)):
+        raise TypeError(f"rollout.agent must be an async function solve(client, row) or a "
+                        f"class with an async solve method, got {spec!r}")
+    return fn
+
+
+class AgentRunner:
+    """Runs a user's agent against a gateway on ``engine`` (served on loopback).
+
+    Args:
+        engine / renderer: the worker's engine and chat renderer.
+        agent: what `resolve_agent` takes.
+        model: the model name the agent's client sends.
+        format: the tool-call format replies are parsed with.
+        timeout_s: each episode's deadline; concurrency: episodes at once.
+        max_tokens / max_prompt_tokens / max_response_tokens: see `Gateway`.
+    """
+
+    def __init__(self, engine: Any, renderer: Any, agent: Any, *, model: str = "policy",
+                 format: str = "hermes", timeout_s: float = 120.0, concurrency: int = 64,
+                 max_tokens: int | None = None, max_prompt_tokens: int | None = None,
+                 max_response_tokens: int | None = None) -> None:
+        self.agent = resolve_agent(agent)
+        self.renderer = renderer
+        self.timeout_s, self.concurrency = float(timeout_s), int(concurrency)
+        self.gateway = Gateway(engine, renderer, model=model, format=format,
+                               max_tokens=max_tokens, max_prompt_tokens=max_prompt_tokens,
+                               max_response_tokens=max_response_tokens)
+        self.server = GatewayServer(self.gateway).start()
+
+    def close(self) -> None:
+        self.server.stop()
+
+    async def run_all(self, rows: Sequence[Mapping[str, Any]], seeds: Sequence[int | None],
+                      temperature: float, top_p: float = 1.0, top_k: int = -1
+                      ) -> list[tuple[Trajectory, list[Sample]]]:
+        """One episode per row, at most ``concurrency`` at once; results in row order."""
+        import httpx
+
+        sem = asyncio.Semaphore(self.concurrency)
+        limits = httpx.Limits(max_connections=self.concurrency,
+                              max_keepalive_connections=self.concurrency)
+        async with httpx.AsyncClient(limits=limits, timeout=self.timeout_s) as http:
+            async def one(row: Mapping[str, Any], seed: int | None):
+                async with sem:
+                    return await self.run(row, seed, temperature, top_p, top_k, http)
+
+            return list(await asyncio.gather(*(one(r, s) for r, s in zip(rows, seeds,
+                                                                           strict=True))))
+
+    async def run(self, row: Mapping[str, Any], seed: int | None, temperature: float,
+                  top_p: float = 1.0, top_k: int = -1, http: Any = None
+                  ) -> tuple[Trajectory, list[Sample]]:
+        """One episode: the agent against its own route, then the captured trajectory."""
+        import openai
+
+        t0 = time.perf_counter()
+        eid = self.gateway.open_episode(seed=seed, temperature=temperature, top_p=top_p,
+                                        top_k=top_k)
+        client = openai.AsyncOpenAI(base_url=self.server.episode_url(eid), api_key="toolrl",
+                                    max_retries=0, timeout=self.timeout_s, http_client=http)
+        info: Any = None
+        error = infra = None
+        try:
+            info = await asyncio.wait_for(self.agent(client, dict(row)), self.timeout_s)
+        except TimeoutError:
+            error = f"agent: no answer within rollout.agent_timeout_s={self.timeout_s:g}"
+            infra = "agent_timeout"
+        except Exception as e:
+            error, infra = f"agent: {type(e).__name__}: {e}", "agent_crash"
+        capture = self.gateway.close_episode(eid)
+        finish = "error" if infra else "terminated"
+        if capture.overflow and capture.calls and infra == "agent_crash":
+            # the conversation outgrew the token budget: the policy's doing, as in the env
+            # loop's ``context`` end, not the infrastructure's
+            finish, infra = "context", None
+        if infra is None and not capture.calls:
+            error, infra = "agent: it never called the model", "agent_crash"
+        if infra is not None:
+            finish = "error"
+            logger.warning("episode %s failed: %s", row.get("id"), error)
+        if info is not None and not isinstance(info, Mapping):
+            info = {"result": plain(info)}
+        traj, samples = capture.trajectory(row, format=self.gateway.format_name, info=info,
+                                           finish_reason=finish,
+                                           error=error, infra=infra)
+        if not samples:  # one placeholder token keeps the batch row non-empty
+            samples = [Sample(TokenStream(prompt_ids=[self.renderer.eos_token_id]))]
+            traj.tokens = samples[0].tokens
+            traj.extra["gateway"]["samples"] = 1
+        traj.seed = seed
+        traj.timing["total_s"] = time.perf_counter() - t0
+        return traj, samples
+
+
+def episode_rows(rows: Sequence[Mapping[str, Any]], uids: Sequence[str],
+                 results: Sequence[tuple[Trajectory, list[Sample]]]
+                 ) -> tuple[list[dict[str, Any]], list[str], list[Trajectory]]:
+    """One batch row per sample: an episode of k samples gives k rows with its task row, its
+    uid (one group) and a copy of its trajectory holding that sample's tokens
+    (``extra["gateway"]["sample"]``: its index; the last is the episode's lead)."""
+    out_rows, out_uids, out_trajs = [], [], []
+    for row, uid, (traj, samples) in zip(rows, uids, results, strict=True):
+        for k, s in enumerate(samples):
+            g = {**traj.extra.get("gateway", {}), "sample": k, "samples": len(samples)}
+            out_trajs.append(dataclasses.replace(traj, tokens=s.tokens,
+                                                 extra={**traj.extra, "gateway": g}))
+            out_rows.append(dict(row))
+            out_uids.append(uid)
+    return out_rows, out_uids, out_trajs
+
+
+def episode_leads(trajs: Sequence[Trajectory]) -> list[int] | None:
+    """For a batch whose agent episodes span several samples (rows): the row of each row's
+    episode lead (its last sample), whose advantage the episode's other samples share; None
+    when every episode is one row."""
+    if not any(t.extra.get("gateway", {}).get("samples", 1) > 1 for t in trajs):
+        return None
+    leads, i = list(range(len(trajs))), 0
+    while i < len(trajs):
+        g = trajs[i].extra.get("gateway", {})
+        n = max(1, int(g.get("samples", 1))) if g.get("sample", 0) == 0 else 1
+        n = min(n, len(trajs) - i)
+        for k in range(i, i + n):
+            leads[k] = i + n - 1
+        i += n
+    return leads
+
+
+def gateway_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
+    """``rollout/gateway_splits``: calls that started a new sample (a rewritten history), per
+    batch; ``rollout/gateway_calls_mean``: model calls per episode. Empty without agents."""
+    lead = [t.extra["gateway"] for t in trajs if "gateway" in t.extra
+            and t.extra["gateway"].get("sample", 0) == t.extra["gateway"]["samples"] - 1]
+    if not lead:
+        return {}
+    return {"rollout/gateway_splits": float(sum(g["splits"] for g in lead)),
+            "rollout/gateway_calls_mean": sum(g["calls"] for g in lead) / len(lead)}

@@ -1,0 +1,309 @@
+"""`Gateway`: an OpenAI-compatible chat-completions endpoint on a rollout worker's engine.
+
+Routes (a starlette app, served on loopback by `toolrl.rollout.gateway.server.GatewayServer`):
+
+- ``GET /v1/models``, ``POST /v1/chat/completions``: plain calls, nothing captured;
+- ``GET /episodes/{id}/v1/models``, ``POST /episodes/{id}/v1/chat/completions``: the route of
+  one open episode (`Gateway.open_episode`); every call is captured (`EpisodeCapture`) with
+  the exact prompt ids, sampled ids and log-probs, and calls of one episode run one at a time.
+
+A call renders the messages with the model's chat template (`ChatRenderer`, as the env path
+does), samples on the engine, decodes, and parses tool calls with the configured tool-call
+format (`toolrl.core.parse`). A reply with calls is ``{"content": <free text or None>,
+"tool_calls": [...]}`` with ``finish_reason: "tool_calls"``; otherwise plain text with the
+engine's ``stop`` / ``length``. ``tool_choice: "none"`` leaves calls unparsed (text);
+``"required"`` and a named function constrain sampling (vLLM structured outputs, a grammar of
+the format's call tags around the tool's parameter schema) to one call, so the reply has it.
+``stream: true`` answers with server-sent events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from toolrl.core.parse import get_format
+from toolrl.rollout.engine import ContextLengthError, SamplingConfig
+from toolrl.rollout.gateway.capture import CallRecord, EpisodeCapture, template_messages
+from toolrl.rollout.gateway.protocol import (
+    ChatRequest,
+    OpenAIError,
+    chat_completion,
+    error_body,
+    stream_chunks,
+)
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Gateway"]
+
+
+class Gateway:
+    """Chat completions on one engine, with per-episode token capture.
+
+    Args:
+        engine: the `VLLMEngine` (``generate``, ``max_model_len``, ``tokenizer``).
+        renderer: the engine tokenizer's `ChatRenderer`.
+        model: the model name clients send (``GET /v1/models`` lists it).
+        format: the tool-call format replies are parsed with (``hermes``, ...).
+        max_tokens: the most tokens of one call (a request's ``max_tokens`` is clipped to it;
+            None: the room left in the context window).
+        max_prompt_tokens / max_response_tokens: the budget of one captured sample (the
+            batch's prompt and response widths): a first prompt past the first is a 400
+            ``context_length_exceeded``; a call whose merged response has no room left
+            starts a new sample. None: the engine's context window.
+    """
+
+    def __init__(self, engine: Any, renderer: Any, *, model: str = "policy",
+                 format: str = "hermes", max_tokens: int | None = None,
+                 max_prompt_tokens: int | None = None,
+                 max_response_tokens: int | None = None) -> None:
+        self.engine, self.renderer, self.model = engine, renderer, model
+        self.format_name = format
+        self.parser = get_format(format)
+        self.max_tokens = max_tokens
+        limit = int(engine.max_model_len)
+        self.max_prompt_tokens = min(max_prompt_tokens or limit - 1, limit - 1)
+        self.max_response_tokens = min(max_response_tokens or limit, limit)
+        self.episodes: dict[str, EpisodeCapture] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._app: Any = None
+
+    # --- episodes --------------------------------------------------------------------------
+    def open_episode(self, episode_id: str | None = None, **sampling: Any) -> str:
+        """Start capturing a new episode; returns its id (the route's ``{id}``).
+        ``sampling``: the route's ``seed``, ``temperature``, ``top_p``, ``top_k``
+        (`EpisodeCapture`)."""
+        eid = episode_id or uuid.uuid4().hex
+        if eid in self.episodes:
+            raise ValueError(f"episode {eid!r} is already open")
+        self.episodes[eid] = EpisodeCapture(eid, **sampling)
+        return eid
+
+    def close_episode(self, episode_id: str) -> EpisodeCapture:
+        """Stop capturing; later calls on its route get 404. Returns what was captured."""
+        self._locks.pop(episode_id, None)
+        return self.episodes.pop(episode_id)
+
+    # --- the app ---------------------------------------------------------------------------
+    @property
+    def app(self) -> Any:
+        """The starlette application."""
+        if self._app is None:
+            from starlette.applications import Starlette
+            from starlette.exceptions import HTTPException
+            from starlette.routing import Route
+
+            async def not_found(request: Any, exc: Any) -> Any:
+                status = getattr(exc, "status_code", 404)
+                return _json(error_body(f"{request.method} {request.url.path}: "
+                                        f"{getattr(exc, 'detail', 'not found')}",
+                                        code="not_found" if status == 404 else None), status)
+
+            self._app = Starlette(routes=[
+                Route("/v1/models", self._models, methods=["GET"]),
+                Route("/v1/chat/completions", self._chat, methods=["POST"]),
+                Route("/episodes/{episode_id}/v1/models", self._models, methods=["GET"]),
+                Route("/episodes/{episode_id}/v1/chat/completions", self._chat,
+                      methods=["POST"]),
+            ], exception_handlers={HTTPException: not_found})
+        return self._app
+
+    async def _models(self, request: Any) -> Any:
+        eid = request.path_params.get("episode_id")
+        if eid is not None and eid not in self.episodes:
+            return _json(_no_episode(eid).body(), 404)
+        return _json({"object": "list", "data": [
+            {"id": self.model, "object": "model", "created": 0, "owned_by": "toolrl"}]})
+
+    async def _chat(self, request: Any) -> Any:
+        from starlette.responses import StreamingResponse
+
+        eid = request.path_params.get("episode_id")
+        try:
+            try:
+                body = json.loads(await request.body())
+            except ValueError as e:
+                raise OpenAIError(f"the request body is not valid JSON: {e}") from e
+            req = ChatRequest.parse(body)
+            if req.model != self.model:
+                raise OpenAIError(f"The model `{req.model}` does not exist; this gateway "
+                                  f"serves `{self.model}`", status=404, param="model",
+                                  code="model_not_found")
+            if eid is None:
+                completion, pieces = await self.complete(req, None)
+            else:
+                capture = self.episodes.get(eid)
+                if capture is None:
+                    raise _no_episode(eid)
+                lock = self._locks.setdefault(eid, asyncio.Lock())
+                async with lock:
+                    completion, pieces = await self.complete(req, capture)
+        except OpenAIError as e:
+            return _json(e.body(), e.status)
+        except Exception as e:  # the engine or template failed: a 500 in OpenAI's shape
+            logger.warning("chat completion failed: %s", e, exc_info=True)
+            return _json(error_body(f"{type(e).__name__}: {e}", "server_error"), 500)
+        if req.stream:
+            return StreamingResponse(stream_chunks(completion, pieces, req.include_usage),
+                                     media_type="text/event-stream")
+        return _json(completion)
+
+    # --- one call --------------------------------------------------------------------------
+    async def complete(self, req: ChatRequest, capture: EpisodeCapture | None
+                       ) -> tuple[dict[str, Any], list[str]]:
+        """Render, sample, decode, parse; record the call in ``capture``. Returns the
+        ``chat.completion`` object and the content's pieces for streaming."""
+        messages = template_messages(req.messages)
+        tools = [dict(t) for t in req.tools]
+        try:
+            if capture is not None:
+                prompt, extends = capture.prompt_for(messages, tools, self.renderer)
+            else:
+                prompt, extends = self.renderer.render_prompt(messages, tools or None), False
+        except ValueError as e:  # TemplateError: the template rejects these messages
+            raise OpenAIError(f"the chat template cannot render these messages: {e}",
+                              param="messages") from e
+        room = self.max_response_tokens
+        if extends:
+            room -= len(prompt) - capture.sample_prompt_len()
+            if room < 1:  # the merged sample is full: this call starts a new one
+                prompt, extends = self.renderer.render_prompt(messages, tools or None), False
+                room = self.max_response_tokens
+        if not extends and len(prompt) > self.max_prompt_tokens:
+            if capture is not None:
+                capture.overflow = True
+            raise OpenAIError(f"This model's maximum context length is "
+                              f"{self.max_prompt_tokens} prompt tokens; the messages take "
+                              f"{len(prompt)}", param="messages",
+                              code="context_length_exceeded")
+        room = min(room, self.engine.max_model_len - len(prompt))
+        sampling = self.sampling(req, room, capture)
+        t0 = time.perf_counter()
+        try:
+            [out] = await self.engine.generate(prompt, sampling)
+        except ContextLengthError as e:
+            raise OpenAIError(str(e), param="messages", code="context_length_exceeded") from e
+        gen_s = time.perf_counter() - t0
+        tok = self.renderer.tokenizer
+        text = tok.decode(out.token_ids, skip_special_tokens=True)
+        content = text
+        if isinstance(out.stop_reason, str) and content.endswith(out.stop_reason):
+            content = content[: -len(out.stop_reason)]  # OpenAI leaves the stop string out
+        parse = self.parser.parse(text)
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        finish = "length" if out.finish_reason == "length" else "stop"
+        if req.parses_calls and parse.calls and not parse.errors:
+            message["content"] = parse.text or None
+            message["tool_calls"] = [
+                {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+                 "function": {"name": c.name, "arguments": json.dumps(c.arguments,
+                                                                       ensure_ascii=False)}}
+                for c in parse.calls]
+            finish = "tool_calls"
+        message.setdefault("refusal", None)
+        logprobs = self._logprobs(out.token_ids, out.log_probs) if req.logprobs else None
+        completion = chat_completion(req, message, finish, len(prompt), len(out.token_ids),
+                                     logprobs)
+        if capture is not None:
+            [reply] = template_messages([message])
+            capture.calls.append(CallRecord(
+                messages=messages, tools=tools, prompt_ids=list(prompt),
+                completion_ids=list(out.token_ids), log_probs=list(out.log_probs or []),
+                reply=reply, text=text, parse=parse, finish_reason=out.finish_reason,
+                extends=extends, generate_s=gen_s))
+        pieces = [message["content"] or ""]
+        if req.stream and "tool_calls" not in message:  # token by token
+            pieces = self._pieces(out.token_ids, message["content"])
+        return completion, pieces
+
+    def sampling(self, req: ChatRequest, room: int,
+                 capture: EpisodeCapture | None = None) -> SamplingConfig:
+        """The engine's sampling for a request (log-probs always: the capture needs them);
+        an episode route's own temperature, top_p, top_k and seed win (`EpisodeCapture`)."""
+        limit = min(x for x in (req.max_tokens, self.max_tokens, room) if x is not None)
+        temperature, top_p, seed = req.temperature, req.top_p, req.seed
+        top_k = capture.top_k if capture is not None else -1
+        if capture is not None:
+            if capture.temperature is not None:
+                temperature = capture.temperature
+            if capture.top_p is not None:
+                top_p = capture.top_p
+            if seed is None and capture.seed is not None:
+                seed = (capture.seed * 1_000_003 + 7919 * len(capture.calls)) % (2**31 - 1)
+        return SamplingConfig(temperature=temperature, top_p=top_p, top_k=top_k, max_tokens=limit,
+                              stop=req.stop, include_stop_str_in_output=True, seed=seed,
+                              logprobs=True, structured_outputs=self.structured(req))
+
+    def structured(self, req: ChatRequest) -> dict[str, Any] | None:
+        """vLLM structured-output constraints for ``tool_choice`` required / named: exactly
+        one call of an offered tool, in the format's own syntax (`call_grammar`)."""
+        if not req.parses_calls or req.tool_choice == "auto":
+            return None
+        tools = [t["function"] for t in req.tools]
+        if req.forced_tool is not None:
+            tools = [f for f in tools if f["name"] == req.forced_tool]
+        begin = getattr(self.parser, "open_tag", None)
+        end = getattr(self.parser, "close_tag", None)
+        if not begin or not end:
+            raise OpenAIError(f"tool_choice {req.tool_choice!r} is not supported with the "
+                              f"{self.format_name!r} tool-call format", param="tool_choice")
+        return {"grammar": call_grammar(begin, end, _call_schema(tools))}
+
+    def _logprobs(self, ids: list[int], lps: list[float] | None) -> list[dict[str, Any]]:
+        tok = self.renderer.tokenizer
+        out = []
+        for t, lp in zip(ids, lps or [0.0] * len(ids), strict=True):
+            s = tok.decode([t])
+            out.append({"token": s, "logprob": float(lp), "bytes": list(s.encode()),
+                        "top_logprobs": []})
+        return out
+
+    def _pieces(self, ids: list[int], content: str) -> list[str]:
+        """The content cut at token boundaries (one piece per token), for streaming."""
+        tok = self.renderer.tokenizer
+        pieces, prev = [], ""
+        for k in range(len(ids)):
+            text = tok.decode(ids[: k + 1], skip_special_tokens=True)
+            pieces.append(text[len(prev):] if text.startswith(prev) else "")
+            prev = text
+        return pieces if "".join(pieces) == content else [content]
+
+
+def call_grammar(begin: str, end: str, schema: Mapping[str, Any]) -> str:
+    """An EBNF grammar (xgrammar's, as vLLM takes it) of ``begin`` + one compact JSON value of
+    ``schema`` + ``end``: the call syntax of formats like hermes, without free whitespace (a
+    random model would otherwise fill its budget with it)."""
+    import xgrammar
+
+    body = str(xgrammar.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False,
+                                                 separators=(", ", ": ")))
+    lines = [("call_object ::=" + ln[len("root ::="):]) if ln.startswith("root ::=") else ln
+             for ln in body.splitlines()]
+    return "\n".join([f"root ::= {json.dumps(begin)} call_object {json.dumps(end)}", *lines])
+
+
+def _call_schema(tools: list[Mapping[str, Any]]) -> dict[str, Any]:
+    """JSON schema of one call object ``{"name": ..., "arguments": {...}}`` of these tools."""
+    options = [{"type": "object",
+                "properties": {"name": {"const": f["name"]},
+                               "arguments": f.get("parameters") or {"type": "object"}},
+                "required": ["name", "arguments"], "additionalProperties": False}
+               for f in tools]
+    return options[0] if len(options) == 1 else {"anyOf": options}
+
+
+def _no_episode(eid: str) -> OpenAIError:
+    return OpenAIError(f"no open episode {eid!r} (it finished, or never started)", status=404,
+                       code="episode_not_found")
+
+
+def _json(data: Any, status: int = 200) -> Any:
+    from starlette.responses import JSONResponse
+
+    return JSONResponse(data, status_code=status)

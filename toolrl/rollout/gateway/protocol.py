@@ -1,0 +1,310 @@
+"""OpenAI's chat-completions wire format: request validation, responses, stream chunks, errors.
+
+`ChatRequest.parse` checks a request body the way OpenAI's API does and raises `OpenAIError`
+(rendered as ``{"error": {"message", "type", "param", "code"}}`` with a 4xx status) for what
+the gateway cannot honour: malformed fields, ``n > 1``, an unknown role, a named tool that is
+not offered, an unknown argument.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["ChatRequest", "OpenAIError", "chat_completion", "error_body", "stream_chunks"]
+
+ROLES = ("system", "developer", "user", "assistant", "tool")
+# Accepted and ignored: they change nothing about what is sampled.
+_IGNORED = ("user", "metadata", "store", "service_tier", "stream_options")
+_KNOWN = ("model", "messages", "tools", "tool_choice", "temperature", "top_p", "max_tokens",
+          "max_completion_tokens", "stop", "seed", "logprobs", "n", "stream",
+          "frequency_penalty", "presence_penalty", "response_format", "top_logprobs",
+          "parallel_tool_calls", *_IGNORED)
+
+
+class OpenAIError(Exception):
+    """A request error in OpenAI's shape (HTTP ``status``, ``type``, ``param``, ``code``)."""
+
+    def __init__(self, message: str, *, status: int = 400, type: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message, self.status, self.type = message, status, type
+        self.param, self.code = param, code
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, self.type, self.param, self.code)
+
+
+def error_body(message: str, type: str = "invalid_request_error", param: str | None = None,
+               code: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+@dataclass
+class ChatRequest:
+    """A validated ``POST /v1/chat/completions`` body."""
+
+    model: str
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    tool_choice: str | dict[str, Any] = "auto"
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int | None = None
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    logprobs: bool = False
+    stream: bool = False
+    include_usage: bool = False
+
+    @property
+    def forced_tool(self) -> str | None:
+        """The tool a named ``tool_choice`` forces (None otherwise)."""
+        if isinstance(self.tool_choice, dict):
+            return self.tool_choice["function"]["name"]
+        return None
+
+    @property
+    def parses_calls(self) -> bool:
+        """Whether the reply's tool calls are parsed (tools offered, ``tool_choice`` not
+        ``none``)."""
+        return bool(self.tools) and self.tool_choice != "none"
+
+    @classmethod
+    def parse(cls, body: Any) -> ChatRequest:
+        if not isinstance(body, Mapping):
+            raise OpenAIError("the request body must be a JSON object")
+        unknown = sorted(set(body) - set(_KNOWN))
+        if unknown:
+            raise OpenAIError(f"Unrecognized request argument supplied: {unknown[0]}",
+                              param=unknown[0])
+        model = body.get("model")
+        if not isinstance(model, str) or not model:
+            raise OpenAIError("you must provide a model parameter", param="model")
+        n = body.get("n", 1)
+        if n is not None and (not _is_int(n) or n != 1):
+            raise OpenAIError(f"n={n!r} is not supported: the gateway samples one choice per "
+                              f"request (send one request per sample)", param="n")
+        for key in ("frequency_penalty", "presence_penalty"):
+            if body.get(key) not in (None, 0, 0.0):
+                raise OpenAIError(f"{key} is not supported (the policy's own distribution is "
+                                  f"what trains)", param=key)
+        if body.get("top_logprobs") not in (None, 0):
+            raise OpenAIError("top_logprobs is not supported (logprobs=true gives the sampled "
+                              "tokens' log-probs)", param="top_logprobs")
+        if body.get("parallel_tool_calls") is False:
+            raise OpenAIError("parallel_tool_calls=false is not supported: a reply carries every "
+                              "call the model wrote", param="parallel_tool_calls")
+        fmt = body.get("response_format")
+        if fmt is not None and (not isinstance(fmt, Mapping) or fmt.get("type") != "text"):
+            raise OpenAIError("response_format other than {'type': 'text'} is not supported",
+                              param="response_format")
+        messages = _messages(body.get("messages"))
+        tools = _tools(body.get("tools"))
+        req = cls(model=model, messages=messages, tools=tools,
+                  tool_choice=_tool_choice(body.get("tool_choice"), tools),
+                  temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
+                  top_p=_number(body, "top_p", 1.0, 0.0, 1.0, low_open=True),
+                  max_tokens=_max_tokens(body), stop=_stop(body.get("stop")),
+                  seed=_seed(body.get("seed")), logprobs=_bool(body, "logprobs"),
+                  stream=_bool(body, "stream"))
+        options = body.get("stream_options")
+        if options is not None:
+            if not isinstance(options, Mapping):
+                raise OpenAIError("stream_options must be an object", param="stream_options")
+            if not req.stream:
+                raise OpenAIError("stream_options is only allowed when stream is true",
+                                  param="stream_options")
+            req.include_usage = bool(options.get("include_usage", False))
+        return req
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _bool(body: Mapping[str, Any], key: str) -> bool:
+    value = body.get(key)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise OpenAIError(f"{key} must be a boolean, got {value!r}", param=key)
+    return value
+
+
+def _number(body: Mapping[str, Any], key: str, default: float, low: float, high: float,
+            low_open: bool = False) -> float:
+    value = body.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float) or value > high or \
+            value < low or (low_open and value <= low):
+        side = "(" if low_open else "["
+        raise OpenAIError(f"{key} must be a number in {side}{low:g}, {high:g}], got {value!r}",
+                          param=key)
+    return float(value)
+
+
+def _max_tokens(body: Mapping[str, Any]) -> int | None:
+    for key in ("max_completion_tokens", "max_tokens"):
+        value = body.get(key)
+        if value is None:
+            continue
+        if not _is_int(value) or value < 1:
+            raise OpenAIError(f"{key} must be a positive integer, got {value!r}", param=key)
+        return int(value)
+    return None
+
+
+def _stop(value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or len(stops) > 4 or \
+            not all(isinstance(s, str) and s for s in stops):
+        raise OpenAIError("stop must be a non-empty string or a list of up to 4 of them",
+                          param="stop")
+    return tuple(stops)
+
+
+def _seed(value: Any) -> int | None:
+    if value is None:
+        return None
+    if not _is_int(value):
+        raise OpenAIError(f"seed must be an integer, got {value!r}", param="seed")
+    return int(value) % (2**31 - 1)
+
+
+def _messages(value: Any) -> list[dict[str, Any]]:
+    if not isinstance(value, list) or not value:
+        raise OpenAIError("messages must be a non-empty array", param="messages")
+    out = []
+    for i, m in enumerate(value):
+        where = f"messages[{i}]"
+        if not isinstance(m, Mapping):
+            raise OpenAIError(f"{where} must be an object", param=where)
+        role = m.get("role")
+        if role not in ROLES:
+            raise OpenAIError(f"Invalid value for '{where}.role': {role!r}; supported values "
+                              f"are {', '.join(repr(r) for r in ROLES)}", param=f"{where}.role")
+        content = m.get("content")
+        if not _valid_content(content, allow_none=role == "assistant"):
+            raise OpenAIError(f"{where}.content must be a string or an array of text parts",
+                              param=f"{where}.content")
+        if role == "tool" and not isinstance(m.get("tool_call_id"), str):
+            raise OpenAIError(f"{where}: a tool message needs its tool_call_id",
+                              param=f"{where}.tool_call_id")
+        calls = m.get("tool_calls")
+        if calls is not None:
+            if role != "assistant" or not isinstance(calls, list):
+                raise OpenAIError(f"{where}.tool_calls must be an array on an assistant message",
+                                  param=f"{where}.tool_calls")
+            for c in calls:
+                fn = c.get("function") if isinstance(c, Mapping) else None
+                if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str) or \
+                        not isinstance(fn.get("arguments"), str | dict):
+                    raise OpenAIError(f"{where}.tool_calls: each call needs a function with "
+                                      f"a name and arguments", param=f"{where}.tool_calls")
+        out.append(dict(m))
+    return out
+
+
+def _valid_content(content: Any, allow_none: bool) -> bool:
+    if content is None:
+        return allow_none
+    if isinstance(content, str):
+        return True
+    return isinstance(content, list) and all(
+        isinstance(p, Mapping) and p.get("type") == "text" and isinstance(p.get("text"), str)
+        for p in content)
+
+
+def _tools(value: Any) -> list[dict[str, Any]]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise OpenAIError("tools must be an array", param="tools")
+    for i, t in enumerate(value):
+        fn = t.get("function") if isinstance(t, Mapping) else None
+        if not isinstance(t, Mapping) or t.get("type") != "function" or \
+                not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str):
+            raise OpenAIError(f"tools[{i}] must be {{'type': 'function', 'function': "
+                              f"{{'name': ..., 'parameters': ...}}}}", param=f"tools[{i}]")
+    return [dict(t) for t in value]
+
+
+def _tool_choice(value: Any, tools: Sequence[Mapping[str, Any]]) -> str | dict[str, Any]:
+    if value is None:
+        return "auto" if tools else "none"
+    if value in ("none", "auto", "required"):
+        if value == "required" and not tools:
+            raise OpenAIError("tool_choice 'required' needs tools", param="tool_choice")
+        return value
+    fn = value.get("function") if isinstance(value, Mapping) else None
+    if not isinstance(fn, Mapping) or value.get("type") != "function" or \
+            not isinstance(fn.get("name"), str):
+        raise OpenAIError("tool_choice must be 'none', 'auto', 'required' or {'type': "
+                          "'function', 'function': {'name': ...}}", param="tool_choice")
+    names = {t["function"]["name"] for t in tools}
+    if fn["name"] not in names:
+        raise OpenAIError(f"tool_choice names {fn['name']!r}, which is not in tools",
+                          param="tool_choice")
+    return {"type": "function", "function": {"name": fn["name"]}}
+
+
+# --- responses -----------------------------------------------------------------------------
+def new_id() -> str:
+    return f"chatcmpl-{uuid.uuid4().hex}"
+
+
+def chat_completion(req: ChatRequest, message: dict[str, Any], finish_reason: str,
+                    prompt_tokens: int, completion_tokens: int,
+                    logprobs: list[dict[str, Any]] | None) -> dict[str, Any]:
+    """A ``chat.completion`` object with one choice."""
+    return {"id": new_id(), "object": "chat.completion", "created": int(time.time()),
+            "model": req.model, "system_fingerprint": None,
+            "choices": [{"index": 0, "message": message, "finish_reason": finish_reason,
+                         "logprobs": None if logprobs is None else {"content": logprobs,
+                                                                    "refusal": None}}],
+            "usage": _usage(prompt_tokens, completion_tokens)}
+
+
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def stream_chunks(completion: Mapping[str, Any], pieces: Sequence[str],
+                  include_usage: bool) -> Iterator[str]:
+    """Server-sent events of a finished completion: the role, the content in ``pieces``,
+    the tool calls, the finish reason, the usage (when asked) and ``[DONE]``."""
+    choice = completion["choices"][0]
+    message = choice["message"]
+    base = {"id": completion["id"], "object": "chat.completion.chunk",
+            "created": completion["created"], "model": completion["model"],
+            "system_fingerprint": None}
+
+    def event(delta: dict[str, Any], finish: str | None = None,
+              logprobs: Any = None) -> str:
+        chunk = {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish,
+                                      "logprobs": logprobs}]}
+        if include_usage:
+            chunk["usage"] = None
+        return f"data: {json.dumps(chunk)}\n\n"
+
+    yield event({"role": "assistant", "content": ""})
+    lps = (choice.get("logprobs") or {}).get("content")
+    for k, piece in enumerate(pieces):
+        if piece:
+            lp = {"content": [lps[k]], "refusal": None} if lps and k < len(lps) else None
+            yield event({"content": piece}, logprobs=lp)
+    for i, call in enumerate(message.get("tool_calls") or ()):
+        yield event({"tool_calls": [{"index": i, **call}]})
+    yield event({}, choice["finish_reason"])
+    if include_usage:
+        yield f"data: {json.dumps({**base, 'choices': [], 'usage': completion['usage']})}\n\n"
+    yield "data: [DONE]\n\n"
