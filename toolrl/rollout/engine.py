@@ -12,7 +12,9 @@
   the trainer (`init_broadcast_receiver`, `receive_broadcast`: vLLM's NCCL weight transfer);
 - vLLM's sleep mode on GPU (`sleep` frees the KV cache and offloads or drops the weights while
   a colocated actor trains; `wake_up`); no-ops on CPU;
-- a health check, and a shutdown that waits for the engine's processes to exit.
+- a health check, and a shutdown that waits for the engine's processes to exit; those
+  processes also die with the engine's thread when its owner is killed outright
+  (`toolrl.rollout.engine_guard`).
 
 The engine runs on an event loop of its own (a daemon thread), so one engine serves any caller:
 coroutines awaited from another loop, or the blocking ``*_sync`` helpers.
@@ -38,6 +40,7 @@ from typing import Any, Literal, TypeVar
 import torch
 
 from toolrl.core.background import BackgroundLoop
+from toolrl.rollout import engine_guard
 from toolrl.rollout.weight_transfer import (
     IpcPush,
     SharedMemoryPush,
@@ -323,6 +326,7 @@ class VLLMEngine:
     async def _start(args: Any) -> Any:
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        engine_guard.install()  # on this loop's thread, which the engine's processes follow
         return AsyncLLM.from_engine_args(args)
 
     def _check_backend(self) -> None:
