@@ -238,6 +238,7 @@ class Trainer:
         def rerun(rows: list[dict[str, Any]], uids: list[str], attempt: int) -> TensorDict:
             return self.rollout(rows, 1, seed=self._seed(f"refill{attempt}"), uids=uids)
 
+        self._infra_failed = [t for t in B.trajectories(batch) if t.infra_failure is not None]
         return settle(batch, self.cfg.trainer.infra_failures, rerun)
 
     def check_sync(self, version: int) -> dict[str, float]:
@@ -434,8 +435,10 @@ class Trainer:
         return last
 
     def check_health(self) -> HealthReport:
-        """The last step's `HealthReport` (its failures printed, counted)."""
+        """The last step's `HealthReport` (its failures printed, counted): the batch it
+        trained on, and the episodes the infrastructure failed (printed, not counted)."""
         trajs = B.trajectories(self._last_batch) if self._last_batch is not None else []
+        trajs = [*trajs, *self._infra_failed]
         return self.health.check(self.step, trajs, self._envs(trajs),
                                  self.reward.last_failures)
 
@@ -613,6 +616,7 @@ class Trainer:
         return zlib.crc32(f"{self.cfg.seed}:{what}:{step}".encode()) % (2**31 - 1)
 
     _last_batch: TensorDict | None = None
+    _infra_failed: Sequence[Trajectory] = ()  # the last batch's, as generated (health notes)
     _retries = 0  # failed steps in a row (trainer.max_retries)
     _retries_total = 0
     _step_data: dict[str, int] | None = None
