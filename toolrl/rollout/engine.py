@@ -57,6 +57,7 @@ MiB = 1 << 20
 # The qualified name vLLM imports in its worker process to extend the worker class.
 WORKER_EXTENSION = "toolrl.rollout.weight_transfer.WeightLoaderExtension"
 WEIGHT_TRANSFERS = ("ipc", "nccl")
+LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")  # log-probs; vLLM's *_logits are not
 
 
 class EngineError(RuntimeError):
@@ -93,8 +94,14 @@ class EngineConfig:
             The engine core always runs in a background process.
         max_num_seqs: most sequences the scheduler runs at once (None: vLLM's default).
         tensor_parallel_size: GPUs per engine (GPU only).
-        logprobs_mode: which log-probs vLLM reports; ``"raw_logprobs"`` are the model's
-            (before temperature / top-k / top-p), which is what the trainer recomputes.
+        logprobs_mode: which log-probs vLLM reports beside each sampled token (vLLM offers
+            no other choice than these two): ``"raw_logprobs"``, the model's, before
+            temperature, top-k, top-p and forced tokens (``allowed_token_ids``);
+            ``"processed_logprobs"``, those of the distribution it sampled from, after all of
+            them. The actor recomputes log-probs of logits / temperature, so raw ones match it
+            at temperature 1 and processed ones at any temperature when top-k, top-p and
+            forced tokens are off. None: raw; a rollout worker picks processed when it
+            samples at a temperature other than 1 (`toolrl.rollout.worker.RolloutConfig`).
         block_size: KV cache block size in tokens. Prefix caching reuses whole blocks, so
             smaller blocks recompute less of an episode's context at each new turn. None: 32
             on CPU (vLLM's CPU default of 128 cost ~10% of multi-turn throughput here; CPU
@@ -128,7 +135,7 @@ class EngineConfig:
     multiprocessing: bool = True
     max_num_seqs: int | None = None
     tensor_parallel_size: int = 1
-    logprobs_mode: str = "raw_logprobs"
+    logprobs_mode: str | None = None
     block_size: int | None = None
     enable_chunked_prefill: bool | None = None
     weight_bucket_mb: float = 256.0
@@ -152,6 +159,9 @@ class EngineConfig:
                              f"{self.weight_transfer!r}")
         if self.sleep_level not in (None, 0, 1, 2):
             raise ValueError(f"sleep_level must be 0, 1 or 2, got {self.sleep_level}")
+        if self.logprobs_mode not in (None, *LOGPROBS_MODES):
+            raise ValueError(f"logprobs_mode must be one of {list(LOGPROBS_MODES)} or null, got "
+                             f"{self.logprobs_mode!r}")
         self.model = str(self.model)
 
     def resolved(self) -> EngineConfig:
@@ -164,7 +174,8 @@ class EngineConfig:
             gpu_memory_utilization=self.gpu_memory_utilization
             if self.gpu_memory_utilization is not None else (0.5 if gpu else 0.1),
             enforce_eager=self.enforce_eager if self.enforce_eager is not None else not gpu,
-            sleep_level=self.sleep_level or 0)
+            sleep_level=self.sleep_level or 0,
+            logprobs_mode=self.logprobs_mode or "raw_logprobs")
 
     @property
     def enable_sleep_mode(self) -> bool:

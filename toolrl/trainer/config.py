@@ -287,11 +287,6 @@ def validate(cfg: ExperimentConfig) -> None:
     if stray:
         raise ConfigError(f"resources.pool_resources: no pool {stray} in trainer.mode="
                           f"{cfg.trainer.mode}; its pools: {list(pools)}")
-    if cfg.trainer.sync_canary != "off" and cfg.rollout.temperature != 1.0:
-        raise ConfigError(f"trainer.sync_canary={cfg.trainer.sync_canary} compares the engine's "
-                          f"raw log-probs with the actor's at rollout.temperature="
-                          f"{cfg.rollout.temperature}: set rollout.temperature=1.0 or "
-                          f"trainer.sync_canary=off")
     tolerance = cfg.trainer.sync_canary_tolerance
     if tolerance is not None and not tolerance > 0:
         raise ConfigError(f"trainer.sync_canary_tolerance must be > 0 or null, got {tolerance}")
@@ -347,7 +342,7 @@ def worker_rollout_config(cfg: ExperimentConfig, model: str | None = None) -> Ro
     r, e = cfg.rollout, cfg.rollout.engine
     sync = cfg.trainer.mode == "sync"
     sleep = e.sleep_level if e.sleep_level is not None else int(e.backend == "gpu" and sync)
-    engine = replace(e, model=model or cfg.model.path, seed=cfg.seed,
+    engine = replace(r.engine_config(), model=model or cfg.model.path, seed=cfg.seed,
                      weight_bucket_mb=cfg.actor.weight_bucket_mb,
                      weight_transfer="ipc" if sync else "nccl", sleep_level=sleep).resolved()
     return replace(r, engine=engine, env_id=cfg.env.id, env_kwargs=dict(cfg.env.kwargs),

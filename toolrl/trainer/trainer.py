@@ -248,8 +248,9 @@ class Trainer:
         if mode == "off":
             return {}
         start = time.perf_counter()
-        probes = self.handles["rollout"].call(RolloutWorker.probe, canary.PROBE_TEXTS,
-                                              canary.PROBE_TOKENS, canary.PROBE_SEED)
+        probes = self.handles["rollout"].call(  # at the temperature the actor scores with
+            RolloutWorker.probe, canary.PROBE_TEXTS, canary.PROBE_TOKENS, canary.PROBE_SEED,
+            self.cfg.rollout.temperature)
         scored = [self.actor.call(ActorWorker.compute_log_prob, p) for p in probes]
         diffs = [canary.probe_diff(p[B.ROLLOUT_LOG_PROBS], s[B.OLD_LOG_PROBS],
                                    p[B.RESPONSE_MASK]) for p, s in zip(probes, scored,
