@@ -154,9 +154,12 @@ class TrainerConfig:
     on_rollout_failure: str = "stop"  # stop | retry
     max_retries: int = 1
     call_timeout_s: float = 1800.0
+    # Two thresholds, disjoint: infra_failures.max_fraction counts the episodes the
+    # infrastructure failed (tool server down, env raised or timed out, episode loop crashed)
+    # in the batch as generated; health.max_error_fraction the other errors (template,
+    # observation, empty turn) among the episodes that train. No episode counts for both.
     health: HealthConfig = field(default_factory=HealthConfig)  # per-step health checks
-    # episodes the infrastructure failed (tool server down, env raised or timed out):
-    # refilled or dropped, never trained on; too many stop the run (trainer/failures.py)
+    # infra-failed episodes are refilled or dropped, never trained on (trainer/failures.py)
     infra_failures: InfraFailureConfig = field(default_factory=InfraFailureConfig)
     # after each weight push, engine and actor score a fixed probe (sync/canary.py)
     sync_canary: str = "stop"  # stop | warn | off
