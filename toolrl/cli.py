@@ -185,11 +185,13 @@ def _run_experiment(command: str, args: argparse.Namespace,
                     run: Callable[[object], object]) -> int:
     """Load the config, then run. Bad configs (env and reward ids and kwargs included),
     prompts over budget, pools that do not fit the cluster and a run dir in use are one clear
-    line on stderr (exit 2) before any worker starts; a run stopped by its health check is one
-    line too (exit 1). ``--debug`` shows the traceback instead."""
+    line on stderr (exit 2) before any worker starts; a run stopped by its health check or by
+    too many infrastructure failures is one line too (exit 1). ``--debug`` shows the
+    traceback instead."""
     from toolrl.controller.resources import ResourceError
     from toolrl.reward import RewardConfigError
     from toolrl.trainer.config import ConfigError, load_config
+    from toolrl.trainer.failures import InfraFailureError
     from toolrl.trainer.health import UnhealthyRun
     from toolrl.trainer.run_dir import RunDirInUse
 
@@ -202,7 +204,7 @@ def _run_experiment(command: str, args: argparse.Namespace,
             raise
         print(f"toolrl {command}: {e}", file=sys.stderr)
         return 2
-    except UnhealthyRun as e:
+    except (UnhealthyRun, InfraFailureError) as e:  # trainer.health, trainer.infra_failures
         if args.debug:
             raise
         print(f"toolrl {command}: stopped: {e}", file=sys.stderr)

@@ -23,6 +23,7 @@ from toolrl import batch as B
 from toolrl.core.registration import register_env
 from toolrl.reward import REWARDS, build_reward, reward
 from toolrl.rollout.worker import make_rollout_input
+from toolrl.trainer.failures import InfraFailureConfig, InfraFailureError, settle
 from toolrl.trainer.health import HealthConfig, HealthMonitor, UnhealthyRun
 
 pytestmark = pytest.mark.timeout(120)
@@ -66,30 +67,31 @@ class Lines(list):
 
 
 def test_an_env_whose_evaluate_raises_stops_the_run(tokenizer, tiny_model_dir):
+    """An env that raises is an infrastructure failure (``env_exception``): the health check
+    prints it, counted, and leaves it to ``trainer.infra_failures``, which stops the run."""
     rows = [dict(fault_row(f"e-{i}", "echo", text="x"), env=BAD_EVAL) for i in range(3)] + \
         [fault_row("ok-0", "echo", text="fine")]
-    trajs = rollout(tokenizer, tiny_model_dir, rows)
+    worker = ScriptedRolloutWorker(rollout_config(str(tiny_model_dir)), tokenizer)
+    batch = worker.rollout(make_rollout_input(rows))
+    trajs = B.trajectories(batch)
     envs = [r.get("env", "toolrl-test/Fault-v0") for r in rows]
     assert [t.finish_reason for t in trajs] == ["error"] * 3 + ["terminated"]
+    assert [t.infra_failure for t in trajs] == ["env_exception"] * 3 + [None]
     log = Lines()
     monitor = HealthMonitor(HealthConfig(), log=log)
     report = monitor.check(7, trajs, envs)
     # the console line: counted, the env's name, the exception and where it was raised
     assert len(log) == 1, log
-    assert log[0].startswith(f"step 7: 3 of 4 episodes failed in {BAD_EVAL}: step: "
-                             f"IndexError: list index out of range (at test_fault_health.py:")
-    assert log[0].endswith(" in evaluate)")
-    assert report.metrics["health/error_episodes"] == 0.75
-    with pytest.raises(UnhealthyRun) as info:
-        monitor.act(report)
+    assert log[0].startswith(f"step 7: 3 of 4 episodes failed for infrastructure reasons "
+                             f"(env_exception) in {BAD_EVAL}: step: IndexError: list index out "
+                             f"of range (at test_fault_health.py:")
+    assert log[0].endswith(" in evaluate); kept out of training (trainer.infra_failures)")
+    assert report.ok and report.metrics["health/error_episodes"] == 0.0  # not counted twice
+    with pytest.raises(InfraFailureError) as info:
+        settle(batch, InfraFailureConfig())
     message = str(info.value)
-    assert "\n" not in message and "3 of 4 episodes ended with an error" in message
-    assert BAD_EVAL in message and "trainer.health.max_error_fraction" in message
-    # warn: the same words, and the run goes on
-    log.clear()
-    warn = HealthMonitor(HealthConfig(on_unhealthy="warn"), log=log)
-    warn.act(warn.check(7, trajs, envs))
-    assert log[-1].startswith("warning: step 7: 3 of 4 episodes ended with an error")
+    assert "\n" not in message and "3 of 4 episodes failed for infrastructure reasons" in message
+    assert "IndexError" in message and "trainer.infra_failures.max_fraction" in message
 
 
 def test_below_the_threshold_errors_are_printed_not_fatal(tokenizer, tiny_model_dir):
@@ -101,6 +103,55 @@ def test_below_the_threshold_errors_are_printed_not_fatal(tokenizer, tiny_model_
     report = monitor.check(2, trajs, [r.get("env", "toolrl-test/Fault-v0") for r in rows])
     assert report.ok and len(log) == 1 and "step 2: 1 of 6 episodes failed" in log[0]
     monitor.act(report)  # 1/6 <= 0.2: no stop
+
+
+def _mixed(tokenizer, model, infra: int, errors: int, ok: int):
+    """A batch of ``infra`` env_exception failures, ``errors`` episodes that end with an error
+    that is not the infrastructure's (an observation the tokenizer rejects) and ``ok`` good
+    ones."""
+    rows = ([fault_row(f"infra-{i}", "echo", "reset", text="x") for i in range(infra)]
+            + [fault_row(f"err-{i}", "echo", "bad_text", text="x") for i in range(errors)]
+            + [fault_row(f"ok-{i}", "echo", text="fine") for i in range(ok)])
+    worker = ScriptedRolloutWorker(rollout_config(str(model)), tokenizer)
+    batch = worker.rollout(make_rollout_input(rows))
+    trajs = B.trajectories(batch)
+    assert [t.infra_failure for t in trajs] == ["env_exception"] * infra + [None] * (errors + ok)
+    assert [t.finish_reason for t in trajs][:infra + errors] == ["error"] * (infra + errors)
+    return batch
+
+
+def _step(batch, infra: InfraFailureConfig, health: HealthConfig):
+    """What the trainer does with a batch: settle it, then check the health of what trains
+    and of the infrastructure failures as generated (`Trainer.check_health`)."""
+    generated = B.trajectories(batch)
+    kept, _ = settle(batch, infra, lambda *a: pytest.fail("drop_sample: no refill"))
+    trajs = [*B.trajectories(kept), *[t for t in generated if t.infra_failure is not None]]
+    monitor = HealthMonitor(health, log=Lines())
+    report = monitor.check(1, trajs, ["toolrl-test/Fault-v0"] * len(trajs))
+    monitor.act(report)
+    return report
+
+
+def test_the_two_error_thresholds_count_apart(tokenizer, tiny_model_dir):
+    """``trainer.infra_failures.max_fraction`` counts infrastructure failures on the batch as
+    generated; ``trainer.health.max_error_fraction`` the other errors, over the episodes that
+    train. No episode counts against both, and neither threshold hides the other."""
+    infra, health = InfraFailureConfig(rule="drop_sample"), HealthConfig()  # 0.5, 0.2
+    # at both boundaries at once: 5 of 10 infra (= 0.5), 1 of 5 training episodes errors
+    # (= 0.2): the run goes on. Counted together it would be 6 of 10 errors.
+    report = _step(_mixed(tokenizer, tiny_model_dir, 5, 1, 4), infra, health)
+    assert report.metrics["health/error_episodes"] == 0.2
+    # one more infra failure: the infra threshold stops it, not the health check
+    with pytest.raises(InfraFailureError, match="6 of 10 episodes"):
+        _step(_mixed(tokenizer, tiny_model_dir, 6, 0, 4), infra, health)
+    # one more error among the training episodes: the health check stops it, though the
+    # infra failures beside them are within their own bound
+    with pytest.raises(UnhealthyRun, match="2 of 5 episodes ended with an error"):
+        _step(_mixed(tokenizer, tiny_model_dir, 5, 2, 3), infra, health)
+    # errors alone, above 0.2 but below 0.5: the health check's (it would have been dead had
+    # infrastructure failures been counted by it first, or errors by settle)
+    with pytest.raises(UnhealthyRun, match="3 of 10 episodes ended with an error"):
+        _step(_mixed(tokenizer, tiny_model_dir, 0, 3, 7), infra, health)
 
 
 def test_prompts_with_no_room_to_sample_stop_the_run(tokenizer, tiny_model_dir):

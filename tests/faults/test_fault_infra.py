@@ -26,6 +26,7 @@ from toolrl.core.tools import tool
 from toolrl.core.trajectory import Trajectory
 from toolrl.rollout.episode import EpisodeRunner
 from toolrl.rollout.worker import make_rollout_input
+from toolrl.trainer.evaluate import result_tables, summarize
 from toolrl.trainer.failures import InfraFailureConfig, InfraFailureError, settle
 
 INFRA_ENV = "toolrl-faults/Infra-v0"
@@ -172,6 +173,33 @@ def test_too_many_infra_failures_stop_the_run(worker):
     assert [t.id for t in B.trajectories(kept)] == ["ok-0", "ok-0"]
     everything = _batch(worker, [fault_row("down", "unreachable")])
     assert settle(everything, InfraFailureConfig(rule="drop_sample", max_fraction=1.0))[0] is None
+
+
+@pytest.mark.timeout(120)
+def test_eval_leaves_infra_failures_out_of_success(worker):
+    """`toolrl eval`'s results (`summarize`): the episodes the infrastructure failed are
+    counted (overall, per kind, per category) and scored nowhere, as in validation."""
+    rows = [ok(0) | {"category": "a"}, ok(1) | {"category": "a"},
+            fault_row("down", "unreachable") | {"category": "a"},
+            fault_row("reset", "echo", "reset", text="x") | {"category": "b"},
+            {"id": "wrong", "question": "q", "category": "b",  # a bad call, then an answer
+             "calls": [[{"name": "no_such_tool", "arguments": {}}], []]}]
+    trajs = B.trajectories(worker.rollout(make_rollout_input(rows)))
+    # the env counts "down" as a success (its episode went on after the failed call): an
+    # infrastructure failure is left out whatever the env made of it
+    assert [t.success for t in trajs] == [True, True, True, False, False]
+    results = summarize(trajs, [1.0, 1.0, 1.0, 0.0, 0.0], INFRA_ENV)
+    assert results["num_tasks"] == 5 and results["infra_failed"] == 2
+    assert results["infra_failed_by_kind"] == {"env_exception": 1, "tool_unreachable": 1}
+    assert results["success"] == pytest.approx(2 / 3)  # the wrong answer is the policy's
+    assert results["reward_mean"] == pytest.approx(2 / 3)
+    assert results["per_category"] == {
+        "a": {"n": 2, "success": 1.0, "reward_mean": 1.0, "infra_failed": 1},
+        "b": {"n": 1, "success": 0.0, "reward_mean": 0.0, "infra_failed": 1}}
+    everything = summarize(trajs[2:4], [0.0, 0.0], INFRA_ENV)  # nothing left to score
+    assert everything["success"] is None and everything["infra_failed"] == 2
+    [table] = result_tables(everything)
+    assert table.row_count == 3  # categories a, b and "all", printed with "-"
 
 
 @pytest.mark.timeout(120)

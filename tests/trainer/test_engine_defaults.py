@@ -69,3 +69,16 @@ def test_engine_config_errors():
         EngineConfig(model="m", weight_transfer="rdma")
     with pytest.raises(ConfigError, match=r"model\.tiny_size"):
         load_config(QUICKSTART, ["model.tiny_size=huge"])
+
+
+def test_the_engine_reports_the_log_probs_the_actor_recomputes():
+    """The actor scores logits / rollout.temperature: raw log-probs match that at 1 only."""
+    assert _rollout_config([])[1].engine.logprobs_mode == "raw_logprobs"
+    tempered = _rollout_config(["rollout.temperature=0.7"])[1].engine
+    assert tempered.logprobs_mode == "processed_logprobs"
+    assert tempered.engine_args().logprobs_mode == "processed_logprobs"
+    own = _rollout_config(["rollout.temperature=0.7", "rollout.engine.logprobs_mode=raw_logprobs"])
+    assert own[1].engine.logprobs_mode == "raw_logprobs"
+    assert EngineConfig(model="m").resolved().logprobs_mode == "raw_logprobs"  # standalone
+    with pytest.raises(ConfigError, match="logprobs_mode must be one of"):
+        load_config(QUICKSTART, ["rollout.engine.logprobs_mode=raw_logits"])

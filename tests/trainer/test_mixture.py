@@ -99,7 +99,8 @@ def test_summarize_reports_categories_envs_and_bfcl_averages():
     results = summarize(trajs, [float(w) for w in wins], FC)
     assert results["num_tasks"] == 10 and results["success"] == 0.7
     assert results["per_category"]["simple_python"] == {"n": 4, "success": 0.75,
-                                                        "reward_mean": 0.75}
+                                                        "reward_mean": 0.75, "infra_failed": 0}
+    assert results["infra_failed"] == 0 and results["infra_failed_by_kind"] == {}
     assert results["per_env"][CALC]["success"] == 0.5 and results["per_env"][FC]["n"] == 8
     bfcl = results["bfcl"]
     assert bfcl["per_category"] == {"live_simple": {"correct": 1, "n": 2, "accuracy": 0.5},

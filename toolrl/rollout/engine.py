@@ -12,7 +12,9 @@
   the trainer (`init_broadcast_receiver`, `receive_broadcast`: vLLM's NCCL weight transfer);
 - vLLM's sleep mode on GPU (`sleep` frees the KV cache and offloads or drops the weights while
   a colocated actor trains; `wake_up`); no-ops on CPU;
-- a health check, and a shutdown that waits for the engine's processes to exit.
+- a health check, and a shutdown that waits for the engine's processes to exit; those
+  processes also die with the engine's thread when its owner is killed outright
+  (`toolrl.rollout.engine_guard`).
 
 The engine runs on an event loop of its own (a daemon thread), so one engine serves any caller:
 coroutines awaited from another loop, or the blocking ``*_sync`` helpers.
@@ -38,6 +40,7 @@ from typing import Any, Literal, TypeVar
 import torch
 
 from toolrl.core.background import BackgroundLoop
+from toolrl.rollout import engine_guard
 from toolrl.rollout.weight_transfer import (
     IpcPush,
     SharedMemoryPush,
@@ -55,6 +58,7 @@ MiB = 1 << 20
 WORKER_EXTENSION = "toolrl.rollout.weight_transfer.WeightLoaderExtension"
 WEIGHT_TRANSFERS = ("ipc", "nccl")
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's allowed max_lora_rank values
+LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")  # log-probs; vLLM's *_logits are not
 
 
 class EngineError(RuntimeError):
@@ -91,8 +95,14 @@ class EngineConfig:
             The engine core always runs in a background process.
         max_num_seqs: most sequences the scheduler runs at once (None: vLLM's default).
         tensor_parallel_size: GPUs per engine (GPU only).
-        logprobs_mode: which log-probs vLLM reports; ``"raw_logprobs"`` are the model's
-            (before temperature / top-k / top-p), which is what the trainer recomputes.
+        logprobs_mode: which log-probs vLLM reports beside each sampled token (vLLM offers
+            no other choice than these two): ``"raw_logprobs"``, the model's, before
+            temperature, top-k, top-p and forced tokens (``allowed_token_ids``);
+            ``"processed_logprobs"``, those of the distribution it sampled from, after all of
+            them. The actor recomputes log-probs of logits / temperature, so raw ones match it
+            at temperature 1 and processed ones at any temperature when top-k, top-p and
+            forced tokens are off. None: raw; a rollout worker picks processed when it
+            samples at a temperature other than 1 (`toolrl.rollout.worker.RolloutConfig`).
         block_size: KV cache block size in tokens. Prefix caching reuses whole blocks, so
             smaller blocks recompute less of an episode's context at each new turn. None: 32
             on CPU (vLLM's CPU default of 128 cost ~10% of multi-turn throughput here; CPU
@@ -129,7 +139,7 @@ class EngineConfig:
     multiprocessing: bool = True
     max_num_seqs: int | None = None
     tensor_parallel_size: int = 1
-    logprobs_mode: str = "raw_logprobs"
+    logprobs_mode: str | None = None
     block_size: int | None = None
     enable_chunked_prefill: bool | None = None
     weight_bucket_mb: float = 256.0
@@ -157,6 +167,9 @@ class EngineConfig:
         if self.max_lora_rank and self.max_lora_rank not in VLLM_LORA_RANKS:
             raise ValueError(f"max_lora_rank must be 0 or one of vLLM's {list(VLLM_LORA_RANKS)}, "
                              f"got {self.max_lora_rank}")
+        if self.logprobs_mode not in (None, *LOGPROBS_MODES):
+            raise ValueError(f"logprobs_mode must be one of {list(LOGPROBS_MODES)} or null, got "
+                             f"{self.logprobs_mode!r}")
         self.model = str(self.model)
 
     def resolved(self) -> EngineConfig:
@@ -169,7 +182,8 @@ class EngineConfig:
             gpu_memory_utilization=self.gpu_memory_utilization
             if self.gpu_memory_utilization is not None else (0.5 if gpu else 0.1),
             enforce_eager=self.enforce_eager if self.enforce_eager is not None else not gpu,
-            sleep_level=self.sleep_level or 0)
+            sleep_level=self.sleep_level or 0,
+            logprobs_mode=self.logprobs_mode or "raw_logprobs")
 
     @property
     def enable_sleep_mode(self) -> bool:
@@ -338,6 +352,7 @@ class VLLMEngine:
     async def _start(args: Any) -> Any:
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        engine_guard.install()  # on this loop's thread, which the engine's processes follow
         return AsyncLLM.from_engine_args(args)
 
     def _check_backend(self) -> None:

@@ -67,7 +67,9 @@ class RolloutConfig:
 
     Attributes:
         concurrency: episodes in flight at once (per worker).
-        temperature / top_p / top_k: per-turn sampling (``top_k=-1``, ``top_p=1``: off).
+        temperature / top_p / top_k: per-turn sampling (``top_k=-1``, ``top_p=1``: off). At
+            a temperature other than 1 the engine reports the log-probs of the tempered
+            distribution (``engine.logprobs_mode`` ``processed_logprobs``), the actor's.
         max_tokens_per_turn: most tokens of one model turn.
         ignore_eos: sample every turn to its budget (fixed-length turns, for benchmarks).
         max_turns: a safety cap on model turns (the env has its own limit).
@@ -141,6 +143,15 @@ class RolloutConfig:
         if self.max_total_tokens > self.engine.max_model_len:
             raise ValueError(f"max_total_tokens ({self.max_total_tokens}) exceeds "
                              f"engine.max_model_len ({self.engine.max_model_len})")
+
+    def engine_config(self) -> EngineConfig:
+        """``engine`` with the log-probs the actor recomputes (logits / ``temperature``): the
+        model's raw ones at temperature 1, else the tempered (processed) ones, unless
+        ``engine.logprobs_mode`` says otherwise."""
+        if self.engine.logprobs_mode is not None:
+            return self.engine
+        mode = "raw_logprobs" if self.temperature == 1.0 else "processed_logprobs"
+        return dataclasses.replace(self.engine, logprobs_mode=mode)
 
     @property
     def seeded(self) -> bool:
@@ -226,7 +237,7 @@ class RolloutWorker(Worker):
 
     def __init__(self, config: RolloutConfig) -> None:
         self.config = config
-        self.engine = VLLMEngine(config.engine)
+        self.engine = VLLMEngine(config.engine_config())
         try:
             self.renderer = ChatRenderer(
                 self.engine.tokenizer,
@@ -346,11 +357,14 @@ class RolloutWorker(Worker):
         self.engine.wake_up(tags)
 
     @remote(Dispatch.ONE_TO_ALL)
-    def probe(self, texts: Sequence[str], max_tokens: int, seed: int) -> TensorDict:
+    def probe(self, texts: Sequence[str], max_tokens: int, seed: int,
+              temperature: float = 1.0) -> TensorDict:
         """The weight-sync canary's probe (`toolrl.sync.canary`): one user message per
-        text, ``max_tokens`` tokens sampled from each (temperature 1, seeded, past EOS) with
-        the engine's log-prob beside every token; a rollout batch the actor can score."""
-        sampling = SamplingConfig(temperature=1.0, max_tokens=max_tokens, ignore_eos=True)
+        text, ``max_tokens`` tokens sampled from each (at ``temperature``, the actor's; no
+        top-k / top-p; seeded, past EOS) with the engine's log-prob beside every token; a
+        rollout batch the actor can score."""
+        sampling = SamplingConfig(temperature=temperature, max_tokens=max_tokens,
+                                  ignore_eos=True)
         prompts = [self.renderer.render_prompt([{"role": "user", "content": t}], [])
                    for t in texts]
 

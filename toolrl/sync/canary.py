@@ -11,8 +11,10 @@ actor scores the same tokens (the trainer's ``check_sync``). The largest gap is 
 (``trainer.sync_canary: stop``) or logs a warning (``warn``). Its time is
 ``timing/sync_probe_s``, part of ``timing/sync_s``.
 
-The engine reports raw log-probs (before temperature) and the actor divides by the sampling
-temperature, so the canary needs ``rollout.temperature: 1.0`` (checked with the config).
+The probe samples at the rollout's temperature (top-k and top-p off) and the engine reports
+the log-probs of the distribution it sampled from (``EngineConfig.logprobs_mode``
+``processed_logprobs``), while the actor divides its logits by the same temperature: the two
+agree at any temperature.
 """
 
 from __future__ import annotations

@@ -154,9 +154,12 @@ class TrainerConfig:
     on_rollout_failure: str = "stop"  # stop | retry
     max_retries: int = 1
     call_timeout_s: float = 1800.0
+    # Two thresholds, disjoint: infra_failures.max_fraction counts the episodes the
+    # infrastructure failed (tool server down, env raised or timed out, episode loop crashed)
+    # in the batch as generated; health.max_error_fraction the other errors (template,
+    # observation, empty turn) among the episodes that train. No episode counts for both.
     health: HealthConfig = field(default_factory=HealthConfig)  # per-step health checks
-    # episodes the infrastructure failed (tool server down, env raised or timed out):
-    # refilled or dropped, never trained on; too many stop the run (trainer/failures.py)
+    # infra-failed episodes are refilled or dropped, never trained on (trainer/failures.py)
     infra_failures: InfraFailureConfig = field(default_factory=InfraFailureConfig)
     # after each weight push, engine and actor score a fixed probe (sync/canary.py)
     sync_canary: str = "stop"  # stop | warn | off
@@ -288,11 +291,6 @@ def validate(cfg: ExperimentConfig) -> None:
     if stray:
         raise ConfigError(f"resources.pool_resources: no pool {stray} in trainer.mode="
                           f"{cfg.trainer.mode}; its pools: {list(pools)}")
-    if cfg.trainer.sync_canary != "off" and cfg.rollout.temperature != 1.0:
-        raise ConfigError(f"trainer.sync_canary={cfg.trainer.sync_canary} compares the engine's "
-                          f"raw log-probs with the actor's at rollout.temperature="
-                          f"{cfg.rollout.temperature}: set rollout.temperature=1.0 or "
-                          f"trainer.sync_canary=off")
     tolerance = cfg.trainer.sync_canary_tolerance
     if tolerance is not None and not tolerance > 0:
         raise ConfigError(f"trainer.sync_canary_tolerance must be > 0 or null, got {tolerance}")
@@ -370,7 +368,7 @@ def worker_rollout_config(cfg: ExperimentConfig, model: str | None = None) -> Ro
     sync = cfg.trainer.mode == "sync"
     sleep = e.sleep_level if e.sleep_level is not None else int(e.backend == "gpu" and sync)
     lora = cfg.actor.lora
-    engine = replace(e, model=model or cfg.model.path, seed=cfg.seed,
+    engine = replace(r.engine_config(), model=model or cfg.model.path, seed=cfg.seed,
                      weight_bucket_mb=cfg.actor.weight_bucket_mb,
                      max_lora_rank=lora.engine_rank if lora.enabled and lora.sync == "adapter"
                      else 0,

@@ -4,7 +4,10 @@ Writes ``results.json``: overall success and reward, per category, per env (in a
 several envs) and, for BFCL rows (``source: "bfcl"``, as `toolrl data convert --from bfcl`
 writes them), per BFCL category with the summary and overall averages BFCL's leaderboard
 reports (`toolrl.core.bfcl_scores.leaderboard`), so the number can stand beside the
-leaderboard's.
+leaderboard's. Episodes the infrastructure failed (`Trajectory.infra_failure`: a tool server
+down, an env that raised) say nothing about the model: as in validation (``val/infra_failed``)
+they are left out of every success and reward figure and counted instead (``infra_failed``,
+overall, per kind and per category).
 """
 
 from __future__ import annotations
@@ -66,18 +69,28 @@ def run_evaluation(cfg: ExperimentConfig, model: str, output_dir: str | os.PathL
                         + "\n")
     for table in result_tables(results, title=f"eval: {model}"):
         console.print(table)
+    if results["infra_failed"]:
+        console.print(f"[yellow]{results['infra_failed']} of {results['num_tasks']} episodes "
+                      f"failed for infrastructure reasons {results['infra_failed_by_kind']}: "
+                      f"left out of success and reward[/]")
     return results
 
 
 def summarize(trajs: Sequence[Trajectory], scores: Sequence[float], default_env: str
               ) -> dict[str, Any]:
-    """Success and reward overall, per category, per env and (BFCL rows) BFCL's averages."""
+    """Success and reward overall, per category, per env and (BFCL rows) BFCL's averages,
+    over the episodes the infrastructure did not fail (``n``); those it failed are counted
+    (``infra_failed``) and scored nowhere. A figure over no episode is None."""
     rows = [t.row for t in trajs]
+    failed = {i for i, t in enumerate(trajs) if t.infra_failure is not None}
 
-    def stats(indices: list[int]) -> dict[str, float]:
-        return {"n": len(indices),
-                "success": sum(trajs[i].success for i in indices) / len(indices),
-                "reward_mean": sum(scores[i] for i in indices) / len(indices)}
+    def stats(indices: list[int]) -> dict[str, Any]:
+        scored = [i for i in indices if i not in failed]
+        n = len(scored)
+        return {"n": n,
+                "success": sum(trajs[i].success for i in scored) / n if n else None,
+                "reward_mean": sum(scores[i] for i in scored) / n if n else None,
+                "infra_failed": len(indices) - n}
 
     by_category: dict[str, list[int]] = {}
     by_env: dict[str, list[int]] = {}
@@ -85,11 +98,15 @@ def summarize(trajs: Sequence[Trajectory], scores: Sequence[float], default_env:
     for i, row in enumerate(rows):
         by_category.setdefault(str(row.get("category", "all")), []).append(i)
         by_env.setdefault(env_of(row, default_env), []).append(i)
-        if row.get("source") == "bfcl":
+        if row.get("source") == "bfcl" and i not in failed:
             bfcl.setdefault(str(row["category"]), []).append(i)
+    kinds: dict[str, int] = {}
+    for i in sorted(failed):
+        kinds[str(trajs[i].infra_failure)] = kinds.get(str(trajs[i].infra_failure), 0) + 1
     results: dict[str, Any] = {
         "num_tasks": len(rows), **{k: v for k, v in stats(list(range(len(rows)))).items()
                                    if k != "n"},
+        "infra_failed_by_kind": dict(sorted(kinds.items())),
         "per_category": {k: stats(v) for k, v in sorted(by_category.items())},
     }
     if len(by_env) > 1:
@@ -110,12 +127,14 @@ def result_tables(results: Mapping[str, Any], title: str = "eval") -> list[Table
         if key not in results:
             continue
         table = Table(title=f"{title} by {name}")
-        for col in (name, "n", "success", "reward"):
+        for col in (name, "n", "success", "reward", "infra failed"):
             table.add_column(col, justify="left" if col == name else "right")
         for k, v in results[key].items():
-            table.add_row(k, str(v["n"]), f"{v['success']:.3f}", f"{v['reward_mean']:.3f}")
-        table.add_row("all", str(results["num_tasks"]), f"{results['success']:.3f}",
-                      f"{results['reward_mean']:.3f}")
+            table.add_row(k, str(v["n"]), _fmt(v["success"]), _fmt(v["reward_mean"]),
+                          str(v["infra_failed"]))
+        failed = results["infra_failed"]
+        table.add_row("all", str(results["num_tasks"] - failed), _fmt(results["success"]),
+                      _fmt(results["reward_mean"]), str(failed))
         tables.append(table)
     if "bfcl" in results:
         table = Table(title="BFCL categories")
@@ -125,3 +144,7 @@ def result_tables(results: Mapping[str, Any], title: str = "eval") -> list[Table
             table.add_row(k, str(v["n"]), f"{100 * v['accuracy']:.2f}%")
         tables += [table, *leaderboard_tables(results["bfcl"])]
     return tables
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"

@@ -7,7 +7,9 @@ rollout batch and, per ``trainer.infra_failures`` (`InfraFailureConfig`):
 
 - counts the failures (``rollout/infra_failed`` and one ``rollout/infra_failed/<kind>`` per
   kind) and stops the run with `InfraFailureError` when more than ``max_fraction`` of the
-  batch failed (a broken service, not bad luck);
+  batch failed (a broken service, not bad luck). This is the only threshold over these
+  episodes: the health check (``trainer.health``, `toolrl.trainer.health`) prints them but
+  counts only the other errors;
 - ``rule=refill``: runs the failed samples again (same task, same group, a new seed) up to
   ``refill_attempts`` times, then drops what still fails;
   ``rule=drop_sample``: drops the failed samples (their groups train on the rest);

@@ -12,6 +12,15 @@
 - above ``trainer.health``'s thresholds, `HealthMonitor.act` stops the run with
   `UnhealthyRun` (one message: what happened, which key to change), or only warns with
   ``trainer.health.on_unhealthy=warn``.
+
+Episodes the infrastructure failed (`Trajectory.infra_failure`: a tool server down, an env
+that raised or timed out, a crashed episode loop) are not this check's: they never train, and
+``trainer.infra_failures.max_fraction`` (`toolrl.trainer.failures.settle`) counts them on the
+batch as generated and stops the run when too many fail. Here they are printed (counted, as
+such) but left out of every share, which is taken over the episodes that train: so no episode
+counts against both thresholds, and neither threshold hides the other. What the health check
+counts as an error is what would train as a failure: a chat template that fails, an
+observation the tokenizer rejects, a turn that produced no token.
 """
 
 from __future__ import annotations
@@ -31,7 +40,8 @@ class HealthConfig:
     unhealthy (1.0 turns a check off)."""
 
     on_unhealthy: str = "stop"  # stop | warn
-    max_error_fraction: float = 0.2  # episodes that ended with an error (env, template)
+    max_error_fraction: float = 0.2  # episodes that ended with an error that is not an
+    # infrastructure failure (template, observation, empty turn); those are infra_failures
     max_no_token_fraction: float = 0.5  # episodes that sampled no token
     max_context_fraction: float = 0.9  # episodes the context limit ended
     max_reward_error_fraction: float = 0.5  # samples one reward component failed on
@@ -78,12 +88,20 @@ class HealthMonitor:
         """Count the step's failures, print them, and name what is unhealthy."""
         cfg = self.config
         report = HealthReport(step)
-        n = len(trajs)
+        infra = [i for i, t in enumerate(trajs) if t.infra_failure is not None]
+        trains = [i for i, t in enumerate(trajs) if t.infra_failure is None]
+        for (env, kind, error), idx in _group(trajs, envs, infra).items():
+            report.notes.append(f"step {step}: {len(idx)} of {len(trajs)} episodes failed for "
+                                f"infrastructure reasons ({kind}) in {env}: {error}; kept out "
+                                f"of training (trainer.infra_failures)")
+        n = len(trains)
         if not n:
+            for note in report.notes:
+                self.log(note)
             return report
-        errored = [i for i, t in enumerate(trajs) if t.finish_reason == "error"]
-        no_tokens = [i for i, t in enumerate(trajs) if t.sampled_tokens == 0]
-        context = [i for i, t in enumerate(trajs) if t.finish_reason == "context"]
+        errored = [i for i in trains if trajs[i].finish_reason == "error"]
+        no_tokens = [i for i in trains if trajs[i].sampled_tokens == 0]
+        context = [i for i in trains if trajs[i].finish_reason == "context"]
         report.metrics = {"health/error_episodes": len(errored) / n,
                           "health/no_token_episodes": len(no_tokens) / n,
                           "health/context_episodes": len(context) / n,
@@ -146,6 +164,18 @@ class HealthMonitor:
             raise UnhealthyRun(report.problems[0] + more)
         for problem in report.problems:
             self.log(f"warning: {problem} (trainer.health.on_unhealthy=warn: going on)")
+
+
+def _group(trajs: Sequence[Trajectory], envs: Sequence[str], indices: Sequence[int]
+           ) -> dict[tuple[str, str, str], list[int]]:
+    """``indices`` grouped by env, infrastructure-failure kind and first line of the error."""
+    groups: dict[tuple[str, str, str], list[int]] = {}
+    for i in indices:
+        t = trajs[i]
+        error = t.error or next((f"{e.get('tool')}: {e.get('message')}" for e in t.errors
+                                 if e.get("infra")), "unknown error")
+        groups.setdefault((envs[i], str(t.infra_failure), _first_line(error)), []).append(i)
+    return groups
 
 
 def _first_line(text: str) -> str:

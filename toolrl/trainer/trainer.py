@@ -244,6 +244,7 @@ class Trainer:
         def rerun(rows: list[dict[str, Any]], uids: list[str], attempt: int) -> TensorDict:
             return self.rollout(rows, 1, seed=self._seed(f"refill{attempt}"), uids=uids)
 
+        self._infra_failed = [t for t in B.trajectories(batch) if t.infra_failure is not None]
         return settle(batch, self.cfg.trainer.infra_failures, rerun)
 
     def check_sync(self, version: int) -> dict[str, float]:
@@ -253,8 +254,9 @@ class Trainer:
         if mode == "off":
             return {}
         start = time.perf_counter()
-        probes = self.handles["rollout"].call(RolloutWorker.probe, canary.PROBE_TEXTS,
-                                              canary.PROBE_TOKENS, canary.PROBE_SEED)
+        probes = self.handles["rollout"].call(  # at the temperature the actor scores with
+            RolloutWorker.probe, canary.PROBE_TEXTS, canary.PROBE_TOKENS, canary.PROBE_SEED,
+            self.cfg.rollout.temperature)
         scored = [self.actor.call(ActorWorker.compute_log_prob, p) for p in probes]
         diffs = [canary.probe_diff(p[B.ROLLOUT_LOG_PROBS], s[B.OLD_LOG_PROBS],
                                    p[B.RESPONSE_MASK]) for p, s in zip(probes, scored,
@@ -465,8 +467,10 @@ class Trainer:
                         merged=lora.enabled)
 
     def check_health(self) -> HealthReport:
-        """The last step's `HealthReport` (its failures printed, counted)."""
+        """The last step's `HealthReport` (its failures printed, counted): the batch it
+        trained on, and the episodes the infrastructure failed (printed, not counted)."""
         trajs = B.trajectories(self._last_batch) if self._last_batch is not None else []
+        trajs = [*trajs, *self._infra_failed]
         return self.health.check(self.step, trajs, self._envs(trajs),
                                  self.reward.last_failures)
 
@@ -644,6 +648,7 @@ class Trainer:
         return zlib.crc32(f"{self.cfg.seed}:{what}:{step}".encode()) % (2**31 - 1)
 
     _last_batch: TensorDict | None = None
+    _infra_failed: Sequence[Trajectory] = ()  # the last batch's, as generated (health notes)
     _retries = 0  # failed steps in a row (trainer.max_retries)
     _retries_total = 0
     _step_data: dict[str, int] | None = None

@@ -1,0 +1,137 @@
+"""vLLM's engine processes die with their owner (`toolrl.rollout.engine_guard`).
+
+- The process that started a `VLLMEngine` is SIGKILLed: its ``EngineCore`` (and, with
+  ``multiprocessing``, the model worker below it) follow at once. No Ray here to clean up
+  after it: without the guard both outlive it (measured: still there after 10 s, ppid 1).
+- A training run's driver is SIGKILLed or SIGTERMed mid-run: the rollout worker's process,
+  its ``EngineCore`` and everything below are gone soon after.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+from trainer_runs import ROOT, small_run_overrides
+
+from toolrl.trainer.tracking import read_metrics
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+
+def _tree(pid: int) -> dict[int, str]:
+    """``pid``'s descendants and their command lines."""
+    out = {}
+    for proc in psutil.Process(pid).children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            out[proc.pid] = " ".join(proc.cmdline()) or proc.name()
+    return out
+
+
+def _alive(pids) -> list[int]:
+    out = []
+    for pid in pids:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                out.append(pid)
+    return out
+
+
+OWNER = """
+import json, sys, time
+from toolrl.rollout.engine import EngineConfig, VLLMEngine
+engine = VLLMEngine(EngineConfig(model=sys.argv[1], max_model_len=256,
+                                 multiprocessing=sys.argv[2] == "1"))
+print("PIDS", json.dumps(engine.engine_pids), flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("multiprocessing", [False, True], ids=["in-process", "multiprocessing"])
+def test_a_killed_owner_takes_its_engine_processes(tiny_model_dir, multiprocessing):
+    """No Ray here to clean up after it: only the engine's own guard stops the orphans."""
+    owner = subprocess.Popen(
+        [sys.executable, "-c", OWNER, str(tiny_model_dir), str(int(multiprocessing))],
+        cwd=ROOT, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        text=True)
+    tree: dict[int, str] = {}
+    try:
+        for line in owner.stdout:  # vLLM prints to stdout too
+            if line.startswith("PIDS "):
+                break
+        else:
+            raise AssertionError(f"the engine did not start ({owner.wait(timeout=30)})")
+        tree = _tree(owner.pid)
+        assert set(json.loads(line[5:])) <= set(tree)
+        engines = [pid for pid, cmd in tree.items() if "EngineCore" in cmd]
+        assert len(engines) == 1, tree
+        below = [pid for pid in tree if psutil.Process(pid).ppid() == engines[0]]
+        assert len(below) == int(multiprocessing), tree  # vLLM's model worker process
+        owner.kill()
+        owner.wait(timeout=30)
+        deadline = time.monotonic() + 10
+        while (left := _alive(tree)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert left == [], {pid: tree[pid] for pid in left}
+    finally:
+        _end_session(owner, tree)  # never leave one behind, even when the test fails
+        owner.stdout.close()
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("end", [signal.SIGKILL, signal.SIGTERM], ids=["sigkill", "sigterm"])
+def test_a_killed_driver_leaves_no_engine_process(tiny_model_dir, tmp_path, end):
+    """A short run with the experiments' default engine: once its first step is logged the
+    driver alone is signalled; the rollout worker's process, its ``EngineCore`` and every
+    process below it are gone soon after. (Ray's own daemons of the driver's cluster are
+    Ray's to stop; they are cleaned up here, not counted.)"""
+    out = tmp_path / "run"
+    env = {**os.environ,
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
+    env.pop("RAY_ADDRESS", None)  # the driver starts a cluster of its own
+    driver = subprocess.Popen(
+        [sys.executable, str(ROOT / "tests" / "trainer_runs.py"),
+         *small_run_overrides(tiny_model_dir, out, **{"trainer.total_steps": 50})],
+        cwd=ROOT, env=env, start_new_session=True,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    tree: dict[int, str] = {}
+    try:
+        deadline = time.monotonic() + 400
+        while not read_metrics(out / "metrics.jsonl"):  # step 0 done: the engine serves
+            assert driver.poll() is None, f"the run exited ({driver.returncode}) early"
+            assert time.monotonic() < deadline, "no step was logged within 400 s"
+            time.sleep(0.2)
+        tree = _tree(driver.pid)
+        [engine] = [pid for pid, cmd in tree.items() if "EngineCore" in cmd]
+        host = psutil.Process(engine).ppid()  # the Ray worker that runs the rollout role
+        watched = {host: tree[host], engine: tree[engine],
+                   **{p.pid: tree.get(p.pid, "") for p in
+                      psutil.Process(engine).children(recursive=True)}}
+        driver.send_signal(end)  # the driver alone: its tree must follow on its own
+        driver.wait(timeout=60)
+        deadline = time.monotonic() + 60
+        while (left := _alive(watched)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert left == [], {pid: watched[pid] for pid in left}
+    finally:
+        _end_session(driver, tree)
+
+
+def _end_session(proc: subprocess.Popen, tree: dict[int, str]) -> None:
+    """Kill what is left of ``proc``'s session (processes of ``tree`` only while they are
+    still in that session: a recycled pid is someone else's)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    for pid in _alive(tree):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            if os.getsid(pid) == proc.pid:
+                os.kill(pid, signal.SIGKILL)
+    proc.wait(timeout=30)
