@@ -105,12 +105,14 @@ def test_a_killed_driver_leaves_no_engine_process(tiny_model_dir, tmp_path, end)
     tree: dict[int, str] = {}
     try:
         deadline = time.monotonic() + 400
-        while not read_metrics(out / "metrics.jsonl"):  # step 0 done: the engine serves
+        engines: list[int] = []
+        while not (read_metrics(out / "metrics.jsonl") and engines):  # the engine serves
             assert driver.poll() is None, f"the run exited ({driver.returncode}) early"
             assert time.monotonic() < deadline, "no step was logged within 400 s"
             time.sleep(0.2)
-        tree = _tree(driver.pid)
-        [engine] = [pid for pid, cmd in tree.items() if "EngineCore" in cmd]
+            tree = _tree(driver.pid)
+            engines = [pid for pid, cmd in tree.items() if "EngineCore" in cmd]
+        [engine] = engines
         host = psutil.Process(engine).ppid()  # the Ray worker that runs the rollout role
         watched = {host: tree[host], engine: tree[engine],
                    **{p.pid: tree.get(p.pid, "") for p in

@@ -58,6 +58,7 @@ class ScriptedRolloutWorker(RolloutWorker):
         self._calls = 0
         self._sync = None
         self._loaded_checksum = None
+        self.agent = None  # no rollout.agent: the env path
 
 
 def rollout_config(model: str, **changes) -> RolloutConfig:
