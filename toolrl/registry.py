@@ -10,6 +10,7 @@ name raises `PluginImportError`, and an unknown name's error lists it beside the
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Iterator
 from importlib import metadata
 from typing import Generic, TypeVar
@@ -144,3 +145,15 @@ def _describe(obj: object) -> str:
     module = getattr(obj, "__module__", None)
     qualname = getattr(obj, "__qualname__", None)
     return f"{module}.{qualname}" if module and qualname else repr(obj)
+
+
+def import_object(spec: str, what: str) -> object:
+    """The object ``"module:name"`` (or ``"module.name"``) names; a ValueError naming
+    ``what`` (the config key it came from) when it cannot be imported."""
+    module, _, name = spec.partition(":")
+    if not name:
+        module, _, name = spec.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError) as e:
+        raise ValueError(f"cannot import {what} {spec!r}: {e}") from e

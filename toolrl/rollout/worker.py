@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import importlib
 import logging
 import uuid
 import zlib
@@ -40,6 +39,7 @@ from tensordict import TensorDict
 from toolrl import batch as B
 from toolrl.controller.worker import Dispatch, Worker, remote
 from toolrl.core.trajectory import Trajectory
+from toolrl.registry import import_object
 from toolrl.rollout.chat import ChatRenderer
 from toolrl.rollout.engine import EngineConfig, SamplingConfig, VLLMEngine
 from toolrl.rollout.episode import EpisodeConfig, EpisodeRunner
@@ -217,13 +217,7 @@ def resolve_runner(runner: Any) -> type[EpisodeRunner]:
     if runner is None:
         return EpisodeRunner
     if isinstance(runner, str):
-        module, _, name = runner.partition(":")
-        if not name:
-            module, _, name = runner.rpartition(".")
-        try:
-            runner = getattr(importlib.import_module(module), name)
-        except (ImportError, AttributeError) as e:
-            raise ValueError(f"cannot import episode runner {runner!r}: {e}") from e
+        runner = import_object(runner, "episode runner")
     if not (isinstance(runner, type) and issubclass(runner, EpisodeRunner)):
         raise TypeError(f"runner must be an EpisodeRunner subclass, got {runner!r}")
     return runner

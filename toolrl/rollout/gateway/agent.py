@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import importlib
 import inspect
 import logging
 import time
@@ -36,6 +35,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from toolrl.core.trajectory import TokenStream, Trajectory, plain
+from toolrl.registry import import_object
 from toolrl.rollout.gateway.app import Gateway
 from toolrl.rollout.gateway.capture import Sample
 from toolrl.rollout.gateway.server import GatewayServer
@@ -50,15 +50,7 @@ Agent = Callable[[Any, Mapping[str, Any]], Awaitable[Any]]
 def resolve_agent(spec: Any) -> Agent:
     """The ``solve(client, row)`` coroutine function of ``"module:name"`` (a function, or a
     class with a ``solve`` method, instantiated here), or of the object itself."""
-    obj = spec
-    if isinstance(spec, str):
-        module, _, name = spec.partition(":")
-        if not name:
-            module, _, name = spec.rpartition(".")
-        try:
-            obj = getattr(importlib.import_module(module), name)
-        except (ImportError, AttributeError, ValueError) as e:
-            raise ValueError(f"cannot import rollout.agent {spec!r}: {e}") from e
+    obj = import_object(spec, "rollout.agent") if isinstance(spec, str) else spec
     if isinstance(obj, type):
         obj = obj()
     fn = obj if inspect.isfunction(obj) or inspect.ismethod(obj) else getattr(obj, "solve", None)
