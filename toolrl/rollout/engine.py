@@ -31,6 +31,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import time
 import uuid
 from collections.abc import Collection, Coroutine, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -328,6 +329,8 @@ class VLLMEngine:
         self._transfer_ready = False
         self.sleeping = 0  # the sleep level, 0 when awake
         self.last_push_buckets = 0  # buckets of the last push (diagnostics, benchmarks)
+        self.last_pause_s = 0.0  # how long the last keep_inflight push held generation
+        self._paused_at: float | None = None  # a keep_inflight push is under way
         self._loop = BackgroundLoop("toolrl-vllm-engine", error=EngineError).start()
         before = _child_pids()
         try:
@@ -500,22 +503,26 @@ class VLLMEngine:
         self._transfer_ready = True
 
     def receive_broadcast(self, metadata: Sequence[tuple[str, str, Sequence[int]]],
-                          timeout: float | None = None) -> int:
+                          timeout: float | None = None, keep_inflight: bool = False) -> int:
         """GPU, split pools: receive one push of the trainer straight into vLLM's workers
         (``metadata``: name, dtype, shape of every tensor in send order); returns the new
-        weight version. Runs while the trainer broadcasts."""
+        weight version. Runs while the trainer broadcasts. ``keep_inflight``: see
+        `begin_staged_push`."""
         from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
 
         self._require_gpu("receive_broadcast", "nccl")
         if not self._transfer_ready:
             raise EngineError("receive_broadcast before init_broadcast_receiver")
         llm = self._require()
-        self._call(self._require_idle(), timeout)
-        self._call(llm.start_weight_update(), timeout)
-        self._call(llm.update_weights(WeightTransferUpdateRequest(
-            update_info=nccl_update_info(metadata))), timeout)
-        self._call(llm.finish_weight_update(), timeout)
-        return self._after_push(timeout)
+        self._hold(keep_inflight, timeout)
+        try:
+            self._call(llm.start_weight_update(), timeout)
+            self._call(llm.update_weights(WeightTransferUpdateRequest(
+                update_info=nccl_update_info(metadata))), timeout)
+            self._call(llm.finish_weight_update(), timeout)
+            return self._after_push(timeout)
+        finally:
+            self._release(timeout)
 
     def load_adapter_sync(self, path: str | os.PathLike, version: int,
                           timeout: float | None = None) -> int:
@@ -546,29 +553,74 @@ class VLLMEngine:
         if old is not None and old.lora_int_id != version:
             await llm.remove_lora(old.lora_int_id)
 
-    def begin_staged_push(self, timeout: float | None = None) -> SharedMemoryPush:
+    def begin_staged_push(self, timeout: float | None = None,
+                          keep_inflight: bool = False) -> SharedMemoryPush:
         """CPU: a push whose buckets the caller fills itself (e.g. receives into, over a
         broadcast group): ``bucket = push.stager...``; see `SharedMemoryPush`. Finish it with
-        `finish_staged_push`."""
+        `finish_staged_push`. ``keep_inflight``: requests in flight are frozen for the push
+        instead of refused (`pause_for_push`)."""
         if self.config.backend != "cpu":
             raise EngineError("staged pushes are the CPU route; on GPU use receive_broadcast")
         self._not_on_loop("begin_staged_push")
-        self._call(self._require_idle(), timeout)
+        self._hold(keep_inflight, timeout)
         push = SharedMemoryPush(lambda method, *args: self._call(
             self._rpc(method, *args), timeout), self.config.weight_bucket_bytes)
-        push.begin()
+        try:
+            push.begin()
+        except BaseException:
+            self._release(timeout)
+            raise
         return push
 
     def finish_staged_push(self, push: SharedMemoryPush, timeout: float | None = None) -> int:
-        push.finish()
-        self.last_push_buckets = push.buckets
-        return self._after_push(timeout)
+        try:
+            push.finish()
+            self.last_push_buckets = push.buckets
+            return self._after_push(timeout)
+        finally:
+            self._release(timeout)
 
     def _after_push(self, timeout: float | None) -> int:
-        if not self._call(self._require().reset_prefix_cache(), timeout):
+        # frozen requests lose their KV (computed by the old weights): vLLM preempts them and
+        # recomputes it with the new weights when they resume
+        reset = self._require().reset_prefix_cache(reset_running_requests=self._paused_at
+                                                   is not None)
+        if not self._call(reset, timeout):
             raise EngineError("could not reset the prefix cache after the weight push")
         self.weight_version += 1
         return self.weight_version
+
+    # --- pushes while generating (trainer.mode=async) ---------------------------------------
+    def _hold(self, keep_inflight: bool, timeout: float | None) -> None:
+        """Before a push: refuse while requests are in flight, or (``keep_inflight``) freeze
+        them with vLLM's ``pause_generation(mode="keep")``: the scheduler stops, every request
+        keeps its tokens so far, new requests queue."""
+        if not keep_inflight:
+            self._call(self._require_idle(), timeout)
+            return
+        self._paused_at = time.perf_counter()
+        try:
+            self._call(self._require().pause_generation(mode="keep", clear_cache=False),
+                       timeout)
+        except BaseException:
+            self._paused_at = None
+            raise
+
+    def _release(self, timeout: float | None) -> None:
+        """After a push: resume a paused scheduler (frozen requests continue under the new
+        weights; their tokens so far keep the log-probs they were sampled with)."""
+        if self._paused_at is None:
+            return
+        try:
+            self._call(self._require().resume_generation(), timeout)
+        finally:
+            self.last_pause_s = time.perf_counter() - self._paused_at
+            self._paused_at = None
+
+    @property
+    def in_flight(self) -> int:
+        """Requests the engine has not finished."""
+        return int(self._require().get_num_unfinished_requests())
 
     async def _require_idle(self) -> None:
         busy = self._require().get_num_unfinished_requests()

@@ -43,6 +43,7 @@ from toolrl.registry import import_object
 from toolrl.rollout.chat import ChatRenderer
 from toolrl.rollout.engine import EngineConfig, SamplingConfig, VLLMEngine
 from toolrl.rollout.episode import EpisodeConfig, EpisodeRunner
+from toolrl.rollout.stream import EpisodeStream, FinishedGroup, GroupJob
 from toolrl.sync.weights import (
     Checksum,
     WeightSyncGroup,
@@ -250,6 +251,7 @@ class RolloutWorker(Worker):
         self._sync: WeightSyncGroup | None = None  # split pools: the group actor rank 0 sends on
         self._nccl = False  # split pools on GPU: the engine's workers receive over NCCL
         self._loaded_checksum: str | None = None
+        self._stream: EpisodeStream | None = None  # trainer.mode=async
         # a colocated actor (same process) pushes weights straight into this engine
         register_local_engine(self.engine)
         # vLLM, torch and transformers leave ~1M long-lived objects; a full collection walks
@@ -296,20 +298,22 @@ class RolloutWorker(Worker):
     @remote(Dispatch.ONE_TO_ALL)
     def receive_weights(self, checksum: bool = False,
                         metadata: list[tuple[str, str, tuple[int, ...]]] | None = None,
-                        version: int | None = None) -> int:
+                        version: int | None = None, keep_inflight: bool = False) -> int:
         """Receive one push of the actor (`ActorWorker.push_weights`, called at the same time)
         into the engine, bucket by bucket; the engine's version becomes the actor's. With
         ``checksum`` the `Checksum` of the received weights is kept for
         `loaded_weights_checksum` (hashing costs a pass over the weights; gloo route only).
         The NCCL route needs the push's ``metadata`` (`ActorWorker.weight_metadata`) and
-        ``version`` from the caller. Returns the version."""
+        ``version`` from the caller. ``keep_inflight``: requests in flight (the episode
+        stream's) are frozen for the load and continue under the new weights. Returns the
+        version."""
         if self._nccl:
             if metadata is None or version is None:
                 raise ValueError("the NCCL weight sync needs the push's metadata and version")
             if checksum:
                 raise ValueError("checksum=True is not available on the NCCL route (the "
                                  "weights land in vLLM's workers, not in this process)")
-            self.engine.receive_broadcast(metadata)
+            self.engine.receive_broadcast(metadata, keep_inflight=keep_inflight)
             self._loaded_checksum = None
             self.engine.weight_version = int(version)
             return int(version)
@@ -317,7 +321,7 @@ class RolloutWorker(Worker):
             raise RuntimeError("receive_weights before connect_weight_sync: no sync group")
         acc = Checksum() if checksum else None
         inspect = (lambda named: [acc.add(n, t) for n, t in named]) if acc else None
-        push = self.engine.begin_staged_push()
+        push = self.engine.begin_staged_push(keep_inflight=keep_inflight)
         try:
             got = self._sync.receive_staged(
                 lambda layout, fill: push.receive(layout, fill, inspect))
@@ -331,6 +335,45 @@ class RolloutWorker(Worker):
         self._loaded_checksum = acc.hexdigest() if acc else None
         self.engine.weight_version = got  # samples are tagged with the actor's version
         return got
+
+    # --- the episode stream (trainer.mode=async, `toolrl.rollout.stream`) -------------------
+    @remote(Dispatch.ALL_TO_ALL)
+    def stream_submit(self, jobs: list[GroupJob]) -> int:
+        """Add groups to this worker's episode stream (started at the first call); returns
+        the groups it has in flight."""
+        if self._stream is None:
+            per_group = max(job.n for job in jobs) if jobs else 1
+            self._stream = EpisodeStream(self._run_group, lambda: self.engine.weight_version,
+                                         max_groups=max(1, self.config.concurrency // per_group))
+        return self._stream.submit(jobs)
+
+    @remote(Dispatch.ONE_TO_ALL)
+    def stream_poll(self, wait_s: float = 0.0) -> list[FinishedGroup]:
+        """The groups this worker finished since the last poll (waiting up to ``wait_s`` for
+        one); raises if a group's generation raised."""
+        if self._stream is None:
+            return []
+        return self._stream.poll(wait_s)
+
+    @remote(Dispatch.ONE_TO_ALL)
+    def stream_cancel(self, uids: list[str]) -> int:
+        """Stop generating these groups (those of other workers are ignored)."""
+        return self._stream.cancel(uids) if self._stream is not None else 0
+
+    @remote(Dispatch.ONE_TO_ALL)
+    def stream_stop(self) -> int:
+        """Cancel every group in flight and stop the stream; returns how many there were."""
+        stream, self._stream = self._stream, None
+        return stream.stop() if stream is not None else 0
+
+    @remote(Dispatch.ONE_TO_ALL)
+    def last_push_pause_s(self) -> float:
+        """How long the last ``keep_inflight`` push held the engine's generation."""
+        return float(self.engine.last_pause_s)
+
+    async def _run_group(self, job: GroupJob) -> TensorDict:
+        return await self.arollout(make_rollout_input([job.row], n=job.n, uids=[job.uid]),
+                                   seed=job.seed)
 
     @remote(Dispatch.ONE_TO_ALL)
     def loaded_weights_checksum(self) -> str | None:
@@ -391,6 +434,9 @@ class RolloutWorker(Worker):
         episodes shared (call before killing the group)."""
         from toolrl.core.mcp_client import close_mcp_connections
 
+        if self._stream is not None:
+            self._stream.stop()
+            self._stream = None
         close_mcp_connections()
         if self.agent is not None:
             self.agent.close()

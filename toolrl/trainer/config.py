@@ -147,7 +147,12 @@ class TrainerConfig:
     output_dir: str | None = None  # default: outputs/<experiment_name>
     trackers: list[str] = field(default_factory=lambda: ["jsonl", "tensorboard"])
     log_rollouts: int = 8  # trajectories dumped per step
-    mode: str = "sync"  # sync | pipeline (one-step off-policy)
+    mode: str = "sync"  # sync | pipeline (one-step off-policy) | async (streaming)
+    # trainer.mode=async (trainer/async_buffer.py): no sample trains more than max_staleness
+    # policy versions after its group started; a due group still generating is waited for
+    # (continue: it keeps going under the new weights) or cancelled and counted (drop)
+    max_staleness: int = 1
+    stale_policy: str = "continue"  # continue | drop
     export_hf: bool = True  # write final_hf/ at the end
     # a rollout worker that died or failed: stop the run naming it, or restart it (and its
     # engine) and redo the batch, at most max_retries times in a row (docs/reliability.md)
@@ -205,7 +210,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "algorithm.name": ("grpo", "ppo"),
     "resources.device": ("cpu", "cuda"),
     "rollout.engine.backend": ("cpu", "gpu"),
-    "trainer.mode": ("sync", "pipeline"),
+    "trainer.mode": ("sync", "pipeline", "async"),
+    "trainer.stale_policy": ("continue", "drop"),
     "trainer.on_rollout_failure": ("stop", "retry"),
     "trainer.infra_failures.rule": INFRA_RULES,
     "trainer.sync_canary": ("stop", "warn", "off"),
@@ -286,7 +292,8 @@ def validate(cfg: ExperimentConfig) -> None:
     if not 0.0 <= cfg.trainer.infra_failures.max_fraction <= 1.0:
         raise ConfigError(f"trainer.infra_failures.max_fraction must be in [0, 1], got "
                           f"{cfg.trainer.infra_failures.max_fraction}")
-    pools = ("train", "rollout") if cfg.trainer.mode == "pipeline" else ("global",)
+    split = cfg.trainer.mode in ("pipeline", "async")
+    pools = ("train", "rollout") if split else ("global",)
     stray = sorted(set(cfg.resources.pool_resources) - set(pools))
     if stray:
         raise ConfigError(f"resources.pool_resources: no pool {stray} in trainer.mode="
@@ -304,9 +311,10 @@ def validate(cfg: ExperimentConfig) -> None:
                           "trainer.mode=sync, or actor.lora.sync=merge")
     if cfg.rollout.agent is not None:
         _check_agent(cfg)
-    if cfg.rollout.engine.sleep_level and cfg.trainer.mode == "pipeline":
-        raise ConfigError("rollout.engine.sleep_level > 0 needs trainer.mode=sync: in pipeline "
-                          "mode the engines generate while the actor trains")
+    if cfg.rollout.engine.sleep_level and split:
+        raise ConfigError(f"rollout.engine.sleep_level > 0 needs trainer.mode=sync: in "
+                          f"{cfg.trainer.mode} mode the engines generate while the actor trains")
+    _check_async(cfg)
     from toolrl.models.tiny import size_names
 
     if cfg.model.tiny_size not in size_names():
@@ -341,6 +349,23 @@ def validate(cfg: ExperimentConfig) -> None:
             not _looks_like_hub_id(model):
         raise ConfigError(f"model.path={model!r} does not exist (and "
                           f"model.build_tiny_if_missing is false)")
+
+
+def _check_async(cfg: ExperimentConfig) -> None:
+    """``trainer.max_staleness`` / ``stale_policy`` belong to ``trainer.mode=async``."""
+    t, default = cfg.trainer, TrainerConfig()
+    if t.mode != "async":
+        for key in ("max_staleness", "stale_policy"):
+            if getattr(t, key) != getattr(default, key):
+                raise ConfigError(f"trainer.{key} applies to trainer.mode=async only (this run "
+                                  f"is trainer.mode={t.mode}; pipeline mode is always one "
+                                  f"version behind)")
+        return
+    if isinstance(t.max_staleness, bool) or not isinstance(t.max_staleness, int) or \
+            t.max_staleness < 0:
+        raise ConfigError(f"trainer.max_staleness must be an integer >= 0 (policy versions a "
+                          f"sample may lag the actor that trains on it), got "
+                          f"{t.max_staleness!r}")
 
 
 def _check_agent(cfg: ExperimentConfig) -> None:

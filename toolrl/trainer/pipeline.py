@@ -60,6 +60,8 @@ class PendingRollout:
 class PipelineTrainer(Trainer):
     """`Trainer` with rollout on its own pool, one step ahead of training."""
 
+    keep_inflight = False  # pushes land between rollouts (async mode: while one runs)
+
     def __init__(self, cfg: ExperimentConfig, console: Console | None = None) -> None:
         super().__init__(with_tis_default(cfg), console)
         self.pending: PendingRollout | None = None
@@ -215,7 +217,7 @@ class PipelineTrainer(Trainer):
             expected = int(self.actor.call(ActorWorker.policy_version)) + 1
         received = self.handles["rollout"].call_async(
             RolloutWorker.receive_weights, checksum=checksum, metadata=self.weight_meta,
-            version=expected)
+            version=expected, keep_inflight=self.keep_inflight)
         pushed = self.actor.call_async(ActorWorker.push_weights)
         versions = received.get()  # first: a dead receiver fails here, not in a blocked push
         version = int(_first(pushed.get()))

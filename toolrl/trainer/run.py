@@ -1,18 +1,22 @@
-"""`toolrl train`: the trainer of ``trainer.mode`` (`Trainer` or `PipelineTrainer`), fit, and
+"""`toolrl train`: the trainer of ``trainer.mode`` (`Trainer`, `PipelineTrainer` or
+`AsyncTrainer`), fit, and
 everything shut down (the one place that knows both, so neither imports the other's module
 back)."""
 
 from __future__ import annotations
 
+from toolrl.trainer.async_mode import AsyncTrainer
 from toolrl.trainer.config import ExperimentConfig
 from toolrl.trainer.pipeline import PipelineTrainer
 from toolrl.trainer.trainer import Trainer
+
+TRAINERS = {"sync": Trainer, "pipeline": PipelineTrainer, "async": AsyncTrainer}
 
 
 def run_training(cfg: ExperimentConfig) -> dict[str, float]:
     """Build the workers, train ``trainer.total_steps`` steps, shut everything down; returns
     the final metrics."""
-    trainer = PipelineTrainer(cfg) if cfg.trainer.mode == "pipeline" else Trainer(cfg)
+    trainer = TRAINERS[cfg.trainer.mode](cfg)
     try:
         return trainer.fit()
     finally:

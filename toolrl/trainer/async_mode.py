@@ -1,0 +1,222 @@
+"""Asynchronous training on split pools (``trainer.mode: async``), after AReaL and verl's
+fully-async trainer.
+
+The rollout workers never stop generating: each runs an `toolrl.rollout.stream.EpisodeStream`
+fed with whole GRPO groups; finished groups stream back to the driver; a step trains as soon as
+its batch can be formed; new weights are pushed while generation goes on (the engine freezes
+its requests in flight for the load, then they continue under the new weights)::
+
+    rollout pool   [g1 g2 g3 g4 ...  g9 g10 ... | push | ... g17 ...    | push | ...]
+    train pool          [train on 4 finished groups] [train on the next 4]
+
+`toolrl.trainer.async_buffer.GroupBuffer` owns the rules: how much may be outstanding, which
+groups a step trains (every due group, then the others in arrival order: no bias toward short
+episodes), what happens to a straggler (``trainer.stale_policy``), and the accounting (every
+group counted in and out). Every sample carries the version its group started with; a step
+never trains a sample more than ``trainer.max_staleness`` versions old (``async/staleness_max``
+per step). Truncated importance sampling against the rollout log-probs corrects the lag (on
+by default, as in pipeline mode).
+
+The rest is `PipelineTrainer`'s: the split pools, the weight-sync group, the pool restart of
+``trainer.on_rollout_failure: retry`` (the groups in flight are generated again on the new
+pool; finished ones stay in the buffer), and `Trainer.learn` for reward, log-probs, advantage
+and update.
+
+A checkpoint records the loader's position after the groups submitted so far: a resumed run
+starts a fresh stream there (the groups outstanding at the checkpoint are not generated
+again, so none is trained twice).
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from typing import Any
+
+from rich.console import Console
+
+from toolrl import batch as B
+from toolrl.rollout.stream import FinishedGroup, GroupJob
+from toolrl.rollout.worker import RolloutWorker
+from toolrl.trainer.async_buffer import GroupBuffer, Ticket
+from toolrl.trainer.config import ExperimentConfig
+from toolrl.trainer.failures import RolloutFailedError, describe
+from toolrl.trainer.pipeline import PipelineTrainer
+from toolrl.trainer.trainer import _timed
+from toolrl.workers.actor import ActorWorker
+
+POLL_S = 0.5  # the longest one poll of the workers waits for a finished group
+
+
+class AsyncTrainer(PipelineTrainer):
+    """`PipelineTrainer` whose rollout pool streams groups into a `GroupBuffer`."""
+
+    keep_inflight = True  # weight pushes freeze the stream's requests, never wait for them
+
+    def __init__(self, cfg: ExperimentConfig, console: Console | None = None) -> None:
+        super().__init__(cfg, console)
+        self.buffer: GroupBuffer | None = None
+        self._batches = 0  # step-sized submissions so far (names the groups, seeds them)
+        self._load: list[int] = []  # groups outstanding per rollout worker
+
+    # --- the stream ------------------------------------------------------------------------
+    def top_up(self) -> None:
+        """Submit steps' worth of groups while the buffer allows (`GroupBuffer.may_submit`)."""
+        buf = self.ensure_buffer()
+        n = self.cfg.algorithm.group_size
+        while buf.may_submit(self.version):
+            rows = self.loader.next_batch()
+            seed = self._seed("train", self._batches)
+            uids = [f"{row.get('id', 'task')}@{self._batches}.{i}" for i, row in enumerate(rows)]
+            jobs = [GroupJob(uid, dict(row), n, None if seed is None else
+                             zlib.crc32(f"{seed}:{i}".encode()) % (2**31 - 1))
+                    for i, (uid, row) in enumerate(zip(uids, rows, strict=True))]
+            self._batches += 1
+            self.dispatch(buf.submit(uids, self.version, jobs))
+
+    def dispatch(self, tickets: list[Ticket]) -> None:
+        """Send each group to the rollout worker with the fewest outstanding groups."""
+        rollout = self.handles["rollout"]
+        if len(self._load) != rollout.world_size:
+            self._load = [0] * rollout.world_size
+        per_worker: list[list[GroupJob]] = [[] for _ in self._load]
+        for t in tickets:
+            w = min(range(len(self._load)), key=self._load.__getitem__)
+            per_worker[w].append(t.job)
+            t.job = (w, t.job)  # remember where it runs
+            self._load[w] += 1
+        try:
+            rollout.call(RolloutWorker.stream_submit, per_worker)
+        except Exception as e:
+            raise RolloutFailedError(f"submitting groups to the rollout pool failed "
+                                     f"({describe(e)})") from e
+
+    def poll(self, wait_s: float = POLL_S) -> int:
+        """Move the finished groups of every worker into the buffer; returns how many."""
+        buf = self.ensure_buffer()
+        try:
+            per_worker = self.handles["rollout"].call(RolloutWorker.stream_poll, wait_s)
+        except Exception as e:
+            raise RolloutFailedError(f"a rollout worker failed mid-stream ({describe(e)})"
+                                     ) from e
+        got = 0
+        for w, groups in enumerate(per_worker):
+            for g in groups:
+                g: FinishedGroup
+                buf.arrive(g.uid, g, g.start_version)
+                self._load[w] -= 1
+                got += 1
+        return got
+
+    def take_batch(self) -> tuple[list[Ticket], float]:
+        """Poll until `GroupBuffer.select` forms this step's batch; returns it and the time
+        spent waiting."""
+        buf = self.ensure_buffer()
+        start = time.perf_counter()
+        deadline = start + self.cfg.trainer.call_timeout_s
+        self.poll(0.0)
+        while True:
+            selection = buf.select(self.version)
+            if selection.cancel:
+                self.cancel(selection.cancel)
+            if selection.train is not None:
+                return selection.train, time.perf_counter() - start
+            if time.perf_counter() > deadline:
+                raise RolloutFailedError(
+                    f"no batch for step {self.step + 1} within trainer.call_timeout_s="
+                    f"{self.cfg.trainer.call_timeout_s:g} s ({buf.metrics()})")
+            self.poll()
+
+    def cancel(self, uids: list[str]) -> None:
+        self.handles["rollout"].call(RolloutWorker.stream_cancel, uids)
+        self._load = [0] * len(self._load)
+        for t in self.ensure_buffer().unfinished():  # recount what is still out there
+            self._load[t.job[0]] += 1
+
+    def ensure_buffer(self) -> GroupBuffer:
+        if self.buffer is None:
+            self.buffer = GroupBuffer(self.cfg.data.batch_size, self.cfg.trainer.max_staleness,
+                                      self.cfg.trainer.stale_policy, start_version=self.version)
+        return self.buffer
+
+    # --- one step ------------------------------------------------------------------------------
+    def train_step(self) -> dict[str, float]:
+        """Take a batch of finished groups (generation goes on), learn, push the weights."""
+        timing: dict[str, float] = {}
+        with _timed(timing, "rollout"):  # the wait for the batch, not the generation
+            tickets = self.batch_or_retry()
+            batch = B.concat([t.result.batch for t in tickets])
+            batch, infra = self.settle(batch)
+        self.top_up()  # the next groups generate while this step trains
+        metrics = self.stream_metrics(tickets)
+        metrics.update(self.learn(batch, timing) if batch is not None
+                       else self._learned_nothing())
+        metrics.update(infra)
+        with _timed(timing, "sync"):
+            metrics["policy_version"] = float(self.sync_weights())
+            metrics["async/push_pause_s"] = max(
+                self.handles["rollout"].call(RolloutWorker.last_push_pause_s))
+            metrics.update(self.check_sync(int(metrics["policy_version"])))
+        self.top_up()
+        self.ensure_buffer().check()
+        metrics.update(self.ensure_buffer().metrics())
+        metrics.update({f"timing/{k}_s": v for k, v in timing.items()})
+        return metrics
+
+    def batch_or_retry(self) -> list[Ticket]:
+        """`take_batch`; a failed stream restarts the rollout pool and submits the unfinished
+        groups again (``trainer.on_rollout_failure: retry``), or stops the run."""
+        while True:
+            try:
+                self.top_up()
+                tickets, _ = self.take_batch()
+                return tickets
+            except RolloutFailedError as e:
+                self.retry_or_stop(e)
+                self.restart_rollout()
+                # the new engines get the actor's current weights under the same version
+                self.actor.call(ActorWorker.set_policy_version, self.version - 1)
+                self.sync_weights()
+                unfinished = self.ensure_buffer().unfinished()
+                for t in unfinished:
+                    t.job = t.job[1]
+                self._load = []
+                if unfinished:
+                    self.dispatch(unfinished)
+
+    def stream_metrics(self, tickets: list[Ticket]) -> dict[str, float]:
+        """Per-sample lag behind the actor that trains on them; groups a push landed in."""
+        lags = [self.version - t.start_version for t in tickets]  # type: ignore[operator]
+        if lags and (max(lags) > self.cfg.trainer.max_staleness or min(lags) < 0):
+            raise RuntimeError(f"async staleness out of [0, {self.cfg.trainer.max_staleness}]: "
+                               f"{sorted(set(lags))}")
+        partial = [t.result.partial for t in tickets]
+        return {"async/staleness_max": float(max(lags, default=0)),
+                "async/staleness_mean": float(sum(lags) / max(len(lags), 1)),
+                "async/partial_groups": float(sum(partial)),
+                "async/group_s_max": max((t.result.seconds for t in tickets), default=0.0)}
+
+    # --- lifetime ------------------------------------------------------------------------------
+    def fit(self) -> dict[str, float]:
+        try:
+            return super().fit()
+        finally:
+            self.stop_stream()
+
+    def stop_stream(self) -> dict[str, Any]:
+        """Cancel the groups still generating; returns the final accounting."""
+        out: dict[str, Any] = {}
+        if "rollout" in self.handles and self.buffer is not None:
+            try:
+                self.handles["rollout"].call(RolloutWorker.stream_stop)
+            except Exception as e:  # a dead worker: its group is killed at shutdown
+                self.console.log(f"stopping the episode stream: {e}")
+            out = self.buffer.metrics()
+            self.console.log(f"async: {out['async/submitted']:.0f} groups submitted, "
+                             f"{out['async/trained']:.0f} trained, "
+                             f"{out['async/dropped_stale']:.0f} dropped as stale, "
+                             f"{len(self.buffer.outstanding)} unused at the end")
+        return out
+
+
+__all__ = ["AsyncTrainer"]
