@@ -1,0 +1,165 @@
+"""Async mode (``trainer.mode: async``) on the real stack: Ray, a vLLM CPU engine on its own
+pool streaming groups, FSDP2 on gloo, weights pushed over a gloo broadcast group while the
+engine generates."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from trainer_runs import register_test_rewards, small_run_overrides
+
+from toolrl.rollout.worker import RolloutWorker
+from toolrl.trainer.async_mode import AsyncTrainer
+from toolrl.trainer.config import ConfigError, load_config, to_dict
+from toolrl.trainer.failures import RolloutFailedError
+from toolrl.trainer.run import run_training
+from toolrl.trainer.tracking import read_metrics
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = ROOT / "configs" / "quickstart_async.yaml"
+BATCH, GROUP = 2, 4  # tasks per step, samples per task (small_run_overrides)
+
+
+def overrides(model: Path, out: Path, **extra: object) -> list[str]:
+    register_test_rewards()
+    return small_run_overrides(model, out, **{
+        "actor.weight_bucket_mb": 0.5, "rollout.engine.kv_cache_gib": 0.25,
+        "trainer.log_rollouts": BATCH * GROUP, "trainer.call_timeout_s": 300,
+        "trainer.export_hf": False, "reward": "{rewards: [{name: test_digit_fraction}]}",
+        **extra})
+
+
+# --- config ------------------------------------------------------------------------------------
+def test_the_async_quickstart_is_the_pipeline_quickstart_in_async_mode():
+    pipe = to_dict(load_config(ROOT / "configs" / "quickstart_pipeline.yaml"))
+    asyn = to_dict(load_config(CONFIG))
+    assert asyn["trainer"].pop("mode") == "async" and pipe["trainer"].pop("mode") == "pipeline"
+    assert asyn["trainer"]["max_staleness"] == 2 and asyn["trainer"]["stale_policy"] == \
+        "continue"
+    for cfg in (asyn, pipe):
+        cfg.pop("experiment_name")
+        cfg["trainer"].pop("max_staleness")
+        cfg["trainer"].pop("stale_policy")
+    assert asyn == pipe
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    ({"trainer.max_staleness": 3}, "applies to trainer.mode=async only"),
+    ({"trainer.stale_policy": "drop"}, "applies to trainer.mode=async only"),
+    ({"trainer.mode": "async", "trainer.max_staleness": -1}, "must be an integer >= 0"),
+    ({"trainer.mode": "async", "trainer.stale_policy": "wait"}, "stale_policy"),
+])
+def test_async_keys_are_checked(tmp_path, extra, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(ROOT / "configs" / "quickstart.yaml", overrides(tmp_path, tmp_path, **extra))
+
+
+# --- end to end --------------------------------------------------------------------------------
+def _wait_gone(pids: list[int], timeout: float) -> list[int]:
+    deadline = time.monotonic() + timeout
+    alive = list(pids)
+    while alive and time.monotonic() < deadline:
+        alive = [p for p in alive if psutil.pid_exists(p)
+                 and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        time.sleep(0.2)
+    return alive
+
+
+def dumped(out: Path, step: int) -> list[dict]:
+    path = out / "rollouts" / f"step_{step}.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_async_trains_within_the_staleness_bound_and_counts_every_group(
+        ray_cluster, tiny_model_dir, tmp_path):
+    out, steps, k = tmp_path / "run", 5, 2
+    cfg = load_config(CONFIG, overrides(tiny_model_dir, out, **{
+        "trainer.total_steps": steps, "trainer.max_staleness": k, "actor.lr": 1e-3,
+        "rollout.max_turns": 3}))
+    trainer = AsyncTrainer(cfg)
+    try:
+        trainer.fit()
+        rows = read_metrics(out / "metrics.jsonl")
+        assert [r["step"] for r in rows] == list(range(steps + 1))
+        seen: set[str] = set()
+        for r in rows[1:]:
+            s = r["step"]
+            assert r["policy_version"] == s
+            assert 0 <= r["async/staleness_mean"] <= r["async/staleness_max"] <= k
+            # counted in and out: trained so far, the rest dropped or still out there
+            assert r["async/trained"] == s * BATCH
+            assert r["async/submitted"] == r["async/trained"] + r["async/dropped_stale"] + \
+                r["async/in_flight"] + r["async/buffer_size"]
+            assert r["async/dropped_stale"] == 0  # stale_policy=continue drops nothing
+            assert r["async/push_pause_s"] > 0
+            assert r["sync/probe_max_abs_diff"] < 1e-3  # the engine holds the actor's weights
+            samples = dumped(out, s)
+            assert len(samples) == BATCH * GROUP
+            # each sample's version: the weights its group started on (step s trains at s - 1)
+            assert all(0 <= s - 1 - d["policy_version"] <= k for d in samples)
+            uids = {d["uid"] for d in samples}
+            assert len(uids) == BATCH and not uids & seen  # whole groups, none trained twice
+            seen |= uids
+        assert max(r["async/staleness_max"] for r in rows[1:]) >= 1  # it did run ahead
+        assert trainer.buffer is not None
+        trainer.buffer.check()
+    finally:
+        trainer.close()
+
+
+def test_a_rollout_worker_killed_mid_stream_is_restarted_and_nothing_is_lost(
+        ray_cluster, tiny_model_dir, tmp_path, monkeypatch):
+    """``on_rollout_failure: retry``: the rollout pool is restarted, the groups it had in
+    flight are generated again, the run finishes; with ``stop`` the run stops naming the
+    worker."""
+    out = tmp_path / "retry"
+    cfg = load_config(CONFIG, overrides(tiny_model_dir, out, **{
+        "trainer.total_steps": 3, "trainer.on_rollout_failure": "retry",
+        "trainer.max_staleness": 1}))
+    take = AsyncTrainer.take_batch
+    killed: list[int] = []
+
+    engines: list[int] = []
+
+    def kill_at_step_2(self: AsyncTrainer):
+        if self.step == 1 and not killed:
+            rollout = self.handles["rollout"]
+            engines.extend(rollout.call(RolloutWorker.engine_pids)[0])
+            killed.append(rollout.group.pids[0])
+            os.kill(killed[0], signal.SIGKILL)
+        return take(self)
+
+    monkeypatch.setattr(AsyncTrainer, "take_batch", kill_at_step_2)
+    trainer = AsyncTrainer(cfg)
+    try:
+        trainer.fit()
+        assert killed and killed[0] not in trainer.handles["rollout"].group.pids
+        rows = read_metrics(out / "metrics.jsonl")
+        assert [r["step"] for r in rows] == [0, 1, 2, 3]
+        assert rows[-1]["trainer/rollout_retries"] == 1
+        assert rows[-1]["async/trained"] == 3 * BATCH
+        trainer.buffer.check()
+        uids = [d["uid"] for s in (1, 2, 3) for d in dumped(out, s)]
+        assert len(set(uids)) == 3 * BATCH  # none trained twice
+        assert all(r["async/staleness_max"] <= 1 for r in rows[1:])
+    finally:
+        trainer.close()
+        leftovers = _wait_gone(engines, timeout=60)
+        for pid in leftovers:  # hygiene: never leave an engine behind, even if it is a bug
+            os.kill(pid, signal.SIGKILL)
+    assert engines, "the engine runs its core in a child process of the worker"
+    assert not leftovers, f"engine processes {leftovers} outlived their killed worker"
+
+    killed.clear()
+    stop = load_config(CONFIG, overrides(tiny_model_dir, tmp_path / "stop", **{
+        "trainer.total_steps": 3, "trainer.max_staleness": 1}))
+    with pytest.raises(RolloutFailedError, match=r"mid-stream.*died") as info:
+        run_training(stop)  # closes the trainer itself
+    assert "the run stops (trainer.on_rollout_failure=stop) after step 1" in str(info.value)
+    assert [r["step"] for r in read_metrics(tmp_path / "stop" / "metrics.jsonl")] == [0, 1]
