@@ -1,6 +1,7 @@
-"""Sync vs pipeline (one-step off-policy) training: steps per minute on one config and seeds.
+"""Sync vs pipeline (one-step off-policy) vs async training: steps per minute on one config and
+seeds.
 
-Both modes run configs/quickstart.yaml (GRPO on Calculator, the tiny model after a short warm
+Every mode runs configs/quickstart.yaml (GRPO on Calculator, the tiny model after a short warm
 start so that episodes really call tools) with the same overrides and seed; only
 ``trainer.mode`` and the pools differ:
 
@@ -9,7 +10,10 @@ start so that episodes really call tools) with the same overrides and seed; only
 - ``pipeline``: the engine in a process (pool) of its own, rollout of batch k+1 overlaps
   training on batch k, then the weights go over a gloo broadcast group;
 - ``pipeline-1t``: the same with OMP_NUM_THREADS=1 in the Ray workers, so the actor's torch
-  keeps to one thread and leaves the other core to vLLM (which pins its own threads).
+  keeps to one thread and leaves the other core to vLLM (which pins its own threads);
+- ``async`` / ``async-1t``: ``trainer.mode=async`` (``--max-staleness``, default 2): the engine
+  streams groups without a barrier, a step trains as soon as its batch can be formed, weights
+  are pushed while episodes are in flight (with OMP_NUM_THREADS=1 for ``-1t``).
 
 Ray reserves 1 CPU per process, but leaves OMP_NUM_THREADS unset (the report shows it): in
 ``sync`` and ``pipeline`` torch uses every core, so the sync loop has the whole machine for
@@ -17,7 +21,10 @@ each phase while the pipeline's two processes compete for it.
 
 Two workloads: ``cpu`` (tools answer at once: rollout and update both compute on the same two
 cores) and ``io`` (every tool call waits ``--tool-latency`` seconds, like a remote service, so
-that the rollout takes about as long as the update without using the CPU). The modes run in
+that the rollout takes about as long as the update without using the CPU), and ``lognormal``
+(every tool call waits a log-normal time, mean ``--lognormal-mean`` s, sigma
+``--lognormal-sigma``: a long tail, as real tools have, so a synchronous step waits for its
+slowest episode). The modes run in
 turn (sync, pipeline, pipeline-1t, sync, ...), so load from other processes hits them alike;
 steps per minute counts steps 2 .. N-1 of each run (step 1 warms up and is not overlapped
 in pipeline mode; step N has no next batch to overlap with).
@@ -29,7 +36,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import os
+import random
 import sys
 import tempfile
 from pathlib import Path
@@ -44,7 +53,9 @@ RESULTS = benchlib.RESULTS_DIR / "pipeline.md"
 SLOW_ENV_ID = "toolrl-bench/SlowCalculator-v0"
 # mode -> (trainer.mode, OMP_NUM_THREADS of the Ray workers; None: unset, torch uses every core)
 MODES: dict[str, tuple[str, int | None]] = {
-    "sync": ("sync", None), "pipeline": ("pipeline", None), "pipeline-1t": ("pipeline", 1)}
+    "sync": ("sync", None), "pipeline": ("pipeline", None), "pipeline-1t": ("pipeline", 1),
+    "async": ("async", None), "async-1t": ("async", 1)}
+WORKLOADS = ("cpu", "io", "lognormal")
 
 
 def register_slow_calculator() -> type:
@@ -57,15 +68,30 @@ def register_slow_calculator() -> type:
 
     if "SlowCalculatorEnv" not in globals():
         class SlowCalculatorEnv(CalculatorEnv):
-            """Calculator behind a slow service: each turn's tool calls take ``latency_s``."""
+            """Calculator behind a slow service: each turn's tool calls take ``latency_s``,
+            or with ``sigma`` > 0 a log-normal time of mean ``latency_s`` (drawn from the
+            episode's seed)."""
 
-            def __init__(self, *, latency_s: float = 0.0, **kwargs: Any) -> None:
+            def __init__(self, *, latency_s: float = 0.0, sigma: float = 0.0,
+                         **kwargs: Any) -> None:
                 super().__init__(**kwargs)
-                self.latency_s = float(latency_s)
+                self.latency_s, self.sigma = float(latency_s), float(sigma)
+                self._rng = random.Random()
+
+            def reset(self, *, seed: int | None = None, **kwargs: Any) -> Any:
+                self._rng = random.Random(seed)
+                return super().reset(seed=seed, **kwargs)
+
+            def latency(self) -> float:
+                if self.sigma <= 0 or self.latency_s <= 0:
+                    return self.latency_s
+                mu = math.log(self.latency_s) - self.sigma ** 2 / 2  # mean latency_s
+                return self._rng.lognormvariate(mu, self.sigma)
 
             async def astep(self, action: str) -> Any:
-                if self.latency_s > 0:
-                    await asyncio.sleep(self.latency_s)
+                delay = self.latency()
+                if delay > 0:
+                    await asyncio.sleep(delay)
                 return await super().astep(action)
 
         SlowCalculatorEnv.__module__ = __name__
@@ -80,10 +106,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--dry-run", action="store_true", help="print the plan and exit")
     p.add_argument("--steps", type=int, default=8, help="steps per run (the first warms up)")
     p.add_argument("--rounds", type=int, default=2, help="runs of every mode, in turn")
-    p.add_argument("--workloads", nargs="+", default=["cpu", "io"], choices=["cpu", "io"])
-    p.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
+    p.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
+    p.add_argument("--modes", nargs="+", default=["sync", "pipeline-1t", "async-1t"],
+                   choices=list(MODES))
     p.add_argument("--tool-latency", type=float, default=2.5,
                    help="seconds every turn of the io workload waits")
+    p.add_argument("--lognormal-mean", type=float, default=1.0,
+                   help="mean seconds of a tool call in the lognormal workload")
+    p.add_argument("--lognormal-sigma", type=float, default=1.0,
+                   help="sigma of the lognormal workload's log-latency (its tail)")
+    p.add_argument("--max-staleness", type=int, default=2, help="trainer.max_staleness (async)")
     p.add_argument("--batch-size", type=int, default=8, help="tasks per step")
     p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--warm-start-steps", type=int, default=150)
@@ -101,7 +133,7 @@ def overrides(args: argparse.Namespace, out: Path, mode: str, workload: str,
     over: dict[str, Any] = {
         "model.path": str(model), "model.build_tiny_if_missing": False,
         "warm_start.enabled": False, "env.id": SLOW_ENV_ID,
-        "env.kwargs": f"{{latency_s: {args.tool_latency if workload == 'io' else 0.0}}}",
+        "env.kwargs": env_kwargs(args, workload),
         "data.batch_size": args.batch_size, "algorithm.group_size": args.group_size,
         "data.val_size": 8, "trainer.val_every": 0, "trainer.save_every": 0,
         "trainer.total_steps": args.steps, "trainer.output_dir": str(out),
@@ -109,7 +141,17 @@ def overrides(args: argparse.Namespace, out: Path, mode: str, workload: str,
         "trainer.resume": "never", "trainer.mode": MODES[mode][0],
         "actor.loss.tis_cap": 2.0,  # the same loss in every mode (pipeline's default)
     }
+    if MODES[mode][0] == "async":
+        over["trainer.max_staleness"] = args.max_staleness
     return [f"{k}={v}" for k, v in over.items()]
+
+
+def env_kwargs(args: argparse.Namespace, workload: str) -> str:
+    if workload == "io":
+        return f"{{latency_s: {args.tool_latency}}}"
+    if workload == "lognormal":
+        return f"{{latency_s: {args.lognormal_mean}, sigma: {args.lognormal_sigma}}}"
+    return "{latency_s: 0.0}"
 
 
 def run_one(args: argparse.Namespace, mode: str, workload: str, model: Path
@@ -118,9 +160,8 @@ def run_one(args: argparse.Namespace, mode: str, workload: str, model: Path
     the processes' thread limits."""
     from toolrl.controller import init_ray, shutdown_ray
     from toolrl.trainer.config import load_config
-    from toolrl.trainer.pipeline import PipelineTrainer
+    from toolrl.trainer.run import TRAINERS
     from toolrl.trainer.tracking import read_metrics
-    from toolrl.trainer.trainer import Trainer
 
     out = Path(tempfile.mkdtemp(prefix=f"toolrl-bench-pipeline-{mode}-{workload}-"))
     cfg = load_config(ROOT / "configs" / "quickstart.yaml",
@@ -134,7 +175,7 @@ def run_one(args: argparse.Namespace, mode: str, workload: str, model: Path
     init_ray(num_cpus=8, runtime_env={
         "worker_process_setup_hook": "bench_pipeline.register_slow_calculator",
         "env_vars": env})
-    trainer = PipelineTrainer(cfg) if MODES[mode][0] == "pipeline" else Trainer(cfg)
+    trainer = TRAINERS[MODES[mode][0]](cfg)
     try:
         trainer.setup()
         threads = {role: _omp_threads(h.group.pids) for role, h in trainer.handles.items()}
@@ -179,7 +220,9 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, float]:
         "train_s": median([sum(r.get(k, 0.0) for k in train_keys) for r in steady]),
         "wait_s": med("timing/rollout_next_wait_s"),
         "sync_s": med("timing/sync_s"),
-        "staleness": max((r.get("pipeline/staleness_max", 0.0) for r in steady), default=0.0),
+        "staleness": max((r.get("pipeline/staleness_max", r.get("async/staleness_max", 0.0))
+                          for r in steady), default=0.0),
+        "pause_s": med("async/push_pause_s"),
         "turns": med("rollout/turns_mean"),
         "tokens": med("rollout/sampled_tokens"),
     }
@@ -187,7 +230,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, float]:
 
 def report(raw: dict[str, Any], args: argparse.Namespace, argv: list[str], machine: str) -> str:
     lines = [
-        "# Pipeline mode: sync vs one-step off-policy training",
+        "# Pipeline and async modes: sync vs one-step off-policy vs streaming training",
         "",
         f"Machine: {machine}.",
         "",
@@ -199,7 +242,9 @@ def report(raw: dict[str, Any], args: argparse.Namespace, argv: list[str], machi
         "steps per minute over steps 2 .. N-1 of all runs, phase times are medians. `rollout` is "
         "the time the driver waited for its batch (in pipeline mode only the part that did not "
         "overlap: ~0 after step 1), `train` is reward + log-probs + advantage + update, `wait` "
-        "is how long the pipeline's update waited for the next batch before the sync.",
+        "is how long the pipeline's update waited for the next batch before the sync; in async "
+        f"mode (trainer.max_staleness={args.max_staleness}) `rollout` is the wait for a batch "
+        "to form and `pause` how long a weight push held the engine's generation.",
         "",
     ]
     for workload in args.workloads:
@@ -212,16 +257,19 @@ def report(raw: dict[str, Any], args: argparse.Namespace, argv: list[str], machi
             s = summaries[m]
             rows.append((m, s["steps_per_min"], f"{s['steps_per_min'] / base:.2f}x",
                          s["step_s"], s["rollout_s"], s["train_s"], s["wait_s"], s["sync_s"],
-                         s["staleness"], s["turns"], int(s["steps"])))
+                         s["pause_s"], s["staleness"], s["turns"], int(s["steps"])))
         threads = "; ".join(f"{r['mode']}: " + ", ".join(
             f"{role} {t}" for role, t in r["threads"].items())
             for r in {r["mode"]: r for r in raw["runs"] if r["workload"] == workload}.values())
-        title = ("tools answer at once (rollout and update both compute)" if workload == "cpu"
-                 else f"every turn waits {args.tool_latency:g} s on its tools")
+        title = {"cpu": "tools answer at once (rollout and update both compute)",
+                 "io": f"every turn waits {args.tool_latency:g} s on its tools",
+                 "lognormal": f"every tool call waits a log-normal time (mean "
+                              f"{args.lognormal_mean:g} s, sigma {args.lognormal_sigma:g})",
+                 }[workload]
         lines += [f"## Workload `{workload}`: {title}", "",
                   md_table(["mode", "steps/min", "vs sync", "step (s)", "rollout (s)",
-                            "train (s)", "wait (s)", "sync (s)", "staleness max", "turns",
-                            "steps"], rows),
+                            "train (s)", "wait (s)", "sync (s)", "pause (s)",
+                            "staleness max", "turns", "steps"], rows),
                   "", f"OMP_NUM_THREADS per worker process: {threads}.", ""]
     lines += [
         "## Reading",

@@ -163,3 +163,25 @@ def test_a_rollout_worker_killed_mid_stream_is_restarted_and_nothing_is_lost(
         run_training(stop)  # closes the trainer itself
     assert "the run stops (trainer.on_rollout_failure=stop) after step 1" in str(info.value)
     assert [r["step"] for r in read_metrics(tmp_path / "stop" / "metrics.jsonl")] == [0, 1]
+
+
+def test_async_mode_with_an_agent_on_the_gateway(ray_cluster, tiny_model_dir, tmp_path):
+    """``rollout.agent``: each streamed group is the agent's episodes through the gateway."""
+    out = tmp_path / "agent"
+    cfg = load_config(CONFIG, overrides(tiny_model_dir, out, **{
+        "trainer.total_steps": 3, "trainer.max_staleness": 1,
+        "rollout.agent": "tests.rollout.gateway_agents:submit_once",
+        "trainer.infra_failures.rule": "drop_sample", "rollout.max_tokens_per_turn": 90}))
+    trainer = AsyncTrainer(cfg)
+    try:
+        trainer.fit()
+    finally:
+        trainer.close()
+    rows = read_metrics(out / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]
+    for r in rows[1:]:
+        assert r["async/staleness_max"] <= 1 and r["async/trained"] == r["step"] * BATCH
+        assert r["rollout/gateway_calls_mean"] >= 1  # the agent's calls, through the gateway
+        samples = dumped(out, r["step"])
+        assert len({d["uid"] for d in samples}) == BATCH
+        assert all(d["infra_failure"] is None for d in samples)
