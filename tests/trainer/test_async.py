@@ -79,10 +79,10 @@ def dumped(out: Path, step: int) -> list[dict]:
 def test_async_trains_within_the_staleness_bound_and_counts_every_group(
         ray_cluster, tiny_model_dir, tmp_path):
     out, steps, k = tmp_path / "run", 5, 2
-    cfg = load_config(CONFIG, overrides(tiny_model_dir, out, **{
+    over = overrides(tiny_model_dir, out, **{
         "trainer.total_steps": steps, "trainer.max_staleness": k, "actor.lr": 1e-3,
-        "rollout.max_turns": 3}))
-    trainer = AsyncTrainer(cfg)
+        "rollout.max_turns": 3, "trainer.save_every": 3})
+    trainer = AsyncTrainer(load_config(CONFIG, over))
     try:
         trainer.fit()
         rows = read_metrics(out / "metrics.jsonl")
@@ -111,6 +111,20 @@ def test_async_trains_within_the_staleness_bound_and_counts_every_group(
         trainer.buffer.check()
     finally:
         trainer.close()
+
+    # resumed from the checkpoint at step 3: a fresh stream from the loader's position after
+    # the groups submitted before it; steps 4 and 5 train none of steps 1-3's groups again
+    before = {d["uid"] for s in (1, 2, 3) for d in dumped(out, s)}
+    resumed = AsyncTrainer(load_config(CONFIG, over))
+    try:
+        resumed.fit()
+    finally:
+        resumed.close()
+    rows = read_metrics(out / "metrics.jsonl")
+    assert [r["step"] for r in rows] == list(range(steps + 1))
+    assert rows[4]["async/trained"] == BATCH and rows[4]["async/staleness_max"] == 0
+    after = {d["uid"] for s in (4, 5) for d in dumped(out, s)}
+    assert len(after) == 2 * BATCH and not after & before
 
 
 def test_a_rollout_worker_killed_mid_stream_is_restarted_and_nothing_is_lost(

@@ -56,7 +56,6 @@ class AsyncTrainer(PipelineTrainer):
     def __init__(self, cfg: ExperimentConfig, console: Console | None = None) -> None:
         super().__init__(cfg, console)
         self.buffer: GroupBuffer | None = None
-        self._batches = 0  # step-sized submissions so far (names the groups, seeds them)
         self._load: list[int] = []  # groups outstanding per rollout worker
 
     # --- the stream ------------------------------------------------------------------------
@@ -65,13 +64,14 @@ class AsyncTrainer(PipelineTrainer):
         buf = self.ensure_buffer()
         n = self.cfg.algorithm.group_size
         while buf.may_submit(self.version):
+            at = self.loader.state_dict()  # names the groups uniquely, across resumes too
             rows = self.loader.next_batch()
-            seed = self._seed("train", self._batches)
-            uids = [f"{row.get('id', 'task')}@{self._batches}.{i}" for i, row in enumerate(rows)]
+            seed = self._seed(f"train@{at['epoch']}", at["index"])
+            uids = [f"{row.get('id', 'task')}@{at['epoch']}.{at['index'] + i}"
+                    for i, row in enumerate(rows)]
             jobs = [GroupJob(uid, dict(row), n, None if seed is None else
                              zlib.crc32(f"{seed}:{i}".encode()) % (2**31 - 1))
                     for i, (uid, row) in enumerate(zip(uids, rows, strict=True))]
-            self._batches += 1
             self.dispatch(buf.submit(uids, self.version, jobs))
 
     def dispatch(self, tickets: list[Ticket]) -> None:
