@@ -140,6 +140,7 @@ def overrides(args: argparse.Namespace, out: Path, mode: str, workload: str,
         "trainer.trackers": "[jsonl]", "trainer.log_rollouts": 0, "trainer.export_hf": False,
         "trainer.resume": "never", "trainer.mode": MODES[mode][0],
         "actor.loss.tis_cap": 2.0,  # the same loss in every mode (pipeline's default)
+        "trainer.health.on_unhealthy": "warn",  # a speed benchmark: a drifting policy goes on
     }
     if MODES[mode][0] == "async":
         over["trainer.max_staleness"] = args.max_staleness

@@ -68,7 +68,7 @@ BENCHES: tuple[Bench, ...] = (
           timeout_s=420),
 )
 PIPELINE = Bench("pipeline", "bench_pipeline.py", "Sync vs one-step-off pipeline",
-                 args=("--rounds", "1", "--steps", "5"), timeout_s=900)
+                 args=("--rounds", "1", "--steps", "5"), timeout_s=1800)
 
 
 @dataclass

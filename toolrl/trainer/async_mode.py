@@ -56,7 +56,7 @@ class AsyncTrainer(PipelineTrainer):
     def __init__(self, cfg: ExperimentConfig, console: Console | None = None) -> None:
         super().__init__(cfg, console)
         self.buffer: GroupBuffer | None = None
-        self._load: list[int] = []  # groups outstanding per rollout worker
+        self._where: dict[str, int] = {}  # uid -> the rollout worker generating it
 
     # --- the stream ------------------------------------------------------------------------
     def top_up(self) -> None:
@@ -77,14 +77,15 @@ class AsyncTrainer(PipelineTrainer):
     def dispatch(self, tickets: list[Ticket]) -> None:
         """Send each group to the rollout worker with the fewest outstanding groups."""
         rollout = self.handles["rollout"]
-        if len(self._load) != rollout.world_size:
-            self._load = [0] * rollout.world_size
-        per_worker: list[list[GroupJob]] = [[] for _ in self._load]
+        load = [0] * rollout.world_size
+        for w in self._where.values():
+            load[w] += 1
+        per_worker: list[list[GroupJob]] = [[] for _ in load]
         for t in tickets:
-            w = min(range(len(self._load)), key=self._load.__getitem__)
+            w = min(range(len(load)), key=load.__getitem__)
             per_worker[w].append(t.job)
-            t.job = (w, t.job)  # remember where it runs
-            self._load[w] += 1
+            self._where[t.uid] = w
+            load[w] += 1
         try:
             rollout.call(RolloutWorker.stream_submit, per_worker)
         except Exception as e:
@@ -99,28 +100,24 @@ class AsyncTrainer(PipelineTrainer):
         except Exception as e:
             raise RolloutFailedError(f"a rollout worker failed mid-stream ({describe(e)})"
                                      ) from e
-        got = 0
-        for w, groups in enumerate(per_worker):
-            for g in groups:
-                g: FinishedGroup
-                buf.arrive(g.uid, g, g.start_version)
-                self._load[w] -= 1
-                got += 1
-        return got
+        got: list[FinishedGroup] = [g for groups in per_worker for g in groups]
+        for g in got:
+            buf.arrive(g.uid, g, g.start_version)
+            self._where.pop(g.uid, None)
+        return len(got)
 
-    def take_batch(self) -> tuple[list[Ticket], float]:
-        """Poll until `GroupBuffer.select` forms this step's batch; returns it and the time
-        spent waiting."""
+    def take_batch(self) -> list[Ticket]:
+        """Poll until `GroupBuffer.select` forms this step's batch (at most
+        ``trainer.call_timeout_s``)."""
         buf = self.ensure_buffer()
-        start = time.perf_counter()
-        deadline = start + self.cfg.trainer.call_timeout_s
+        deadline = time.perf_counter() + self.cfg.trainer.call_timeout_s
         self.poll(0.0)
         while True:
             selection = buf.select(self.version)
             if selection.cancel:
                 self.cancel(selection.cancel)
             if selection.train is not None:
-                return selection.train, time.perf_counter() - start
+                return selection.train
             if time.perf_counter() > deadline:
                 raise RolloutFailedError(
                     f"no batch for step {self.step + 1} within trainer.call_timeout_s="
@@ -128,10 +125,10 @@ class AsyncTrainer(PipelineTrainer):
             self.poll()
 
     def cancel(self, uids: list[str]) -> None:
+        """Stop generating groups the buffer dropped (``stale_policy: drop``)."""
         self.handles["rollout"].call(RolloutWorker.stream_cancel, uids)
-        self._load = [0] * len(self._load)
-        for t in self.ensure_buffer().unfinished():  # recount what is still out there
-            self._load[t.job[0]] += 1
+        for uid in uids:
+            self._where.pop(uid, None)
 
     def ensure_buffer(self) -> GroupBuffer:
         if self.buffer is None:
@@ -169,8 +166,7 @@ class AsyncTrainer(PipelineTrainer):
         while True:
             try:
                 self.top_up()
-                tickets, _ = self.take_batch()
-                return tickets
+                return self.take_batch()
             except RolloutFailedError as e:
                 self.retry_or_stop(e)
                 self.restart_rollout()
@@ -178,9 +174,7 @@ class AsyncTrainer(PipelineTrainer):
                 self.actor.call(ActorWorker.set_policy_version, self.version - 1)
                 self.sync_weights()
                 unfinished = self.ensure_buffer().unfinished()
-                for t in unfinished:
-                    t.job = t.job[1]
-                self._load = []
+                self._where.clear()
                 if unfinished:
                     self.dispatch(unfinished)
 
