@@ -60,14 +60,25 @@ def push(engine: VLLMEngine, weights: dict[str, torch.Tensor], keep: bool) -> in
     return engine.finish_staged_push(staged)
 
 
-def test_a_push_lands_inside_a_request_in_flight(engine, prompt, tiny_model_dir):
+@pytest.fixture(scope="module")
+def models(tiny_model_dir):
+    """The engine's weights and a perturbed copy, as transformers models."""
     old = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
     new = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
     torch.manual_seed(0)
     with torch.no_grad():
         for p in new.parameters():
             p.add_(torch.randn_like(p) * 0.05)
-    weights = {k: v for k, v in new.state_dict().items() if k != "lm_head.weight"}
+    return old, new
+
+
+def weights_of(model) -> dict[str, torch.Tensor]:
+    return {k: v for k, v in model.state_dict().items() if k != "lm_head.weight"}
+
+
+def test_a_push_lands_inside_a_request_in_flight(engine, prompt, models):
+    old, new = models
+    weights = weights_of(new)
     sampling = SamplingConfig(temperature=1.0, max_tokens=MAX_LEN - len(prompt) - 1,
                               ignore_eos=True, seed=7)
     # without keep_inflight a push refuses to run over a request
@@ -99,8 +110,7 @@ def test_a_push_lands_inside_a_request_in_flight(engine, prompt, tiny_model_dir)
     assert old_ok[:switch].all()
     assert new_ok[switch:].all(), (got - by_new).abs()[switch:].max()
     assert (by_old - by_new).abs().max() > 1e-2  # the two weights are told apart
-    push(engine, {k: v for k, v in old.state_dict().items() if k != "lm_head.weight"},
-         keep=True)  # idle engine: a keep push works too; old weights back for other tests
+    push(engine, weights_of(old), keep=True)  # idle engine: a keep push works too
 
 
 def rows(n: int) -> list[dict]:
@@ -158,3 +168,44 @@ def test_a_group_that_raises_fails_the_poll(worker, monkeypatch):
     with pytest.raises(StreamError, match=r"bad.*episode loop exploded"):
         poll_until(worker, 1, timeout=30)
     worker.stream_stop()
+
+
+def test_a_partial_rollout_keeps_each_tokens_log_prob_and_the_loss_mask(worker, models):
+    """A push lands while a group's multi-turn episodes run: in each sample the sampled
+    tokens (response mask 1) before the push carry the old weights' log-probs and those after
+    it the new weights' (one switch per sample), and observation tokens stay masked out."""
+    engine, tasks = worker.engine, rows(8)
+    before, after = models
+    for attempt in range(6):  # the push must land while the group runs: retry if it did not
+        worker.stream_submit([GroupJob(f"p{attempt}", tasks[attempt], 4, seed=attempt)])
+        deadline = time.monotonic() + 60
+        while engine.in_flight == 0 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        time.sleep(0.05)
+        push(engine, weights_of(after), keep=True)
+        (group,) = poll_until(worker, 1)
+        if group.partial:
+            break
+        before, after = after, before  # the engine holds `after` now: push back next time
+    assert group.partial and group.end_version == group.start_version + 1
+    td = group.batch
+    assert set(td[B.POLICY_VERSION].tolist()) == {group.start_version}  # the oldest weights
+    switches = []
+    for i in range(B.batch_len(td)):
+        keep = td[B.ATTENTION_MASK][i].bool()
+        ids = td[B.INPUT_IDS][i][keep].tolist()
+        n_prompt = int(td[B.ATTENTION_MASK][i][: td[B.PROMPTS].shape[1]].sum())
+        n_resp = len(ids) - n_prompt
+        mask = td[B.RESPONSE_MASK][i][:n_resp].bool()
+        got = td[B.ROLLOUT_LOG_PROBS][i][:n_resp][mask]
+        assert (td[B.ROLLOUT_LOG_PROBS][i][:n_resp][~mask] == 0).all()  # observations: none
+        traj = B.trajectories(td)[i]
+        assert int(mask.sum()) == traj.sampled_tokens  # the mask is the sampled tokens
+        scored = [log_probs(m, ids[:n_prompt], ids[n_prompt:])[mask] for m in (before, after)]
+        old_ok = (got - scored[0]).abs() < 1e-4
+        new_ok = (got - scored[1]).abs() < 1e-4
+        switch = int((~old_ok).nonzero()[0]) if (~old_ok).any() else len(got)
+        assert old_ok[:switch].all() and new_ok[switch:].all(), (i, switch)
+        switches.append((switch, len(got)))
+    assert any(s > 0 for s, _ in switches) and any(s < n for s, n in switches), switches
+    push(engine, weights_of(models[0]), keep=True)
