@@ -94,3 +94,11 @@ async def chatty(client, row):
                                                  tool_choice="none")
         messages = [*messages, r.choices[0].message.model_dump(exclude_none=True),
                     {"role": "user", "content": "Tell me more."}]
+
+
+async def straggles(client, row):
+    """``submit_once``, but training tasks whose id ends in 0 or 5 first wait 60 s (a slow
+    tool): the async trainer's ``stale_policy: drop`` must give up on them, not wait."""
+    if "train" in str(row["id"]) and str(row["id"])[-1] in "05":
+        await asyncio.sleep(60)
+    return await submit_once(client, row)

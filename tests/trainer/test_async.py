@@ -199,3 +199,29 @@ def test_async_mode_with_an_agent_on_the_gateway(ray_cluster, tiny_model_dir, tm
         samples = dumped(out, r["step"])
         assert len({d["uid"] for d in samples}) == BATCH
         assert all(d["infra_failure"] is None for d in samples)
+
+
+def test_drop_policy_gives_up_on_stragglers(ray_cluster, tiny_model_dir, tmp_path):
+    """``stale_policy: drop``: a group still generating at its deadline is cancelled and
+    counted once finished groups can fill the batch; the steps never wait for it."""
+    out = tmp_path / "drop"
+    cfg = load_config(CONFIG, overrides(tiny_model_dir, out, **{
+        "trainer.total_steps": 4, "trainer.max_staleness": 1, "trainer.stale_policy": "drop",
+        "rollout.agent": "tests.rollout.gateway_agents:straggles",
+        "trainer.infra_failures.rule": "drop_sample", "rollout.max_tokens_per_turn": 90,
+        "data.shuffle": False}))
+    trainer = AsyncTrainer(cfg)
+    try:
+        trainer.fit()
+        rows = read_metrics(out / "metrics.jsonl")
+        assert [r["step"] for r in rows] == [0, 1, 2, 3, 4]
+        last = rows[-1]
+        assert last["async/dropped_stale"] >= 1
+        assert last["async/trained"] == 4 * BATCH
+        trainer.buffer.check()
+        trained = [d for s in (1, 2, 3, 4) for d in dumped(out, s)]
+        assert all(str(d["row"]["id"])[-1] not in "05" for d in trained)  # never waited for
+        assert all(r["timing/step_s"] < 60 for r in rows[1:])
+        assert all(r["async/staleness_max"] <= 1 for r in rows[1:])
+    finally:
+        trainer.close()
