@@ -66,3 +66,31 @@ def test_split_pools_receive_over_nccl_in_vllms_worker(ray_cluster, tiny_model_d
         assert _gap(fresh) < 1e-3
     finally:
         trainer.close()
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="split pools need two GPUs")
+def test_async_mode_pushes_over_nccl_while_the_engine_streams(ray_cluster, tiny_model_dir,
+                                                              tmp_path):
+    """``trainer.mode=async`` on GPUs: the NCCL push lands while the stream's requests are
+    frozen (``keep_inflight``), every step within the staleness bound, engine = actor after."""
+    from toolrl.trainer.async_mode import AsyncTrainer
+
+    register_test_rewards()
+    cfg = load_config(ROOT / "configs" / "quickstart_async.yaml", small_run_overrides(
+        tiny_model_dir, tmp_path, **GPU, **{"trainer.total_steps": 3, "actor.lr": 1e-3,
+                                            "trainer.max_staleness": 1}))
+    trainer = AsyncTrainer(cfg)
+    try:
+        trainer.fit()
+        assert trainer.sync_backend == "nccl" and trainer.weight_meta
+        rows = read_metrics(tmp_path / "metrics.jsonl")
+        assert [r["step"] for r in rows] == [0, 1, 2, 3]
+        assert all(r["async/staleness_max"] <= 1 and r["async/push_pause_s"] > 0
+                   for r in rows[1:])
+        version = trainer.sync_weights()
+        fresh = trainer.rollout(trainer.val_rows, 2, seed=None)
+        assert set(fresh[B.POLICY_VERSION].tolist()) == {version}
+        fresh.update(trainer.actor.call(ActorWorker.compute_log_prob, fresh))
+        assert _gap(fresh) < 1e-3
+    finally:
+        trainer.close()
