@@ -4,8 +4,9 @@ Made for very small models: a one-line system prompt, six tools with terse schem
 (add, sub, mul, div, pow, submit), and small numbers at difficulty 1. Difficulty d means d
 operations chained on a running value ("Start with 4. Add 3. Multiply by 2. What is the
 result?"); difficulty 1 questions are one operation, phrased plainly ("What is 4 plus 3?") or
-as a short word problem. The outcome is the submitted answer equal to the truth (relative
-tolerance 1e-6).
+as a short word problem. Operands are drawn so that no other tool gives a step's result
+(never ``2 + 2`` or ``5 * 1``): a right answer means the right tool. The outcome is the
+submitted answer equal to the truth (relative tolerance 1e-6).
 
 The scripted oracle (``oracle_action``, used by the warm start) follows the plan; with
 ``oracle="random_op"`` it keeps the operands but draws each operation at random (among those
@@ -83,6 +84,19 @@ def _operand(rng: random.Random, op: str, value: int | None) -> tuple[int, int] 
     raise ValueError(f"unknown op {op!r}")
 
 
+def _unambiguous(op: str, a: int, b: int) -> bool:
+    """Whether ``op`` is the only tool that turns (a, b) into its result: a task that another
+    tool also answers (``2 + 2``, ``5 * 1``, ``0 / 3``) cannot tell a right choice of tool
+    from a lucky one."""
+    result = _APPLY[op](a, b)
+    for other in OPS:
+        if other == op or (other == "div" and b == 0) or (other == "pow" and abs(b) > 64):
+            continue
+        if abs(_APPLY[other](a, b) - result) <= 1e-9 * max(1.0, abs(result)):
+            return False
+    return True
+
+
 def random_op_plan(rng: random.Random, plan: list[list[Any]]) -> list[list[Any]]:
     """``plan`` with each operation redrawn at random; operands kept, results chained."""
     out: list[list[Any]] = []
@@ -109,8 +123,11 @@ def make_task(rng: random.Random, difficulty: int, style: str = "mixed") -> dict
     value: int | None = None
     while len(plan) < difficulty:
         op = rng.choice(OPS)
-        ab = _operand(rng, op, value)
-        if ab is None:
+        for _ in range(20):  # operands that only this operation answers
+            ab = _operand(rng, op, value)
+            if ab is not None and _unambiguous(op, *ab):
+                break
+        else:
             continue
         a, b = ab
         value = int(_num(_APPLY[op](a, b)))

@@ -38,6 +38,25 @@ def test_generator_is_seeded_and_scaled_by_difficulty():
         CalculatorEnv.make_tasks(1, difficulty=5)
 
 
+@pytest.mark.parametrize("difficulty", [1, 2, 3, 4])
+def test_no_other_tool_gives_the_answer_of_a_step(difficulty):
+    """A step that two tools answer (``2 + 2 == 2 * 2``, ``5 * 1 == 5 / 1``) would reward a
+    wrong choice of tool: the generator never makes one, and keeps the operations balanced."""
+    import operator
+    apply = {"add": operator.add, "sub": operator.sub, "mul": operator.mul,
+             "div": operator.truediv, "pow": operator.pow}
+    rows = CalculatorEnv.make_tasks(400, seed=3, difficulty=difficulty, style="plain")
+    for row in rows:
+        for op, a, b in row["plan"]:
+            want = apply[op](a, b)
+            same = [o for o in apply if o != op and not (o == "div" and b == 0)
+                    and abs(apply[o](a, b) - want) <= 1e-9 * max(1.0, abs(want))]
+            assert same == [], (row["question"], op, a, b, same)
+    if difficulty == 1:
+        counts = {op: sum(r["plan"][0][0] == op for r in rows) for op in apply}
+        assert min(counts.values()) > 0.6 * max(counts.values()), counts
+
+
 def test_system_prompt_and_tools_are_small():
     env = CalculatorEnv()
     _, info = env.reset(seed=0)

@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 
 import psutil
 import pytest
@@ -32,6 +33,18 @@ def _tree(pid: int) -> dict[int, str]:
     for proc in psutil.Process(pid).children(recursive=True):
         with contextlib.suppress(psutil.Error):
             out[proc.pid] = " ".join(proc.cmdline()) or proc.name()
+    return out
+
+
+def _marked(entry: str) -> dict[int, str]:
+    """Every process whose environment holds ``entry`` and its command line: what a run
+    started, wherever Ray's process tree put it."""
+    out = {}
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error, OSError), \
+                open(f"/proc/{proc.pid}/environ", "rb") as f:
+            if entry.encode() in f.read().split(b"\0"):
+                out[proc.pid] = " ".join(proc.cmdline()) or proc.name()
     return out
 
 
@@ -91,15 +104,17 @@ def test_a_killed_owner_takes_its_engine_processes(tiny_model_dir, multiprocessi
 def test_a_killed_driver_leaves_no_engine_process(tiny_model_dir, tmp_path, end):
     """A short run with the experiments' default engine: once its first step is logged the
     driver alone is signalled; the rollout worker's process, its ``EngineCore`` and every
-    process below it are gone soon after. (Ray's own daemons of the driver's cluster are
-    Ray's to stop; they are cleaned up here, not counted.)"""
+    process below it are gone soon after. The run's processes are found by an environment
+    entry they all inherit, not by walking the driver's tree. (Ray's own daemons of the
+    driver's cluster are Ray's to stop; they are cleaned up here, not counted.)"""
     out = tmp_path / "run"
-    env = {**os.environ,
+    mark = f"engine-test-{uuid.uuid4().hex}"  # inherited by every process the run starts
+    env = {**os.environ, "TOOLRL_TEST_MARK": mark,
            "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
     env.pop("RAY_ADDRESS", None)  # the driver starts a cluster of its own
     driver = subprocess.Popen(
         [sys.executable, str(ROOT / "tests" / "trainer_runs.py"),
-         *small_run_overrides(tiny_model_dir, out, **{"trainer.total_steps": 50})],
+         *small_run_overrides(tiny_model_dir, out, **{"trainer.total_steps": 1000})],
         cwd=ROOT, env=env, start_new_session=True,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     tree: dict[int, str] = {}
@@ -107,14 +122,14 @@ def test_a_killed_driver_leaves_no_engine_process(tiny_model_dir, tmp_path, end)
         deadline = time.monotonic() + 400
         engines: list[int] = []
         while not (read_metrics(out / "metrics.jsonl") and engines):  # the engine serves
-            assert driver.poll() is None, f"the run exited ({driver.returncode}) early"
-            assert time.monotonic() < deadline, "no step was logged within 400 s"
+            assert driver.poll() is None, f"the run exited ({driver.returncode}) early: {tree}"
+            assert time.monotonic() < deadline, f"no step and engine within 400 s: {tree}"
             time.sleep(0.2)
-            tree = _tree(driver.pid)
+            tree = _marked("TOOLRL_TEST_MARK=" + mark)
             engines = [pid for pid, cmd in tree.items() if "EngineCore" in cmd]
         [engine] = engines
         host = psutil.Process(engine).ppid()  # the Ray worker that runs the rollout role
-        watched = {host: tree[host], engine: tree[engine],
+        watched = {host: tree.get(host, ""), engine: tree[engine],
                    **{p.pid: tree.get(p.pid, "") for p in
                       psutil.Process(engine).children(recursive=True)}}
         driver.send_signal(end)  # the driver alone: its tree must follow on its own
@@ -125,6 +140,9 @@ def test_a_killed_driver_leaves_no_engine_process(tiny_model_dir, tmp_path, end)
         assert left == [], {pid: watched[pid] for pid in left}
     finally:
         _end_session(driver, tree)
+        for pid in _marked("TOOLRL_TEST_MARK=" + mark):  # Ray's daemons, wherever they are
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def _end_session(proc: subprocess.Popen, tree: dict[int, str]) -> None:
