@@ -66,3 +66,18 @@ if __name__ == "__main__":  # a training run in a child process (tests that kill
     import sys
 
     run_training_in_process(sys.argv[1:])
+
+
+def wait_gone(pids: list[int], timeout: float) -> list[int]:
+    """The processes of ``pids`` still alive (zombies count as gone) after up to ``timeout`` s."""
+    import time
+
+    import psutil
+
+    deadline = time.monotonic() + timeout
+    alive = list(pids)
+    while alive and time.monotonic() < deadline:
+        alive = [p for p in alive if psutil.pid_exists(p)
+                 and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        time.sleep(0.2)
+    return alive

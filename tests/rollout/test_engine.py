@@ -7,7 +7,8 @@ import asyncio
 import psutil
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from engine_checks import chat_prompt_ids, hf_log_probs
+from transformers import AutoModelForCausalLM
 
 from toolrl.rollout.engine import (
     ContextLengthError,
@@ -39,17 +40,7 @@ def hf(tiny_model_dir):
 
 @pytest.fixture(scope="module")
 def prompt(tiny_model_dir):
-    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
-    return list(tok.apply_chat_template([{"role": "user", "content": "What is 12 plus 30?"}],
-                                        add_generation_prompt=True, tokenize=True,
-                                        return_dict=False))
-
-
-def hf_log_probs(model, prompt: list[int], sampled: list[int]) -> torch.Tensor:
-    ids = torch.tensor([prompt + sampled])
-    with torch.no_grad():
-        logits = model(ids).logits[0, len(prompt) - 1: -1].float()
-    return torch.log_softmax(logits, -1)[torch.arange(len(sampled)), torch.tensor(sampled)]
+    return chat_prompt_ids(tiny_model_dir)
 
 
 def test_config_errors_are_clear(tiny_model_dir):

@@ -10,7 +10,8 @@ import time
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from engine_checks import chat_prompt_ids, hf_log_probs
+from transformers import AutoModelForCausalLM
 
 from toolrl import batch as B
 from toolrl.rollout.engine import EngineConfig, EngineError, SamplingConfig, VLLMEngine
@@ -41,17 +42,7 @@ def engine(worker):
 
 @pytest.fixture(scope="module")
 def prompt(tiny_model_dir):
-    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
-    return list(tok.apply_chat_template([{"role": "user", "content": "What is 12 plus 30?"}],
-                                        add_generation_prompt=True, tokenize=True,
-                                        return_dict=False))
-
-
-def log_probs(model, prompt: list[int], sampled: list[int]) -> torch.Tensor:
-    ids = torch.tensor([prompt + sampled])
-    with torch.no_grad():
-        logits = model(ids).logits[0, len(prompt) - 1: -1].float()
-    return torch.log_softmax(logits, -1)[torch.arange(len(sampled)), torch.tensor(sampled)]
+    return chat_prompt_ids(tiny_model_dir)
 
 
 def push(engine: VLLMEngine, weights: dict[str, torch.Tensor], keep: bool) -> int:
@@ -100,8 +91,8 @@ def test_a_push_lands_inside_a_request_in_flight(engine, prompt, models):
     out = result["out"][0]
     assert len(out.token_ids) == sampling.max_tokens  # ... and ran to its end
     got = torch.tensor(out.log_probs)
-    by_old = log_probs(old, prompt, out.token_ids)
-    by_new = log_probs(new, prompt, out.token_ids)
+    by_old = hf_log_probs(old, prompt, out.token_ids)
+    by_new = hf_log_probs(new, prompt, out.token_ids)
     old_ok = (got - by_old).abs() < 1e-4
     new_ok = (got - by_new).abs() < 1e-4
     # one switch: a prefix sampled by the old weights, the rest by the new ones
@@ -201,7 +192,7 @@ def test_a_partial_rollout_keeps_each_tokens_log_prob_and_the_loss_mask(worker, 
         assert (td[B.ROLLOUT_LOG_PROBS][i][:n_resp][~mask] == 0).all()  # observations: none
         traj = B.trajectories(td)[i]
         assert int(mask.sum()) == traj.sampled_tokens  # the mask is the sampled tokens
-        scored = [log_probs(m, ids[:n_prompt], ids[n_prompt:])[mask] for m in (before, after)]
+        scored = [hf_log_probs(m, ids[:n_prompt], ids[n_prompt:])[mask] for m in (before, after)]
         old_ok = (got - scored[0]).abs() < 1e-4
         new_ok = (got - scored[1]).abs() < 1e-4
         switch = int((~old_ok).nonzero()[0]) if (~old_ok).any() else len(got)

@@ -7,12 +7,10 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 from pathlib import Path
 
-import psutil
 import pytest
-from trainer_runs import register_test_rewards, small_run_overrides
+from trainer_runs import register_test_rewards, small_run_overrides, wait_gone
 
 from toolrl.rollout.worker import RolloutWorker
 from toolrl.trainer.async_mode import AsyncTrainer
@@ -61,16 +59,6 @@ def test_async_keys_are_checked(tmp_path, extra, message):
 
 
 # --- end to end --------------------------------------------------------------------------------
-def _wait_gone(pids: list[int], timeout: float) -> list[int]:
-    deadline = time.monotonic() + timeout
-    alive = list(pids)
-    while alive and time.monotonic() < deadline:
-        alive = [p for p in alive if psutil.pid_exists(p)
-                 and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
-        time.sleep(0.2)
-    return alive
-
-
 def dumped(out: Path, step: int) -> list[dict]:
     path = out / "rollouts" / f"step_{step}.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
@@ -164,7 +152,7 @@ def test_a_rollout_worker_killed_mid_stream_is_restarted_and_nothing_is_lost(
         assert all(r["async/staleness_max"] <= 1 for r in rows[1:])
     finally:
         trainer.close()
-        leftovers = _wait_gone(engines, timeout=60)
+        leftovers = wait_gone(engines, timeout=60)
         for pid in leftovers:  # hygiene: never leave an engine behind, even if it is a bug
             os.kill(pid, signal.SIGKILL)
     assert engines, "the engine runs its core in a child process of the worker"

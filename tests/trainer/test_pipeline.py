@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
-from trainer_runs import register_test_rewards, small_run_overrides
+from trainer_runs import register_test_rewards, small_run_overrides, wait_gone
 
 from toolrl import batch as B
 from toolrl.rollout.worker import RolloutWorker, make_rollout_input
@@ -167,16 +167,6 @@ def test_pipeline_bounds_staleness_syncs_the_actors_weights_and_resumes(
     assert row["step"] == 3 and row["pipeline/staleness_max"] == 0.0
 
 
-def _wait_gone(pids: list[int], timeout: float) -> list[int]:
-    deadline = time.monotonic() + timeout
-    alive = list(pids)
-    while alive and time.monotonic() < deadline:
-        alive = [p for p in alive if psutil.pid_exists(p)
-                 and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
-        time.sleep(0.2)
-    return alive
-
-
 def _cpu_seconds(pids: list[int]) -> float:
     total = 0.0
     for pid in pids:
@@ -220,7 +210,7 @@ def test_rollout_worker_death_during_overlap_stops_cleanly(ray_cluster, tiny_mod
         with pytest.raises(RolloutFailedError) as info:
             run_training(cfg)  # dispatches on trainer.mode; closes the trainer itself
     finally:
-        leftovers = _wait_gone(list(victim.get("engine", [])), timeout=60)
+        leftovers = wait_gone(list(victim.get("engine", [])), timeout=60)
         for pid in leftovers:  # hygiene: never leave an engine behind, even if it is a bug
             os.kill(pid, signal.SIGKILL)
     assert victim["engine"], "the engine runs its core in a child process of the worker"
