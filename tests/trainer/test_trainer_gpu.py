@@ -47,6 +47,15 @@ def test_colocated_engine_sleeps_during_the_update(ray_cluster, tiny_model_dir, 
         trainer.close()
 
 
+def _assert_engine_follows_actor(trainer) -> None:
+    """After one more push, the engine samples with the new version and scores like the actor."""
+    version = trainer.sync_weights()
+    fresh = trainer.rollout(trainer.val_rows, 2, seed=None)
+    assert set(fresh[B.POLICY_VERSION].tolist()) == {version}
+    fresh.update(trainer.actor.call(ActorWorker.compute_log_prob, fresh))
+    assert _gap(fresh) < 1e-3
+
+
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="split pools need two GPUs")
 def test_split_pools_receive_over_nccl_in_vllms_worker(ray_cluster, tiny_model_dir, tmp_path):
     from toolrl.trainer.pipeline import PipelineTrainer
@@ -59,11 +68,7 @@ def test_split_pools_receive_over_nccl_in_vllms_worker(ray_cluster, tiny_model_d
     try:
         trainer.fit()
         assert trainer.sync_backend == "nccl" and trainer.weight_meta
-        version = trainer.sync_weights()
-        fresh = trainer.rollout(trainer.val_rows, 2, seed=None)
-        assert set(fresh[B.POLICY_VERSION].tolist()) == {version}
-        fresh.update(trainer.actor.call(ActorWorker.compute_log_prob, fresh))
-        assert _gap(fresh) < 1e-3
+        _assert_engine_follows_actor(trainer)
     finally:
         trainer.close()
 
@@ -87,10 +92,6 @@ def test_async_mode_pushes_over_nccl_while_the_engine_streams(ray_cluster, tiny_
         assert [r["step"] for r in rows] == [0, 1, 2, 3]
         assert all(r["async/staleness_max"] <= 1 and r["async/push_pause_s"] > 0
                    for r in rows[1:])
-        version = trainer.sync_weights()
-        fresh = trainer.rollout(trainer.val_rows, 2, seed=None)
-        assert set(fresh[B.POLICY_VERSION].tolist()) == {version}
-        fresh.update(trainer.actor.call(ActorWorker.compute_log_prob, fresh))
-        assert _gap(fresh) < 1e-3
+        _assert_engine_follows_actor(trainer)
     finally:
         trainer.close()
