@@ -251,8 +251,17 @@ def test_lora_report_states_memory_and_sync_ratios():
                          "lora": (600_000, 2.4 * mib, 4.8 * mib)},
               "update_s": {"full": 1.0, "lora": 0.8},
               "sync_s": {"full": 0.2, "merge": 0.25, "adapter": 0.05},
-              "probe_max_abs_diff": {"merge": 2e-6, "adapter": 3e-6}}
-    text = bench_lora.report(result, "a machine", ["--reps", "3"], 3)
-    assert "5.0% of the parameters" in text and "(20x less)" in text
-    assert "merged push 1.25x, adapter push 0.25x the full-weights push" in text
-    assert "| LoRA rank 16, sync=adapter |" in text
+              "probe_max_abs_diff": {"merge": 2e-6, "adapter": 3e-6}, "reps": 3, "rows": 16}
+    shape = {**result, "size": "qwen2.5-0.5b", "params": 494_000_000, "reps": 2, "rows": 8,
+             "memory": {"full": (494_000_000, 1885 * mib, 3770 * mib),
+                        "lora": (8_800_000, 33.6 * mib, 67.2 * mib)},
+             "sync_s": {"full": 4.0, "merge": 4.0, "adapter": 0.2},
+             "peaks_gib": {"full actor: update": 10.9}}
+    text = bench_lora.report([result, shape], "a machine", ["--reps", "3"])
+    heads = run_all.headlines(text)
+    assert len(heads) == 2
+    assert "5.0% of the parameters" in heads[0] and "(20x less)" in heads[0]
+    assert "merged push 1.25x, adapter push 0.25x the full-weights push" in heads[0]
+    assert "the qwen2.5-0.5b shape" in heads[1] and "(56x less)" in heads[1]
+    assert "merged push 1.00x, adapter push 0.05x" in heads[1]
+    assert "| LoRA rank 16, sync=adapter |" in text and "| full actor: update | 10.90 |" in text
