@@ -139,6 +139,9 @@ def main(argv: list[str] | None = None) -> int:
                    and s[0].tokens.prompt_ids == e.tokens.prompt_ids
                    for e, (_, s) in zip(env_trajs, gw, strict=True))
         failed = sum(t.infra_failure is not None for t, _ in gw)
+        for t, _ in gw:
+            if t.infra_failure is not None:
+                print(f"{transport}: {t.row.get('id')}: {t.error}", file=sys.stderr)
         wall = median(times[k + 1])
         ratio = tokens / wall / env_tps
         summary[transport] = {"ratio": ratio, "same": same, "failed": failed,

@@ -3,7 +3,8 @@
 ``rollout.agent: "pkg.mod:solve"`` names an async callable ``solve(client, row)`` (or a class
 whose instances have that method; it is built once per worker with no arguments). For every
 task row it gets an ``openai.AsyncOpenAI`` whose base URL is that episode's gateway route, and
-talks to the policy as to any OpenAI model: its own tools, its own loop. What it returns
+talks to the policy as to any OpenAI model: its own tools, its own loop (that client's requests
+go to the gateway's app in-process; the URL serves any other client). What it returns
 (None, or a mapping such as ``{"success": True}``) becomes the trajectory's ``info``; reward
 plugins then score the `Trajectory` the gateway captured (its turns, the calls parsed in the
 configured format, the tool messages the agent sent back).
@@ -89,7 +90,7 @@ class AgentRunner:
         self.gateway = Gateway(engine, renderer, model=model, format=format,
                                max_tokens=max_tokens, max_prompt_tokens=max_prompt_tokens,
                                max_response_tokens=max_response_tokens)
-        self.server = GatewayServer(self.gateway).start()
+        self.server = GatewayServer(self.gateway, keep_alive_s=self.timeout_s + 60).start()
         self._tls: Any = None
 
     def close(self) -> None:
