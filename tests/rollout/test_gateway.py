@@ -9,7 +9,10 @@ a call.
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
+import time
+import urllib.parse
 
 import httpx
 import openai
@@ -251,6 +254,21 @@ def test_malformed_json_and_unknown_paths(server):
     assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
     r = httpx.get(f"{server.url}/v1/nothing-here", timeout=30)
     assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+
+
+def test_an_idle_connection_stays_open_past_uvicorns_default_keep_alive(server):
+    """An agent whose tool runs ~5 s sends its next call on its kept-alive connection: a server
+    that closes idle connections after uvicorn's default 5 s failed such calls (a race)."""
+    u = urllib.parse.urlsplit(server.url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=30)
+    try:
+        for pause in (5.5, 0.0):
+            conn.request("GET", "/v1/models")
+            r = conn.getresponse()
+            assert r.status == 200 and r.read()
+            time.sleep(pause)
+    finally:
+        conn.close()
 
 
 def test_a_prompt_past_the_context_window_is_a_400(client):

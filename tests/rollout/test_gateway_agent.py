@@ -109,7 +109,10 @@ def test_a_rewritten_history_gives_two_rows_of_one_group_sharing_the_advantage(w
     assert B.batch_len(td) == 8  # 4 episodes x 2 samples
     assert [t.extra["gateway"]["sample"] for t in trajs] == [0, 1] * 4
     assert uids[0] == uids[1] == uids[2] == uids[3] != uids[4]
-    assert rollout_metrics(td)["rollout/gateway_splits"] == 4.0
+    metrics = rollout_metrics(td)
+    assert metrics["rollout/gateway_splits"] == 4.0
+    # metrics over episodes count each episode once, not once per sample (row)
+    assert metrics["rollout/sampled_tokens"] == float(td[B.RESPONSE_MASK].sum())
     leads = episode_leads(trajs)
     assert leads == [1, 1, 3, 3, 5, 5, 7, 7]
     rewards = place_rewards(td[B.RESPONSE_MASK], [0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.5, 0.5])

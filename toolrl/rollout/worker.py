@@ -566,8 +566,12 @@ class RolloutWorker(Worker):
 
 
 def rollout_metrics(td: TensorDict) -> dict[str, float]:
-    """Batch means of a rollout: env reward, success, turns, tokens, finish reasons, errors."""
-    trajs = B.trajectories(td)
+    """Batch means of a rollout: env reward, success, turns, tokens, finish reasons, errors;
+    over episodes (an agent episode split into several rows counts once)."""
+    from toolrl.rollout.gateway.agent import gateway_metrics, one_per_episode
+
+    rows = B.trajectories(td)
+    trajs = one_per_episode(rows)
     n = max(len(trajs), 1)
     out = {
         "rollout/reward_mean": sum(t.env_reward for t in trajs) / n,
@@ -580,9 +584,7 @@ def rollout_metrics(td: TensorDict) -> dict[str, float]:
     for t in trajs:
         key = f"rollout/finish_{t.finish_reason}"
         out[key] = out.get(key, 0.0) + 1.0 / n
-    from toolrl.rollout.gateway.agent import gateway_metrics
-
-    out.update(gateway_metrics(trajs))  # rollout.agent: model calls, split samples
+    out.update(gateway_metrics(rows))  # rollout.agent: model calls, split samples
     return out
 
 

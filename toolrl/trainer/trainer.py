@@ -37,7 +37,11 @@ from toolrl.controller import ResourcePoolManager, RoleSpec, init_ray
 from toolrl.controller.worker_group import WorkerDiedError, WorkerGroupError, spawn
 from toolrl.core.trajectory import Trajectory
 from toolrl.data import TaskLoader, load_rows
-from toolrl.rollout.gateway.agent import episode_leads
+from toolrl.rollout.gateway.agent import (
+    episode_leads,
+    is_episode_lead,
+    one_per_episode,
+)
 from toolrl.rollout.worker import RolloutConfig, RolloutWorker, make_rollout_input, rollout_metrics
 from toolrl.sync import canary
 from toolrl.trainer import checkpoint as ckpt
@@ -287,7 +291,7 @@ class Trainer:
         metrics.update(reward_metrics)
         metrics.update(adv_metrics)
         metrics.update(rollout_metrics(batch))
-        trajs = B.trajectories(batch)
+        trajs = one_per_episode(B.trajectories(batch))
         metrics["train/success"] = sum(t.success for t in trajs) / len(trajs)
         if self.mixed:
             metrics.update(success_by("train/success", trajs, self._envs(trajs)))
@@ -375,7 +379,9 @@ class Trainer:
             batch[B.RESPONSE_MASK], totals, [r.per_turn for r in results],
             [t.turn_ends() for t in trajs]))
         metrics = {k: float(v) for k, v in reward_metrics.items()}
-        metrics["train/reward_mean"] = float(sum(totals) / max(len(totals), 1))
+        per_episode = [x for x, t in zip(totals, trajs, strict=True)
+                       if is_episode_lead(t)]  # a split agent episode counts once
+        metrics["train/reward_mean"] = float(sum(per_episode) / max(len(per_episode), 1))
         return metrics
 
     def compute_advantages(self, batch: TensorDict) -> dict[str, float]:

@@ -3,7 +3,8 @@
 ``rollout.agent: "pkg.mod:solve"`` names an async callable ``solve(client, row)`` (or a class
 whose instances have that method; it is built once per worker with no arguments). For every
 task row it gets an ``openai.AsyncOpenAI`` whose base URL is that episode's gateway route, and
-talks to the policy as to any OpenAI model: its own tools, its own loop. What it returns
+talks to the policy as to any OpenAI model: its own tools, its own loop (that client's requests
+go to the gateway's app in-process; the URL serves any other client). What it returns
 (None, or a mapping such as ``{"success": True}``) becomes the trajectory's ``info``; reward
 plugins then score the `Trajectory` the gateway captured (its turns, the calls parsed in the
 configured format, the tool messages the agent sent back).
@@ -42,7 +43,8 @@ from toolrl.rollout.gateway.server import GatewayServer
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["AgentRunner", "episode_leads", "episode_rows", "gateway_metrics", "resolve_agent"]
+__all__ = ["AgentRunner", "episode_leads", "episode_rows", "gateway_metrics", "is_episode_lead",
+           "one_per_episode", "resolve_agent"]
 
 Agent = Callable[[Any, Mapping[str, Any]], Awaitable[Any]]
 
@@ -70,51 +72,74 @@ class AgentRunner:
         format: the tool-call format replies are parsed with.
         timeout_s: each episode's deadline; concurrency: episodes at once.
         max_tokens / max_prompt_tokens / max_response_tokens: see `Gateway`.
+        transport: how the agent's own client reaches the gateway, ``"inprocess"`` or
+            ``"http"`` (`client`); the gateway is served on loopback either way.
     """
 
     def __init__(self, engine: Any, renderer: Any, agent: Any, *, model: str = "policy",
                  format: str = "hermes", timeout_s: float = 120.0, concurrency: int = 64,
                  max_tokens: int | None = None, max_prompt_tokens: int | None = None,
-                 max_response_tokens: int | None = None) -> None:
+                 max_response_tokens: int | None = None,
+                 transport: str = "inprocess") -> None:
+        if transport not in ("inprocess", "http"):
+            raise ValueError(f"transport must be 'inprocess' or 'http', got {transport!r}")
         self.agent = resolve_agent(agent)
+        self.transport = transport
         self.renderer = renderer
         self.timeout_s, self.concurrency = float(timeout_s), int(concurrency)
         self.gateway = Gateway(engine, renderer, model=model, format=format,
                                max_tokens=max_tokens, max_prompt_tokens=max_prompt_tokens,
                                max_response_tokens=max_response_tokens)
-        self.server = GatewayServer(self.gateway).start()
+        self.server = GatewayServer(self.gateway, keep_alive_s=self.timeout_s + 60).start()
+        self._tls: Any = None
 
     def close(self) -> None:
         self.server.stop()
+
+    def client(self, episode_id: str) -> tuple[Any, Any]:
+        """The ``openai.AsyncOpenAI`` of one episode's route, and the HTTP client it owns.
+
+        Its ``base_url`` is the route on the served gateway, usable by any HTTP client. Its
+        own requests go by ``transport``: ``"inprocess"`` hands them to the gateway's app on
+        the agent's event loop (httpx's ASGI transport: the same requests, app and replies,
+        without a socket, HTTP parsing on both ends, or a hop to the server's thread);
+        ``"http"`` sends them over loopback, on a connection pool of the episode's own
+        (httpx scans every connection of a pool on each request and response, so one pool
+        shared by all episodes in flight costs O(episodes) per call).
+        """
+        import httpx
+        import openai
+
+        if self.transport == "inprocess":
+            wire: Any = httpx.ASGITransport(self.gateway.app, raise_app_exceptions=False)
+        else:
+            if self._tls is None:  # unused on loopback, but httpx builds one per client
+                self._tls = httpx.create_ssl_context()
+            wire = httpx.AsyncHTTPTransport(verify=self._tls)
+        http = httpx.AsyncClient(transport=wire, timeout=self.timeout_s, trust_env=False)
+        return openai.AsyncOpenAI(base_url=self.server.episode_url(episode_id),
+                                  api_key="toolrl", max_retries=0, timeout=self.timeout_s,
+                                  http_client=http), http
 
     async def run_all(self, rows: Sequence[Mapping[str, Any]], seeds: Sequence[int | None],
                       temperature: float, top_p: float = 1.0, top_k: int = -1
                       ) -> list[tuple[Trajectory, list[Sample]]]:
         """One episode per row, at most ``concurrency`` at once; results in row order."""
-        import httpx
-
         sem = asyncio.Semaphore(self.concurrency)
-        limits = httpx.Limits(max_connections=self.concurrency,
-                              max_keepalive_connections=self.concurrency)
-        async with httpx.AsyncClient(limits=limits, timeout=self.timeout_s) as http:
-            async def one(row: Mapping[str, Any], seed: int | None):
-                async with sem:
-                    return await self.run(row, seed, temperature, top_p, top_k, http)
 
-            return list(await asyncio.gather(*(one(r, s) for r, s in zip(rows, seeds,
-                                                                           strict=True))))
+        async def one(row: Mapping[str, Any], seed: int | None):
+            async with sem:
+                return await self.run(row, seed, temperature, top_p, top_k)
+
+        return list(await asyncio.gather(*(one(r, s) for r, s in zip(rows, seeds, strict=True))))
 
     async def run(self, row: Mapping[str, Any], seed: int | None, temperature: float,
-                  top_p: float = 1.0, top_k: int = -1, http: Any = None
-                  ) -> tuple[Trajectory, list[Sample]]:
+                  top_p: float = 1.0, top_k: int = -1) -> tuple[Trajectory, list[Sample]]:
         """One episode: the agent against its own route, then the captured trajectory."""
-        import openai
-
         t0 = time.perf_counter()
         eid = self.gateway.open_episode(seed=seed, temperature=temperature, top_p=top_p,
                                         top_k=top_k)
-        client = openai.AsyncOpenAI(base_url=self.server.episode_url(eid), api_key="toolrl",
-                                    max_retries=0, timeout=self.timeout_s, http_client=http)
+        client, http = self.client(eid)
         info: Any = None
         error = infra = None
         try:
@@ -124,6 +149,8 @@ class AgentRunner:
             infra = "agent_timeout"
         except Exception as e:
             error, infra = f"agent: {type(e).__name__}: {e}", "agent_crash"
+        finally:
+            await http.aclose()
         capture = self.gateway.close_episode(eid)
         finish = "error" if infra else "terminated"
         if capture.overflow and capture.calls and infra == "agent_crash":
@@ -181,6 +208,19 @@ def episode_leads(trajs: Sequence[Trajectory]) -> list[int] | None:
             leads[k] = i + n - 1
         i += n
     return leads
+
+
+def is_episode_lead(traj: Trajectory) -> bool:
+    """Whether a batch row stands for its whole episode in metrics over episodes: every env
+    episode's row, and the lead (last sample) of an agent episode split into several rows,
+    which carries the whole episode (turns, outcome, token counts of all its samples)."""
+    g = traj.extra.get("gateway")
+    return g is None or g.get("sample", 0) == g.get("samples", 1) - 1
+
+
+def one_per_episode(trajs: Sequence[Trajectory]) -> list[Trajectory]:
+    """The batch's trajectories with each episode once (`is_episode_lead`)."""
+    return [t for t in trajs if is_episode_lead(t)]
 
 
 def gateway_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:

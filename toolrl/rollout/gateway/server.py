@@ -14,9 +14,13 @@ class GatewayServer:
     """Serve ``gateway.app`` on ``host:port`` (0: a free port) until `stop`.
 
     ``url`` is the server's root; `episode_url` the OpenAI base URL of one episode's route.
+    ``keep_alive_s``: how long an idle client connection stays open. Make it longer than an
+    episode: a server that closes an idle connection just as the client sends its next request
+    on it fails that request (uvicorn's default, 5 s, did for agents whose tools took ~5 s).
     """
 
-    def __init__(self, gateway: Any, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, gateway: Any, host: str = "127.0.0.1", port: int = 0,
+                 keep_alive_s: float = 3600.0) -> None:
         import uvicorn
 
         self.gateway = gateway
@@ -26,7 +30,8 @@ class GatewayServer:
         self.sock.listen(512)
         self.url = f"http://{host}:{self.sock.getsockname()[1]}"
         self.server = uvicorn.Server(uvicorn.Config(gateway.app, log_level="warning",
-                                                    lifespan="off", access_log=False))
+                                                    lifespan="off", access_log=False,
+                                                    timeout_keep_alive=keep_alive_s))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
                                        name="toolrl-gateway", daemon=True)
 
