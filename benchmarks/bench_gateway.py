@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--episodes", type=int, default=64)
     p.add_argument("--turns", type=int, default=4)
     p.add_argument("--tokens", type=int, default=32, help="most sampled tokens per turn")
-    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--reps", type=int, default=5)
     p.add_argument("--output", type=Path, default=RESULTS)
     args = p.parse_args(argv)
     if args.quick:
@@ -150,7 +150,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{transport}: {t.row.get('id')}: {t.error}", file=sys.stderr)
         wall = median(times[k + 1])
         ratio = tokens / wall / env_tps
+        per_rep = sorted(e / g for e, g in zip(times[0], times[k + 1], strict=True))
         summary[transport] = {"ratio": ratio, "same": same, "failed": failed,
+                              "spread": f"{per_rep[0]:.2f}-{per_rep[-1]:.2f}",
                               "calls": sum(t.extra["gateway"]["calls"] for t, _ in gw),
                               "per_round_ms": (wall - env_s) / args.turns * 1e3}
         rows_out.append((label, tokens, f"{wall:.2f}", f"{tokens / wall:.0f}", f"{ratio:.2f}",
@@ -172,8 +174,9 @@ def main(argv: list[str] | None = None) -> int:
                   "same tokens as the env path"], rows_out),
         "",
         f"**Gateway rollout / env rollout, sampled tok/s on the same episodes: "
-        f"{ip['ratio']:.2f}x** (the agent's client in-process, `AgentRunner`'s default; "
-        f"{hp['ratio']:.2f}x over HTTP on loopback; {ip['calls']} model calls per path; "
+        f"{ip['ratio']:.2f}x** (the agent's client in-process, `AgentRunner`'s default; each "
+        f"repetition against the env run before it: {ip['spread']}; {hp['ratio']:.2f}x over "
+        f"HTTP on loopback ({hp['spread']}); {ip['calls']} model calls per path; "
         f"infra-failed agent episodes: {ip['failed'] + hp['failed']}).",
         "",
         f"Each turn of all {args.episodes} episodes costs {ip['per_round_ms']:.0f} ms more "
@@ -181,8 +184,10 @@ def main(argv: list[str] | None = None) -> int:
         "((gateway wall - env wall) / turns): the agent's openai client (building and "
         "serializing the request, parsing the reply), the gateway's request validation, "
         "the delta rendered from the messages, decoding and parsing the reply, and over HTTP "
-        "the sockets, both ends' HTTP parsing and the hop to the server's thread, all on the "
-        "same 2 cores as the engine.",
+        "the sockets, both ends' HTTP parsing and the hop to the server's thread. As in a "
+        "rollout worker, the episodes run on the engine's event loop, the startup heap is "
+        "frozen out of the garbage collector, and the engine core's model leaves one CPU to "
+        "the episodes (`rollout.engine.cpu_threads`).",
         "",
     ])
     benchlib.write_result(args.output, text)

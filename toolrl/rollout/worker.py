@@ -8,12 +8,14 @@
 The input is a TensorDict of task rows (``ROWS``, a NonTensorStack of dicts) with a ``UID``
 per row; rows that share a uid form one GRPO group (`make_rollout_input` repeats each task
 ``n`` times with `toolrl.batch.repeat_interleave`). Each row becomes one episode; up to
-``concurrency`` episodes run at once on the worker's event loop, so while one waits on a tool
-the others generate. The output is `toolrl.batch.build_rollout_batch`'s layout (left-padded
-prompts, right-padded responses, masks, ``rollout_log_probs``) plus ``POLICY_VERSION``, the
-input ``ROWS`` and ``UID``, and one `Trajectory` per row under ``TRAJECTORIES`` (its tokens
-moved into the tensors, its ``uid`` and ``policy_version`` set). Prompts and responses are
-padded to the configured maxima, so the shards of several workers concatenate.
+``concurrency`` episodes run at once on the event loop of the worker's engine (beside vLLM's
+output handler, as in vLLM's own server: no hop between threads per model call), so while one
+waits on a tool the others generate. The output is `toolrl.batch.build_rollout_batch`'s layout
+(left-padded prompts, right-padded responses, masks, ``rollout_log_probs``) plus
+``POLICY_VERSION``, the input ``ROWS`` and ``UID``, and one `Trajectory` per row under
+``TRAJECTORIES`` (its tokens moved into the tensors, its ``uid`` and ``policy_version`` set).
+Prompts and responses are padded to the configured maxima, so the shards of several workers
+concatenate.
 
 Which env a row runs in: the row's ``env`` field (and ``env_kwargs``), else
 ``RolloutConfig.env_id`` (with ``RolloutConfig.env_kwargs``). The episode
