@@ -44,6 +44,10 @@ class ScriptedEngine:
         n = min(len(self.ids), sampling.max_tokens if sampling else len(self.ids))
         return [Completion(self.ids[:n], [-0.25] * n, "stop" if n == len(self.ids) else "length")]
 
+    def run_on_loop(self, coro):
+        """No loop of its own: a rollout runs on a fresh one."""
+        return asyncio.run(coro)
+
 
 class ScriptedRolloutWorker(RolloutWorker):
     """`RolloutWorker` with `ScriptedEngine` in place of vLLM; everything else is the real one."""

@@ -167,12 +167,14 @@ def test_a_partial_rollout_keeps_each_tokens_log_prob_and_the_loss_mask(worker, 
     it the new weights' (one switch per sample), and observation tokens stay masked out."""
     engine, tasks = worker.engine, rows(8)
     before, after = models
-    for attempt in range(6):  # the push must land while the group runs: retry if it did not
+    # the push must land while the group runs: retry, sooner each time, if it did not (a
+    # group of the random tiny model can end within ~50 ms)
+    for attempt, delay in enumerate([0.05, 0.02, 0.01, 0.005, 0.002, 0.0, 0.0, 0.0]):
         worker.stream_submit([GroupJob(f"p{attempt}", tasks[attempt], 4, seed=attempt)])
         deadline = time.monotonic() + 60
         while engine.in_flight == 0 and time.monotonic() < deadline:
-            time.sleep(0.005)
-        time.sleep(0.05)
+            time.sleep(0.001)
+        time.sleep(delay)
         push(engine, weights_of(after), keep=True)
         (group,) = poll_until(worker, 1)
         if group.partial:
