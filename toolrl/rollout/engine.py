@@ -129,8 +129,8 @@ class EngineConfig:
             leaving one to the process that runs the episodes and the engine's output handler,
             as vLLM's own CPU executor does for its worker processes; with it, vLLM's
             automatic binding. Threads that share their cores with that process wait for it
-            at every barrier of the forward pass: on 2 cores, 2 threads made the episodes of
-            the gateway benchmark 1.4x slower than 1 thread.
+            at every barrier of the forward pass: on 2 cores, 2 threads made the gateway
+            benchmark's env-loop episodes 1.15x and its agent episodes 1.4x slower than 1.
         startup_timeout_s / shutdown_timeout_s: bounds on start and stop.
         engine_kwargs: any other ``vllm.AsyncEngineArgs`` field, passed through.
     """

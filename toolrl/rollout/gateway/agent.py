@@ -195,18 +195,15 @@ def episode_rows(rows: Sequence[Mapping[str, Any]], uids: Sequence[str],
 
 def episode_leads(trajs: Sequence[Trajectory]) -> list[int] | None:
     """For a batch whose agent episodes span several samples (rows): the row of each row's
-    episode lead (its last sample), whose advantage the episode's other samples share; None
-    when every episode is one row."""
+    episode lead (`is_episode_lead`: the episode's last sample, which follows its others),
+    whose advantage the episode's other samples share; None when every episode is one row."""
     if not any(t.extra.get("gateway", {}).get("samples", 1) > 1 for t in trajs):
         return None
-    leads, i = list(range(len(trajs))), 0
-    while i < len(trajs):
-        g = trajs[i].extra.get("gateway", {})
-        n = max(1, int(g.get("samples", 1))) if g.get("sample", 0) == 0 else 1
-        n = min(n, len(trajs) - i)
-        for k in range(i, i + n):
-            leads[k] = i + n - 1
-        i += n
+    leads, lead = [0] * len(trajs), len(trajs) - 1
+    for i in reversed(range(len(trajs))):
+        if is_episode_lead(trajs[i]):
+            lead = i
+        leads[i] = lead
     return leads
 
 
@@ -226,8 +223,7 @@ def one_per_episode(trajs: Sequence[Trajectory]) -> list[Trajectory]:
 def gateway_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
     """``rollout/gateway_splits``: calls that started a new sample (a rewritten history), per
     batch; ``rollout/gateway_calls_mean``: model calls per episode. Empty without agents."""
-    lead = [t.extra["gateway"] for t in trajs if "gateway" in t.extra
-            and t.extra["gateway"].get("sample", 0) == t.extra["gateway"]["samples"] - 1]
+    lead = [t.extra["gateway"] for t in one_per_episode(trajs) if "gateway" in t.extra]
     if not lead:
         return {}
     return {"rollout/gateway_splits": float(sum(g["splits"] for g in lead)),
