@@ -139,3 +139,23 @@ def test_two_fsdp_ranks_sharing_prompts_give_single_process_gradients(tiny_model
         torch.testing.assert_close(g1[name], g0[name], atol=0, rtol=0)
     for key in ("loss", "pg_loss", "entropy"):
         assert m0[key] == pytest.approx(m1[key], rel=1e-5, abs=1e-7), key
+
+
+@pytest.mark.parametrize("layout", ["padded", "packed", "shared_prefix"])
+def test_every_scoring_tensor_lives_on_the_micro_batchs_device(model, grouped, layout):
+    """On a GPU the micro-batch lives on CUDA while a tensor made without ``device=`` lands on
+    the CPU; a CPU tensor indexed by CUDA indices raises (issue 35: the padded layout, the
+    default, crashed at the first log-prob pass). The CPU stand-in: make "meta" the default
+    device, so a tensor created without the micro-batch's device is a meta tensor and any mix
+    with the real (CPU) batch fails or gives wrong values."""
+    with torch.no_grad():
+        expected, _ = score_responses(model, grouped, layout=layout)
+    model.zero_grad(set_to_none=True)
+    with torch.device("meta"):
+        lp, ent = score_responses(model, grouped, layout=layout, chunk_size=7,
+                                  with_entropy=True, entropy_grad=True)
+        (lp.sum() + ent.sum()).backward()
+    assert lp.device.type == "cpu"
+    torch.testing.assert_close(lp.detach(), expected, atol=2e-6, rtol=1e-5)
+    assert all(p.grad is None or p.grad.device.type == "cpu" for p in model.parameters())
+    model.zero_grad(set_to_none=True)

@@ -75,7 +75,7 @@ def prompt_groups(td: TensorDict) -> Tensor:
     _, inverse = torch.unique(prompts, dim=0, return_inverse=True)
     first: dict[int, int] = {}
     return torch.tensor([first.setdefault(int(g), len(first)) for g in inverse.tolist()],
-                        dtype=torch.long)
+                        dtype=torch.long, device=prompts.device)
 
 
 def resolve_layout(layout: str, td: TensorDict, cache_ok: bool) -> str:
@@ -173,11 +173,14 @@ class _ScoringJob:
         else:
             prefix = self._prefix(trunk) if self.layout == "shared_prefix" else None
             lengths = self.resp_real if prefix else self.prompt_real + self.resp_real
-            flat_index = torch.full(self.valid.shape, -1, dtype=torch.long)
-            flat_index[self.valid] = torch.arange(int(self.valid.sum()))
+            # every index lives on the micro-batch's device: a CPU tensor indexed by CUDA
+            # indices (``self.valid``) is an error, and CPU indices into CUDA tensors copy
+            device = self.valid.device
+            flat_index = torch.full(self.valid.shape, -1, dtype=torch.long, device=device)
+            flat_index[self.valid] = torch.arange(int(self.valid.sum()), device=device)
             parts, order = [], []
             for rows in length_buckets(lengths.tolist()):
-                index = torch.tensor(rows)
+                index = torch.tensor(rows, device=device)
                 parts.append(self._suffix(trunk, prefix, index) if prefix
                              else self._padded(trunk, index))
                 order.append(flat_index[index][self.valid[index]])
@@ -224,7 +227,7 @@ class _ScoringJob:
         first_row: dict[int, int] = {}
         for row, g in enumerate(groups.tolist()):
             first_row.setdefault(g, row)
-        first = torch.tensor(list(first_row.values()))
+        first = torch.tensor(list(first_row.values()), device=groups.device)
         cut = self.prompt_len - int(self.prompt_real.max())
         attn = td.get(ATTENTION_MASK)[:, cut:self.prompt_len].long()
         out = trunk(input_ids=td.get(INPUT_IDS)[first, cut:self.prompt_len],
