@@ -28,7 +28,9 @@ from toolrl.controller.network import free_port
 
 
 def _entry(rank: int, fn: Callable[..., Any], world_size: int, port: int, out_dir: str,
-           init: bool, args: tuple[Any, ...]) -> None:
+           init: bool, device: str, args: tuple[Any, ...]) -> None:
+    # the device is the test's choice, not the machine's: CPU tests stay on gloo on a GPU box
+    os.environ["TOOLRL_DEVICE"] = device
     # one thread: 2 ranks on 2 shared cores, and a forked child must not grow the OpenMP pool
     # its parent already used (libgomp deadlocks after fork)
     torch.set_num_threads(1)
@@ -48,13 +50,19 @@ def _entry(rank: int, fn: Callable[..., Any], world_size: int, port: int, out_di
 
 
 def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, init: bool = True,
-              timeout_s: float = 180.0, start_method: str = "fork") -> list[Any]:
-    """Run ``fn(rank, *args)`` on ``world_size`` forked processes sharing a process group
-    (gloo on CPU, NCCL on GPU; none when ``init=False``: ``fn`` sets up its own); return each
-    rank's result (rank order). A rank that raises fails the call with its traceback. Use
-    ``start_method="spawn"`` with CUDA (a forked child cannot use it)."""
+              timeout_s: float = 180.0, start_method: str | None = None,
+              device: str = "cpu") -> list[Any]:
+    """Run ``fn(rank, *args)`` on ``world_size`` processes sharing a process group (gloo on
+    ``device="cpu"``, the default even where a GPU is visible; ``cpu:gloo,cuda:nccl`` on
+    ``"cuda"``; none when ``init=False``: ``fn`` sets up its own); return each rank's result
+    (rank order). A rank that raises fails the call with its traceback. Ranks are forked on the
+    CPU and spawned on CUDA (a forked child cannot use it)."""
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device must be cpu or cuda, got {device!r}")
+    start_method = start_method or ("spawn" if device == "cuda" else "fork")
     out_dir = tempfile.mkdtemp(prefix="fsdp-test-")
-    ctx = mp.start_processes(_entry, args=(fn, world_size, free_port(), out_dir, init, args),
+    ctx = mp.start_processes(_entry, args=(fn, world_size, free_port(), out_dir, init, device,
+                                           args),
                              nprocs=world_size, join=False, start_method=start_method)
     deadline = time.monotonic() + timeout_s
     try:

@@ -30,8 +30,8 @@ def test_nccl_actor_with_bf16_mixed_precision(tiny_model_dir, tmp_path):
     td = with_policy_inputs(tiny_model_dir, make_batch(8, seed=3))
     backend, device, log_probs, metrics = run_ranks(
         _actor_on_gpu, 1, str(tiny_model_dir), td, str(tmp_path / "hf"),
-        start_method="spawn", timeout_s=600)[0]
-    assert backend == "nccl" and device == "cuda"
+        device="cuda", timeout_s=600)[0]
+    assert "nccl" in backend and device == "cuda"
     torch.testing.assert_close(log_probs, hf_log_probs(tiny_model_dir, td), atol=0.1, rtol=0.05)
     assert math.isfinite(metrics["actor/grad_norm"]) and metrics["actor/grad_norm"] > 0
     assert (tmp_path / "hf" / "model.safetensors").is_file()

@@ -322,8 +322,9 @@ class Worker:
                            timeout_s: float = 600.0) -> str:
         """Join the group-wide torch.distributed process group (``env://``).
 
-        ``backend`` defaults to ``nccl`` when this worker has a GPU and ``gloo`` otherwise;
-        ``"cpu:gloo,cuda:nccl"`` gives both. Returns the backend used.
+        ``backend`` defaults to ``"cpu:gloo,cuda:nccl"`` when this worker has a GPU (NCCL for
+        CUDA tensors, gloo for CPU ones: an NCCL-only group refuses CPU tensors) and ``gloo``
+        otherwise. Returns the backend used.
         """
         import torch.distributed as dist
 
@@ -334,7 +335,7 @@ class Worker:
                                "worker group (or set RANK/WORLD_SIZE/MASTER_* yourself)")
         uses_cuda = self.device.type == "cuda"
         if backend is None:
-            backend = "nccl" if uses_cuda else "gloo"
+            backend = "cpu:gloo,cuda:nccl" if uses_cuda else "gloo"
         kwargs: dict[str, Any] = {}
         if uses_cuda and "nccl" in backend:
             torch.cuda.set_device(self.device)

@@ -47,9 +47,20 @@ def torch_dtype(name: str | torch.dtype | None) -> torch.dtype | None:
         raise ValueError(f"unknown dtype {name!r}; choose one of {sorted(_DTYPES)}") from None
 
 
+DEVICE_ENV = "TOOLRL_DEVICE"  # "cpu" keeps a process on the CPU although a GPU is visible
+MIXED_BACKEND = "cpu:gloo,cuda:nccl"  # CUDA tensors over NCCL, CPU tensors (metrics) over gloo
+
+
 def default_device() -> torch.device:
-    """``cuda:<LOCAL_RANK>`` when a GPU is visible, else ``cpu``."""
-    if torch.cuda.is_available():
+    """``cuda:<LOCAL_RANK>`` when a GPU is visible, else ``cpu``; ``TOOLRL_DEVICE=cpu`` keeps
+    the process on the CPU anyway (CPU tests on a GPU box: two ranks on one GPU are refused
+    by NCCL, and a forked child cannot use CUDA)."""
+    forced = os.environ.get(DEVICE_ENV, "").strip().lower()
+    if forced not in ("", "cpu", "cuda"):
+        raise ValueError(f"{DEVICE_ENV}={forced!r}: choose cpu or cuda")
+    if forced == "cpu":
+        return torch.device("cpu")
+    if forced == "cuda" or torch.cuda.is_available():
         local = int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count()
         return torch.device("cuda", local)
     return torch.device("cpu")
@@ -60,12 +71,12 @@ def init_distributed(backend: str | None = None, timeout_s: float = 600.0) -> No
 
     Inside a worker group (``MASTER_PORT`` set) this joins it with ``env://``; otherwise it
     creates a world of one, so the same classes run in a plain process. The backend defaults
-    to NCCL on GPU and gloo on CPU.
+    to `default_backend` of `default_device`.
     """
     if dist.is_initialized():
         return
     device = default_device()
-    backend = backend or ("nccl" if device.type == "cuda" else "gloo")
+    backend = backend or default_backend(device)
     kwargs: dict[str, Any] = {"backend": backend, "timeout": timedelta(seconds=timeout_s)}
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -75,6 +86,12 @@ def init_distributed(backend: str | None = None, timeout_s: float = 600.0) -> No
                                 world_size=int(os.environ.get("WORLD_SIZE", 1)), **kwargs)
     else:
         dist.init_process_group(store=dist.HashStore(), rank=0, world_size=1, **kwargs)
+
+
+def default_backend(device: torch.device) -> str:
+    """gloo on CPU; on GPU NCCL for CUDA tensors and gloo for CPU ones (metrics all-reduced
+    from the host, checkpoint barriers), as verl does: an NCCL-only group refuses CPU tensors."""
+    return MIXED_BACKEND if device.type == "cuda" else "gloo"
 
 
 def device_mesh(device: torch.device | None = None) -> DeviceMesh:
@@ -235,6 +252,7 @@ __all__ = [
     "build_model",
     "build_sharded_model",
     "decoder_layers",
+    "default_backend",
     "default_device",
     "device_mesh",
     "full_gradients",
