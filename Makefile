@@ -29,9 +29,11 @@ $(TINY)/toolrl_tiny.json: $(STAMP) toolrl/models/tiny.py
 	$(VENV)/bin/toolrl make-tiny-model --out $(TINY)
 
 # the trainer builds models/tiny itself when it is missing (model.build_tiny_if_missing): one
-# process start (torch, transformers) less than a separate make-tiny-model
+# process start (torch, transformers) less than a separate make-tiny-model. ARGS: config
+# overrides, e.g. make demo ARGS="seed=1 trainer.total_steps=5"
+ARGS ?=
 demo: $(STAMP)
-	$(VENV)/bin/toolrl train --config configs/quickstart.yaml
+	$(VENV)/bin/toolrl train --config configs/quickstart.yaml $(ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

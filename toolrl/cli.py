@@ -140,9 +140,11 @@ def _check_env(args: argparse.Namespace) -> int:
     if args.model:
         from transformers import AutoTokenizer
 
+        from toolrl.models.source import require_model
         from toolrl.rollout.chat import ChatRenderer
 
-        renderer = ChatRenderer(AutoTokenizer.from_pretrained(args.model))
+        renderer = ChatRenderer(AutoTokenizer.from_pretrained(
+            require_model(args.model, key="--model")))
 
         def count(messages: list, tools: list) -> int:
             return len(renderer.render_prompt(messages, tools))

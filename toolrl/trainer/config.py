@@ -33,7 +33,9 @@ class ModelConfig:
     """The policy to train: a local checkpoint directory or a hub id."""
 
     path: str = "models/tiny"
-    build_tiny_if_missing: bool = True  # build a model with random weights at `path` if absent
+    # build a model with random weights at `path` if absent; `path` is then always a local
+    # folder, never a hub id (toolrl.models.source's rule)
+    build_tiny_if_missing: bool = False
     tiny_size: str = "small"  # what to build there: a tiny size or a real shape (qwen2.5-0.5b)
 
 
@@ -344,11 +346,13 @@ def validate(cfg: ExperimentConfig) -> None:
             raise ConfigError(f"{key}.lr_schedule=cosine needs more optimizer steps "
                               f"({optimizer_steps(cfg, model)} in this run) than "
                               f"{key}.warmup_steps ({model.warmup_steps})")
-    model = cfg.model.path
-    if not cfg.model.build_tiny_if_missing and not Path(model).expanduser().exists() and \
-            not _looks_like_hub_id(model):
-        raise ConfigError(f"model.path={model!r} does not exist (and "
-                          f"model.build_tiny_if_missing is false)")
+    from toolrl.models.source import ModelNotFoundError, locate_model, require_model
+
+    if locate_model(cfg.model.path, cfg.model.build_tiny_if_missing).kind == "local":
+        try:  # (a hub id is checked by pre-flight: that may ask the hub)
+            require_model(cfg.model.path, cfg.model.build_tiny_if_missing)
+        except ModelNotFoundError as exc:
+            raise ConfigError(str(exc)) from None
 
 
 def _check_async(cfg: ExperimentConfig) -> None:
@@ -408,12 +412,6 @@ def optimizer_steps(cfg: ExperimentConfig, model: Any) -> int:
     samples = cfg.data.batch_size * cfg.algorithm.group_size
     mini = model.ppo_mini_batch_size or samples
     return cfg.trainer.total_steps * model.ppo_epochs * -(-samples // mini)
-
-
-def _looks_like_hub_id(path: str) -> bool:
-    """``org/name`` whose first part is no local directory (the trainer's rule too)."""
-    return "/" in path and not path.startswith((".", "/", "~")) and path.count("/") == 1 and \
-        not os.path.exists(path.split("/")[0])
 
 
 def _yaml_problem(exc: yaml.YAMLError) -> str:

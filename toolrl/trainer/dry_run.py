@@ -219,12 +219,17 @@ def _renderer(cfg: ExperimentConfig, rollout: RolloutConfig, report: DryRunRepor
 
 
 def _tokenizer(cfg: ExperimentConfig, rollout: RolloutConfig) -> Any:
-    path = rollout.engine.tokenizer or cfg.model.path
-    if not Path(path).expanduser().exists() and cfg.model.build_tiny_if_missing and \
-            rollout.engine.tokenizer is None:
+    from toolrl.models.source import locate_model, require_model
+
+    if rollout.engine.tokenizer is not None:
+        path = require_model(rollout.engine.tokenizer, key="rollout.engine.tokenizer")
+    elif locate_model(cfg.model.path, cfg.model.build_tiny_if_missing).kind == "build" and \
+            not Path(cfg.model.path).expanduser().exists():
         from toolrl.models.tiny import build_tokenizer
 
         return build_tokenizer(seed=cfg.seed)  # the tokenizer of the model the run would build
+    else:
+        path = require_model(cfg.model.path, cfg.model.build_tiny_if_missing)
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(path)

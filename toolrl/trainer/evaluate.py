@@ -36,8 +36,14 @@ def run_evaluation(cfg: ExperimentConfig, model: str, output_dir: str | os.PathL
     with ``save_transcripts`` every episode also goes to ``transcripts.jsonl`` (a `Trajectory`
     per line with the ``reward`` it got, as rollout dumps hold them: ``toolrl score`` reads
     it)."""
+    from toolrl.models.source import ModelNotFoundError, require_model
+    from toolrl.trainer.config import ConfigError
     from toolrl.trainer.trainer import Trainer
 
+    try:
+        require_model(model, key="--model")
+    except ModelNotFoundError as exc:
+        raise ConfigError(str(exc)) from None
     cfg.model.path = model
     cfg.model.build_tiny_if_missing = False
     console = console or Console()

@@ -459,18 +459,24 @@ def model_shape(cfg: ExperimentConfig) -> ModelShape | None:
     will build (``model.tiny_size``), or a hub config when one can be read; None if unknown."""
     from transformers import AutoConfig
 
+    from toolrl.models.source import ModelNotFoundError, locate_model, require_model
+
     path = Path(cfg.model.path).expanduser()
     if (path / "config.json").is_file():
         return ModelShape.from_hf_config(AutoConfig.from_pretrained(path))
-    if not path.exists() and cfg.model.build_tiny_if_missing:
+    source = locate_model(cfg.model.path, cfg.model.build_tiny_if_missing)
+    if source.kind == "build" and not path.exists():
         from toolrl.models.tiny import REAL_SHAPES, shape_config, tiny_config
 
         size = cfg.model.tiny_size
         config = shape_config(size) if size in REAL_SHAPES else tiny_config(size)
         return ModelShape.from_hf_config(config)
-    try:
-        return ModelShape.from_hf_config(AutoConfig.from_pretrained(cfg.model.path))
-    except Exception:
+    if source.kind != "hub":
+        return None
+    try:  # a cached hub id (or a reachable hub): never minutes of retries offline
+        return ModelShape.from_hf_config(AutoConfig.from_pretrained(
+            require_model(cfg.model.path)))
+    except (ModelNotFoundError, OSError, ValueError):
         return None
 
 

@@ -266,6 +266,21 @@ def check_config(cfg: ExperimentConfig) -> None:
         env_creator(env_id, "env_rewards key")
         check_reward_section(section, f"env_rewards[{env_id!r}]")
     check_loop(cfg)
+    check_model(cfg)
+
+
+def check_model(cfg: ExperimentConfig) -> str:
+    """``model.path`` (and ``rollout.engine.tokenizer``) can be loaded: a local folder, one the
+    run builds, a cached hub id or a reachable hub. Returns where the model loads from; one
+    `ConfigError` line naming the key otherwise, in seconds, never after hub retries."""
+    from toolrl.models.source import ModelNotFoundError, require_model
+
+    try:
+        if cfg.rollout.engine.tokenizer is not None:
+            require_model(cfg.rollout.engine.tokenizer, key="rollout.engine.tokenizer")
+        return require_model(cfg.model.path, cfg.model.build_tiny_if_missing)
+    except ModelNotFoundError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def check_loop(cfg: ExperimentConfig) -> None:

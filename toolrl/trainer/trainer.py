@@ -12,7 +12,6 @@ on one machine the weights go from the actor to the engine in-process.
 from __future__ import annotations
 
 import json
-import os
 import time
 import zlib
 from collections.abc import Mapping, Sequence
@@ -37,6 +36,7 @@ from toolrl.controller import ResourcePoolManager, RoleSpec, init_ray
 from toolrl.controller.worker_group import WorkerDiedError, WorkerGroupError, spawn
 from toolrl.core.trajectory import Trajectory
 from toolrl.data import TaskLoader, load_rows
+from toolrl.models.source import ModelNotFoundError, locate_model, require_model
 from toolrl.rollout.gateway.agent import (
     episode_leads,
     is_episode_lead,
@@ -46,6 +46,7 @@ from toolrl.rollout.worker import RolloutConfig, RolloutWorker, make_rollout_inp
 from toolrl.sync import canary
 from toolrl.trainer import checkpoint as ckpt
 from toolrl.trainer.config import (
+    ConfigError,
     ExperimentConfig,
     optimizer_steps,
     save_config,
@@ -118,19 +119,22 @@ class Trainer:
         return self.warm_start(base) if self.cfg.warm_start.enabled else base
 
     def base_model(self) -> str:
-        """The configured checkpoint (a tiny one built there when missing and allowed)."""
+        """The configured checkpoint: a local folder (a tiny one built there when missing and
+        allowed), a hub id, or a cached hub id's snapshot folder (`require_model`)."""
         cfg = self.cfg
-        path = Path(cfg.model.path)
-        if not path.exists() and cfg.model.build_tiny_if_missing and \
-                not _looks_like_hub_id(cfg.model.path):
+        source = locate_model(cfg.model.path, cfg.model.build_tiny_if_missing)
+        if source.kind == "build" and not Path(source.path).expanduser().exists():
             from toolrl.models.tiny import build_tiny_model
 
             self.console.log(f"building a {cfg.model.tiny_size} model (random weights) at "
-                             f"{path}")
-            build_tiny_model(path, seed=cfg.seed, size=cfg.model.tiny_size)
-        elif not path.exists() and not _looks_like_hub_id(cfg.model.path):
-            raise FileNotFoundError(f"model.path {cfg.model.path!r} does not exist")
-        return str(path)
+                             f"{source.path}")
+            build_tiny_model(Path(source.path).expanduser(), seed=cfg.seed,
+                             size=cfg.model.tiny_size)
+            return source.path
+        try:
+            return require_model(cfg.model.path, cfg.model.build_tiny_if_missing)
+        except ModelNotFoundError as exc:
+            raise ConfigError(str(exc)) from None
 
     def warm_start(self, base: str) -> str:
         """SFT on the env's oracle transcripts (cached in the run dir)."""
@@ -710,11 +714,6 @@ def _env_class(env_id: str) -> Any:
         return type(env.unwrapped)
     finally:
         env.close()
-
-
-def _looks_like_hub_id(path: str) -> bool:
-    return "/" in path and not path.startswith((".", "/")) and path.count("/") == 1 and \
-        not os.path.exists(path.split("/")[0])
 
 
 def _plain(cfg: ExperimentConfig) -> dict[str, Any]:
