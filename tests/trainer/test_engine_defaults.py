@@ -16,14 +16,21 @@ GPU = ["resources.device=cuda", "rollout.engine.backend=gpu",
        "rollout.engine.kv_cache_gib=null"]  # the quickstart sets a CPU KV cache size
 
 
-def _rollout_config(overrides: list[str], config: Path = QUICKSTART):
-    trainer = Trainer(load_config(config, overrides))
-    trainer.model_path = "models/tiny"
-    return trainer, trainer.rollout_config()
+@pytest.fixture
+def rollout_config(tiny_model_dir):
+    """``(trainer, its rollout config)`` for overrides of a config, on a real model folder
+    (vLLM's engine args resolve the model: a path a fresh clone lacks reads as a hub id)."""
+
+    def make(overrides: list[str], config: Path = QUICKSTART):
+        trainer = Trainer(load_config(config, [f"model.path={tiny_model_dir}", *overrides]))
+        trainer.model_path = str(tiny_model_dir)
+        return trainer, trainer.rollout_config()
+
+    return make
 
 
-def test_cpu_defaults_are_unchanged():
-    trainer, rc = _rollout_config([])
+def test_cpu_defaults_are_unchanged(rollout_config):
+    trainer, rc = rollout_config([])
     e = rc.engine
     assert (e.backend, e.dtype, e.kv_cache_gib, e.gpu_memory_utilization, e.enforce_eager) == \
         ("cpu", "float32", 1.0, 0.1, True)
@@ -32,8 +39,8 @@ def test_cpu_defaults_are_unchanged():
     assert e.weight_bucket_mb == trainer.cfg.actor.weight_bucket_mb
 
 
-def test_gpu_defaults_fit_a_gpu():
-    trainer, rc = _rollout_config(GPU)
+def test_gpu_defaults_fit_a_gpu(rollout_config):
+    trainer, rc = rollout_config(GPU)
     e = rc.engine
     assert (e.backend, e.dtype, e.kv_cache_gib, e.gpu_memory_utilization, e.enforce_eager) == \
         ("gpu", "bfloat16", None, 0.5, False)  # KV cache sized by gpu_memory_utilization
@@ -45,14 +52,14 @@ def test_gpu_defaults_fit_a_gpu():
     assert not args.enforce_eager and args.gpu_memory_utilization == 0.5
     assert args.kv_cache_memory_bytes is None
 
-    _, own = _rollout_config([*GPU, "rollout.engine.sleep_level=0", "rollout.seed_episodes=true",
+    _, own = rollout_config([*GPU, "rollout.engine.sleep_level=0", "rollout.seed_episodes=true",
                               "rollout.engine.enforce_eager=true", "actor.weight_bucket_mb=64"])
     assert not own.engine.enable_sleep_mode and own.seeded and own.engine.enforce_eager
     assert own.engine.weight_bucket_mb == 64
 
 
-def test_pipeline_engines_receive_over_nccl_and_never_sleep():
-    trainer, rc = _rollout_config(GPU, ROOT / "configs" / "quickstart_pipeline.yaml")
+def test_pipeline_engines_receive_over_nccl_and_never_sleep(rollout_config):
+    trainer, rc = rollout_config(GPU, ROOT / "configs" / "quickstart_pipeline.yaml")
     assert rc.engine.weight_transfer == "nccl" and not rc.engine.enable_sleep_mode
     assert trainer.sleep_level == 0
     with pytest.raises(ConfigError, match=r"sleep_level > 0 needs trainer\.mode=sync"):
@@ -71,13 +78,13 @@ def test_engine_config_errors():
         load_config(QUICKSTART, ["model.tiny_size=huge"])
 
 
-def test_the_engine_reports_the_log_probs_the_actor_recomputes():
+def test_the_engine_reports_the_log_probs_the_actor_recomputes(rollout_config):
     """The actor scores logits / rollout.temperature: raw log-probs match that at 1 only."""
-    assert _rollout_config([])[1].engine.logprobs_mode == "raw_logprobs"
-    tempered = _rollout_config(["rollout.temperature=0.7"])[1].engine
+    assert rollout_config([])[1].engine.logprobs_mode == "raw_logprobs"
+    tempered = rollout_config(["rollout.temperature=0.7"])[1].engine
     assert tempered.logprobs_mode == "processed_logprobs"
     assert tempered.engine_args().logprobs_mode == "processed_logprobs"
-    own = _rollout_config(["rollout.temperature=0.7", "rollout.engine.logprobs_mode=raw_logprobs"])
+    own = rollout_config(["rollout.temperature=0.7", "rollout.engine.logprobs_mode=raw_logprobs"])
     assert own[1].engine.logprobs_mode == "raw_logprobs"
     assert EngineConfig(model="m").resolved().logprobs_mode == "raw_logprobs"  # standalone
     with pytest.raises(ConfigError, match="logprobs_mode must be one of"):
