@@ -6,6 +6,8 @@ import os
 import sys
 
 import pytest
+
+pytest.importorskip("ray", reason="the GPU pools run on Ray")
 import ray
 import torch
 import torch.distributed as dist

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+
+pytest.importorskip("vllm", reason="the GPU engine is vLLM's CUDA build")
 from transformers import AutoModelForCausalLM
 
 from toolrl.models.tiny import build_tiny_model

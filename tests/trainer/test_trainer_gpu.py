@@ -8,6 +8,9 @@ from pathlib import Path
 
 import pytest
 import torch
+
+pytest.importorskip("ray", reason="the trainer runs on Ray")
+pytest.importorskip("vllm", reason="the trainer's engine is vLLM")
 from trainer_runs import register_test_rewards, small_run_overrides
 
 from toolrl import batch as B

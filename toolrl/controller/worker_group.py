@@ -43,6 +43,7 @@ from toolrl.controller.dispatch import (
     gather,
     scatter,
 )
+from toolrl.controller.errors import WorkerDiedError, WorkerGroupError, WorkerTimeoutError
 from toolrl.controller.network import free_port
 from toolrl.controller.resources import (
     DEFAULT_READY_TIMEOUT_S,
@@ -60,18 +61,6 @@ from toolrl.controller.worker import (
 )
 
 DEFAULT_CALL_TIMEOUT_S = 3600.0  # generous (a long rollout or update), never infinite
-
-
-class WorkerGroupError(RuntimeError):
-    """A worker group could not start or lost a worker."""
-
-
-class WorkerDiedError(WorkerGroupError):
-    """A worker process died (crash, OOM kill, node loss); the message names role and rank."""
-
-
-class WorkerTimeoutError(WorkerGroupError, TimeoutError):
-    """A call did not finish within its timeout; the message names the ranks still running."""
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ import torch
 from tensordict import TensorDict
 
 from toolrl import batch as B
-from toolrl.controller.worker_group import WorkerGroupError
+from toolrl.controller.errors import WorkerGroupError
 
 INFRA_RULES = ("refill", "drop_sample", "drop_group")
 
