@@ -111,3 +111,50 @@ def test_openai_messages_become_template_messages():
     assert sys == {"role": "system", "content": "ab"}
     assert user == {"role": "user", "content": "q", "name": "ann"}
     assert asst["content"] == "" and asst["tool_calls"][0]["function"]["arguments"] == {"x": 1}
+
+
+def test_tool_results_without_a_name_are_named_by_the_call_they_answer():
+    """The OpenAI SDKs send ``{"role": "tool", "tool_call_id": ...}`` without ``name``: the
+    result is named by the function of the call with that id, not by the id."""
+    cap = EpisodeCapture("e")
+    r1 = call(cap, USER, [7, EOS], calls=["add", "mul"])
+    results = [{"role": "tool", "tool_call_id": "call_1", "content": "6"},
+               {"role": "tool", "tool_call_id": "call_0", "content": "5"},
+               {"role": "tool", "tool_call_id": "call_9", "content": "?"}]
+    call(cap, [*USER, r1, *results], [9, EOS])
+    traj, _ = cap.trajectory({"id": 1}, format="hermes")
+    assert [(r.name, r.content) for r in traj.turns[0].results] == \
+        [("mul", "6"), ("add", "5"), ("call_9", "?")]  # an id no call made stays an id
+
+
+def test_a_reply_that_fails_to_parse_counts_as_a_tool_error_as_on_the_env_path():
+    """One definition of a tool error: the env path's typed ``parse_error`` records."""
+    import asyncio
+
+    from tensordict import TensorDict
+
+    import toolrl
+    from toolrl import batch as B
+    from toolrl.core.parse import get_format
+    from toolrl.rollout.worker import rollout_metrics
+
+    bad = '<tool_call>{"name": "submit}}</tool_call>'
+    parse = get_format("hermes").parse(bad)
+    assert parse.errors  # invalid_json
+    cap = EpisodeCapture("e")
+    call(cap, USER, [7, EOS])
+    cap.calls[0].parse, cap.calls[0].text = parse, bad
+    gateway, _ = cap.trajectory({"id": 1}, format="hermes")
+
+    env = toolrl.make_env("toolrl/Calculator-v0")
+    try:
+        env_path = asyncio.run(toolrl.run_episode(env, lambda e, m: bad, seed=0))
+    finally:
+        env.close()
+    assert [e["type"] for e in gateway.errors] == ["parse_error"] * len(parse.errors)
+    assert [e["type"] for e in env_path.turns[0].errors] == [e["type"] for e in gateway.errors]
+    for traj in (gateway, env_path):  # the env path's policy repeats the turn to max_turns
+        td = TensorDict({}, batch_size=[1])
+        B.set_non_tensor(td, B.TRAJECTORIES, [traj])
+        assert rollout_metrics(td)["rollout/tool_errors_mean"] == \
+            len(parse.errors) * traj.num_turns

@@ -37,7 +37,13 @@ import numpy as np
 from gymnasium import spaces
 
 from toolrl.core.parse import ToolCallFormat, get_format
-from toolrl.core.tools import Tool, ToolResult, error_observation, make_error
+from toolrl.core.tools import (
+    Tool,
+    ToolResult,
+    error_observation,
+    make_error,
+    parse_error_records,
+)
 from toolrl.core.trajectory import Trajectory, TurnRecord
 from toolrl.core.types import ParseResult, ToolCall
 
@@ -324,13 +330,11 @@ class ToolEnv(gym.Env[list, str]):
             errors.append(error)
             observation.append({"role": "tool", "name": "too_many_calls",
                                 "content": error_observation(error)})
-        for perr in parse.errors[:self.max_parse_errors_shown]:
-            error = make_error("parse_error", None, perr.message)
-            errors.append(error)
+        parse_errors = parse_error_records(parse)
+        errors.extend(parse_errors)
+        for error in parse_errors[:self.max_parse_errors_shown]:
             observation.append({"role": "tool", "name": "parse_error",
                                 "content": error_observation(error)})
-        for perr in parse.errors[self.max_parse_errors_shown:]:
-            errors.append(make_error("parse_error", None, perr.message))
         turn = self.on_turn(parse, results)
         observation.extend(turn.messages)
         info: dict[str, Any] = {"calls": list(parse.calls), "parse": parsed, "results": results,

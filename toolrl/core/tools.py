@@ -24,10 +24,13 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jsonschema
 from jsonschema.exceptions import ValidationError, best_match
+
+if TYPE_CHECKING:
+    from toolrl.core.types import ParseResult
 
 __all__ = [
     "Tool",
@@ -36,6 +39,7 @@ __all__ = [
     "error_observation",
     "make_error",
     "normalize_parameters",
+    "parse_error_records",
     "tool",
 ]
 
@@ -69,6 +73,13 @@ def make_error(type: str, tool: str | None, message: str, infra: bool = False
     if infra:
         out["infra"] = True
     return out
+
+
+def parse_error_records(parse: ParseResult) -> list[dict[str, Any]]:
+    """A turn's parse errors as typed error records (``parse_error``, one per error). With the
+    records of tool results and ``too_many_calls`` they are the turn's tool errors, counted
+    the same way on every path: env steps and an agent's calls through the gateway."""
+    return [make_error("parse_error", None, e.message) for e in parse.errors]
 
 
 def error_observation(error: dict[str, Any]) -> str:

@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from toolrl.core.tools import parse_error_records
 from toolrl.core.trajectory import TokenStream, ToolOutput, Trajectory, TurnRecord
 from toolrl.core.types import ParseResult
 
@@ -211,15 +212,16 @@ class EpisodeCapture:
         turns = []
         for i, call in enumerate(self.calls):
             turn = TurnRecord(action=call.text, parse=call.parse,
-                              finish_reason=call.finish_reason, generate_s=call.generate_s)
+                              finish_reason=call.finish_reason, generate_s=call.generate_s,
+                              errors=parse_error_records(call.parse))
             sample = samples[turn_sample[i]]
             j = sample.calls.index(i)
             turn.action_span = sample.spans[j]
             if j + 1 < len(sample.calls):
                 turn.observation_span = sample.deltas[j]
-            if i + 1 < len(self.calls):
-                turn.results = _tool_results(self.calls[i + 1].messages[len(call.messages) + 1:]
-                                             if self.calls[i + 1].extends else [])
+            if i + 1 < len(self.calls) and self.calls[i + 1].extends:
+                after = self.calls[i + 1].messages[len(call.messages):]
+                turn.results = _tool_results(after[0], after[1:])
             turns.append(turn)
         last = self.calls[-1] if self.calls else None
         messages = [*last.messages, last.reply] if last else []
@@ -238,7 +240,14 @@ class EpisodeCapture:
         return traj, samples
 
 
-def _tool_results(messages: Sequence[Mapping[str, Any]]) -> list[ToolOutput]:
-    return [ToolOutput(name=str(m.get("name") or m.get("tool_call_id") or ""),
+def _tool_results(reply: Mapping[str, Any], messages: Sequence[Mapping[str, Any]]
+                  ) -> list[ToolOutput]:
+    """The tool messages an agent sent after ``reply`` (the assistant message of the call),
+    each named by its function: the message's own ``name``, else the call of ``reply`` its
+    ``tool_call_id`` answers (the OpenAI SDKs send no name), else the id itself."""
+    by_id = {c.get("id"): (c.get("function") or {}).get("name")
+             for c in reply.get("tool_calls") or ()}
+    return [ToolOutput(name=str(m.get("name") or by_id.get(m.get("tool_call_id"))
+                                or m.get("tool_call_id") or ""),
                        content=m.get("content") or "")
             for m in messages if m.get("role") == "tool"]
