@@ -195,6 +195,21 @@ def test_format_penalties_per_turn():
         make_reward("format", reduce="max")
 
 
+def test_format_pays_for_a_call_where_one_is_expected_not_for_prose():
+    tools = [tool("add", {"a": {"type": "integer"}})]
+    prose = [([], [], False)]  # an answer without a call: a well-formed turn, but no call
+    assert score("format", traj_of(prose, tools=tools)).score == 0.0
+    res = score("format", traj_of(prose, row={"ground_truth": [{"add": {"a": [1]}}]},
+                                  tools=tools), no_call_score=0.25)
+    assert res.score == 0.25 and res.per_turn == [0.25] and "no tool call" in res.reason
+    # BFCL irrelevance (no offered function fits: an empty ground truth): prose is right
+    assert score("format", traj_of(prose, row={"ground_truth": []}, tools=tools)).score == 1.0
+    assert score("format", traj_of(prose)).score == 1.0  # no tools offered: no call expected
+    # a call, then a closing answer in prose: the call is there, both turns are well formed
+    assert score("format", traj_of([([("add", {"a": 1})], [], False), *prose],
+                                   tools=tools)).score == 1.0
+
+
 @given(st.lists(st.tuples(st.booleans(), st.booleans(), st.booleans()), min_size=1,
                 max_size=6))
 @SETTINGS
