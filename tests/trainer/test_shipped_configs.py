@@ -1,0 +1,27 @@
+"""Every config the repo ships can be solved as configured: its dry run (the env's oracle on
+rows of every env of the run, within ``rollout.max_turns`` and the token budget, then the bad
+policies) finds no problem. ``configs/toolrl_paper.yaml`` (GPUs, a hub model) has its own
+dry-run test with CPU overrides (test_paper_config.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from toolrl.trainer.config import load_config
+from toolrl.trainer.dry_run import dry_run
+
+ROOT = Path(__file__).resolve().parents[2]
+SHIPPED = sorted([*ROOT.glob("configs/*.yaml"), ROOT / "examples/openai_agent/config.yaml"])
+OWN_TEST = {"toolrl_paper.yaml"}
+
+
+@pytest.mark.parametrize("config", [p for p in SHIPPED if p.name not in OWN_TEST],
+                         ids=lambda p: str(p.relative_to(ROOT)))
+def test_a_shipped_config_passes_its_dry_run(config, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # (models/ and outputs/ of the run are not built there)
+    cfg = load_config(config, [f"trainer.output_dir={tmp_path / 'run'}",
+                               f"model.path={tmp_path / 'models' / 'tiny'}"])
+    report = dry_run(cfg, tasks=12)
+    assert report.ok, report.problems
