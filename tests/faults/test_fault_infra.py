@@ -14,6 +14,8 @@ path with the real engine and actor is in test_fault_trainer.py.
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 
 import pytest
 from fault_harness import FaultEnv, fault_row
@@ -47,6 +49,31 @@ class InfraEnv(FaultEnv):
 
 
 register_env(INFRA_ENV, InfraEnv)
+RELEASE = threading.Event()  # a blocking step waits for this (set once the rollout is back)
+
+
+class BlockingEnv(FaultEnv):
+    """A step that blocks its thread with sync code until released; it says so."""
+
+    blocking_step = True
+
+    async def astep(self, action: str) -> tuple:
+        if (self.row or {}).get("fail") == "blocking_step":
+            RELEASE.wait(60)
+        return await super().astep(action)
+
+
+class UndeclaredBlockingEnv(FaultEnv):
+    """A step that blocks the event loop for 1.5 s (sync sleep) without saying so."""
+
+    async def astep(self, action: str) -> tuple:
+        if (self.row or {}).get("fail") == "blocking_step":
+            time.sleep(1.5)
+        return await super().astep(action)
+
+
+register_env("toolrl-faults/Blocking-v0", BlockingEnv)
+register_env("toolrl-faults/UndeclaredBlocking-v0", UndeclaredBlockingEnv)
 
 
 class CrashingRunner(EpisodeRunner):
@@ -101,6 +128,28 @@ def test_each_failure_is_classified_infra_or_policy(worker):
     assert got["boom"].errors[0]["type"] == "tool_exception"
     # the field round-trips with the record
     assert Trajectory.from_dict(got["down"].to_dict()) == got["down"]
+
+
+@pytest.mark.timeout(120)
+def test_env_timeout_stops_a_step_that_blocks_its_thread(worker):
+    """An env that declares ``blocking_step`` steps on a daemon thread: its step blocks until
+    the test releases it, which happens only after the rollout returned, so the rollout can
+    only return because ``env_timeout_s`` (0.5 s) stopped the wait. An env that blocks the
+    loop without declaring it is timed out when its step returns past the limit."""
+    blocking = {**fault_row("blocks", "echo", "blocking_step", text="x"),
+                "env": "toolrl-faults/Blocking-v0"}
+    undeclared = {**fault_row("undeclared", "echo", "blocking_step", text="x"),
+                  "env": "toolrl-faults/UndeclaredBlocking-v0"}
+    fine = {**ok(0), "env": "toolrl-faults/Blocking-v0"}
+    try:
+        got = {t.id: t for t in B.trajectories(worker.rollout(make_rollout_input(
+            [blocking, undeclared, fine])))}
+    finally:
+        RELEASE.set()
+    for rid in ("blocks", "undeclared"):
+        assert got[rid].infra_failure == "env_timeout", (rid, got[rid].error)
+        assert "env_timeout_s=0.5" in got[rid].error
+    assert got["ok-0"].infra_failure is None and got["ok-0"].success
 
 
 def _batch(worker, rows, n=2):

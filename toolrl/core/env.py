@@ -167,6 +167,9 @@ class ToolEnv(gym.Env[list, str]):
     default_max_output_chars: ClassVar[int] = 2000
     max_action_chars: ClassVar[int] = 16384
     max_parse_errors_shown: ClassVar[int] = 3
+    # True when a step runs blocking code (sync evaluate/on_turn, inline tools): the rollout
+    # then steps the env on a daemon thread, where rollout.env_timeout_s can stop the wait
+    blocking_step: ClassVar[bool] = False
     default_max_calls_per_turn: ClassVar[int] = 32
     _tool_attrs: ClassVar[tuple[str, ...]] = ()
 
@@ -367,8 +370,12 @@ class ToolEnv(gym.Env[list, str]):
 
     def close(self) -> None:
         loop, self._sync_loop = self._sync_loop, None
-        if loop is not None and not loop.is_closed():
-            loop.run_until_complete(loop.shutdown_default_executor())
+        # (a loop still running belongs to a step abandoned at its timeout: left to its thread)
+        if loop is not None and not loop.is_closed() and not loop.is_running():
+            try:
+                asyncio.get_running_loop()
+            except RuntimeError:  # called from sync code: wait for the loop's executor
+                loop.run_until_complete(loop.shutdown_default_executor())
             loop.close()
         super().close()
 

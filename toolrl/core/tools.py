@@ -37,6 +37,7 @@ __all__ = [
     "ToolFailure",
     "ToolResult",
     "error_observation",
+    "in_daemon_thread",
     "make_error",
     "normalize_parameters",
     "parse_error_records",
@@ -406,7 +407,7 @@ class Tool:
         if self.inline:
             value = self.fn(*args, **kwargs)
         else:
-            value = await _in_daemon_thread(self.fn, *args, **kwargs)
+            value = await in_daemon_thread(self.fn, *args, **kwargs)
         if inspect.isawaitable(value):
             value = await value
         return value
@@ -452,7 +453,7 @@ def _valid_utf8(text: str) -> str:
         return text.encode("utf-8", errors="replace").decode("utf-8")
 
 
-def _in_daemon_thread(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> asyncio.Future:
+def in_daemon_thread(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> asyncio.Future:
     """Run a blocking call on its own daemon thread. Unlike ``asyncio.to_thread`` (the loop's
     default executor), a call that never returns is abandoned when its timeout fires: neither
     the loop's shutdown nor the interpreter's exit waits for it."""

@@ -36,6 +36,7 @@ from typing import Any, Literal
 
 from toolrl.core.errors import describe_exception
 from toolrl.core.parse import get_format
+from toolrl.core.tools import in_daemon_thread
 from toolrl.core.trajectory import TokenStream, Trajectory, TurnRecord, plain
 from toolrl.rollout.chat import ChatRenderer, TemplateError
 from toolrl.rollout.engine import Completion, SamplingConfig, VLLMEngine
@@ -263,9 +264,8 @@ class EpisodeRunner:
         t1 = time.perf_counter()
         limit = self.config.env_timeout_s
         try:
-            step = self.step_env(state, text)
             observation, reward, terminated, truncated, info = \
-                await (asyncio.wait_for(step, limit) if limit is not None else step)
+                await self.bounded_step(state, text, limit)
         except TimeoutError:
             logger.warning("env step timed out in episode %s after %s s", traj.id, limit)
             traj.turns.append(self.unstepped_turn(state, text, span, out, gen_s))
@@ -328,6 +328,30 @@ class EpisodeRunner:
     def decode(self, state: EpisodeState, turn: TurnOutput) -> str:
         """The assistant message text the env receives."""
         return self.tokenizer.decode(turn.token_ids, skip_special_tokens=True)
+
+    async def bounded_step(self, state: EpisodeState, text: str, limit: float | None
+                           ) -> tuple[list[dict[str, Any]], float, bool, bool, dict[str, Any]]:
+        """`step_env` within ``limit`` seconds (None: no limit), else `TimeoutError`.
+
+        An env that declares ``blocking_step`` (its step runs blocking code: sync evaluation,
+        inline tools) steps on a daemon thread through its sync ``step``, so the wait ends at
+        the limit however long the code blocks (the thread is abandoned with the env). Any
+        other env steps on this event loop; one whose step blocked the loop past the limit
+        (so no timer could fire) is timed out all the same when it returns, with a warning
+        naming ``blocking_step``.
+        """
+        if limit is None:
+            return await self.step_env(state, text)
+        if getattr(state.env.unwrapped, "blocking_step", False):
+            return await asyncio.wait_for(in_daemon_thread(state.env.step, text), limit)
+        start = time.monotonic()
+        out = await asyncio.wait_for(self.step_env(state, text), limit)
+        if time.monotonic() - start > limit:
+            logger.warning("an env step of %s blocked the event loop past env_timeout_s=%g s: "
+                           "set blocking_step = True on the env class so the timeout can stop "
+                           "it", type(state.env.unwrapped).__name__, limit)
+            raise TimeoutError
+        return out
 
     async def step_env(self, state: EpisodeState, text: str
                        ) -> tuple[list[dict[str, Any]], float, bool, bool, dict[str, Any]]:
