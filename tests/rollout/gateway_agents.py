@@ -102,3 +102,35 @@ async def straggles(client, row):
     if "train" in str(row["id"]) and str(row["id"])[-1] in "05":
         await asyncio.sleep(60)
     return await submit_once(client, row)
+
+
+async def agents_sdk(client, row):
+    """The OpenAI Agents SDK (``Agent``, ``function_tool``, ``Runner.run``) on the gateway's
+    client: one run forces an ``add`` call and runs the tool (the SDK sends the result with
+    ``tool_call_id`` and no ``name``); a second run on that history forces another call with
+    room for 4 tokens, so its reply is cut inside the call and fails to parse."""
+    from agents import (
+        Agent,
+        ModelSettings,
+        OpenAIChatCompletionsModel,
+        Runner,
+        function_tool,
+        set_tracing_disabled,
+    )
+
+    set_tracing_disabled(True)  # no trace export: nothing leaves the machine
+
+    @function_tool
+    def add(a: int, b: int) -> int:
+        """Add two integers."""
+        return a + b
+
+    model = OpenAIChatCompletionsModel(model=MODEL, openai_client=client)
+    first = Agent(name="calc", instructions="Use the tools.", tools=[add], model=model,
+                  model_settings=ModelSettings(tool_choice="add", max_tokens=90),
+                  tool_use_behavior="stop_on_first_tool")
+    done = await Runner.run(first, str(row["question"]), max_turns=2)
+    cut = first.clone(model_settings=ModelSettings(tool_choice="add", max_tokens=4),
+                      tool_use_behavior="run_llm_again")
+    again = await Runner.run(cut, done.to_input_list(), max_turns=1)
+    return {"answer": str(again.final_output)}

@@ -202,3 +202,21 @@ def test_an_agent_that_outgrows_the_budget_ends_with_context_not_infra(worker, a
     assert t.infra_failure is None and t.finish_reason == "context"
     assert "context_length_exceeded" in t.error or "maximum context length" in t.error
     assert t.num_turns >= 2 and td[B.RESPONSE_MASK].sum() == t.sampled_tokens
+
+
+def test_an_openai_agents_sdk_agent_gets_tool_names_and_parse_errors_right(worker, agent_as):
+    """A third-party agent framework through the gateway: the OpenAI Agents SDK sends tool
+    results without ``name``, and its last reply fails to parse (cut at 4 tokens)."""
+    pytest.importorskip("agents", reason="the OpenAI Agents SDK (openai-agents, dev extra)")
+    agent_as("agents_sdk")
+    td = worker.rollout(make_rollout_input(rows(2), n=1))
+    for t in B.trajectories(td):
+        assert t.infra_failure is None, t.error
+        assert t.extra["gateway"]["splits"] == 0  # the SDK's history extends the gateway's
+        first, second = t.turns
+        assert [c.name for c in first.parse.calls] == ["add"]
+        assert [r.name for r in first.results] == ["add"]  # not the call id
+        assert second.finish_reason == "length" and second.parse.errors
+        assert [e["type"] for e in t.errors] == ["parse_error"] * len(second.parse.errors)
+    assert rollout_metrics(td)["rollout/tool_errors_mean"] == \
+        sum(len(t.errors) for t in B.trajectories(td)) / 2 >= 1
