@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import contextvars
 import dataclasses
 import json
 import os
@@ -430,19 +431,26 @@ class VLLMEngine:
         Episodes run there call `generate` without a hop between threads, the way vLLM's
         server runs its request handlers beside the engine's output handler: each hop wakes
         the other thread and hands the GIL back and forth (in the gateway benchmark 7% of the
-        episodes' wall time). Tasks the coroutine starts and leaves running are cancelled when
-        it returns, as ``asyncio.run`` does.
+        episodes' wall time). Tasks the coroutine starts (directly or through tasks it
+        started) and leaves running are cancelled when it returns, as ``asyncio.run`` does;
+        tasks other callers start on the shared loop meanwhile (the episode stream's
+        requests while the canary probes) are not its to cancel.
         """
         self._not_on_loop("run_on_loop")
         return self._loop.run_sync(self._scoped(coro))
 
     async def _scoped(self, coro: Coroutine[Any, Any, T]) -> T:
-        before = asyncio.all_tasks()
+        loop = asyncio.get_running_loop()
+        if loop.get_task_factory() is not _owned_task:
+            loop.set_task_factory(_owned_task)
+        owned: set[asyncio.Task[Any]] = set()
+        token = _SCOPE.set(owned)  # tasks created in this task's context (and theirs) join
         try:
             return await coro
         finally:
-            keep = {asyncio.current_task(), getattr(self._llm, "output_handler", None)}
-            left = [t for t in asyncio.all_tasks() - before if t not in keep and not t.done()]
+            _SCOPE.reset(token)
+            keep = getattr(self._llm, "output_handler", None)  # vLLM's, started on first use
+            left = [t for t in owned if t is not keep and not t.done()]
             for t in left:
                 t.cancel()
             if left:
@@ -775,6 +783,23 @@ class VLLMEngine:
         if self._closed or self._llm is None:
             raise EngineError("the engine has been shut down")
         return self._llm
+
+
+_SCOPE: contextvars.ContextVar[set[asyncio.Task[Any]] | None] = contextvars.ContextVar(
+    "toolrl_engine_scope", default=None)
+"""The tasks of the `VLLMEngine.run_on_loop` call whose context creates a task."""
+
+
+def _owned_task(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any],
+                **kwargs: Any) -> asyncio.Task[Any]:
+    """The engine loop's task factory: a task created inside a `run_on_loop` scope (in its
+    context, which the tasks it creates inherit) is recorded as that scope's."""
+    task = asyncio.Task(coro, loop=loop, **kwargs)
+    scope = _SCOPE.get()
+    if scope is not None:
+        scope.add(task)
+        task.add_done_callback(scope.discard)
+    return task
 
 
 async def _shutdown_llm(llm: Any, timeout: float) -> None:

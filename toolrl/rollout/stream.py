@@ -172,12 +172,15 @@ class EpisodeStream:
             try:
                 batch = await self._run_group(job)
             except asyncio.CancelledError:
-                raise
+                if self._asked_to_cancel(job.uid):
+                    raise
+                # something under the group cancelled it (a request the engine dropped): a
+                # failed group the poller hears of, never one that silently stays in flight
+                self._fail(job.uid, "CancelledError: its generation was cancelled, not by "
+                                    "the stream (the engine dropped a request?)")
+                return
             except Exception as e:
-                with self._ready:
-                    self._tasks.pop(job.uid, None)
-                    self._errors.append(f"group {job.uid!r}: {type(e).__name__}: {e}")
-                    self._ready.notify_all()
+                self._fail(job.uid, f"{type(e).__name__}: {e}")
                 return
             done = FinishedGroup(job.uid, stamp_version(batch, start_version), start_version,
                                  self._version(), time.perf_counter() - start)
@@ -185,6 +188,20 @@ class EpisodeStream:
             if self._tasks.pop(job.uid, None) is None:  # cancelled meanwhile
                 return
             self._done.append(done)
+            self._ready.notify_all()
+
+
+    def _asked_to_cancel(self, uid: str) -> bool:
+        """Whether the group's own task is being cancelled (`cancel`, `stop`)."""
+        task = asyncio.current_task()
+        with self._lock:
+            return uid not in self._tasks or (task is not None and task.cancelling() > 0)
+
+    def _fail(self, uid: str, why: str) -> None:
+        with self._ready:
+            if self._tasks.pop(uid, None) is None:  # cancelled meanwhile
+                return
+            self._errors.append(f"group {uid!r}: {why}")
             self._ready.notify_all()
 
 
