@@ -3,7 +3,10 @@ engine-side tests are in test_engine_buckets.py)."""
 
 from __future__ import annotations
 
+import base64
 import os
+import pickle
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -11,9 +14,11 @@ import torch
 from toolrl.rollout.weight_transfer import (
     STAGING_PREFIX,
     BucketStager,
+    IpcPush,
     StagedBucket,
     _views,
     bucket_plan,
+    ipc_bucket_sizes,
     ipc_buffer_bytes,
     nccl_update_info,
     remove_stale_staging,
@@ -146,3 +151,89 @@ def test_gpu_transfer_payloads():
     info = nccl_update_info([("w", "bfloat16", (2, 3)), ("b", "float32", (3,))])
     assert info == {"names": ["w", "b"], "dtype_names": ["bfloat16", "float32"],
                     "shapes": [[2, 3], [3]]}
+
+
+def _vllm_like_producer(iterator, gpu_uuid, post_iter_func, buffer_size_bytes):
+    """vLLM 0.32's ``packed_ipc_producer`` cuts and errors on the CPU, without IPC: each chunk's
+    handle carries a copy of the filled part of the buffer."""
+    buffer = torch.empty(buffer_size_bytes, dtype=torch.uint8)
+    names, sizes, used = [], [], 0
+    for name, tensor in iterator:
+        flat = post_iter_func((name, tensor)).contiguous().view(-1).view(torch.uint8)
+        if flat.numel() > buffer_size_bytes:
+            raise ValueError(f"Tensor '{name}' has size {flat.numel()} bytes, which exceeds "
+                             f"buffer_size_bytes={buffer_size_bytes}.")
+        if used and used + flat.numel() > buffer_size_bytes:
+            yield SimpleNamespace(names=names, dtype_names=[], shapes=[], tensor_sizes=sizes,
+                                  ipc_handle={gpu_uuid: buffer[:used].clone()})
+            names, sizes, used = [], [], 0
+        buffer[used:used + flat.numel()].copy_(flat)
+        names.append(name)
+        sizes.append(flat.numel())
+        used += flat.numel()
+    if used:
+        yield SimpleNamespace(names=names, dtype_names=[], shapes=[], tensor_sizes=sizes,
+                              ipc_handle={gpu_uuid: buffer[:used].clone()})
+
+
+class _Engine:
+    """start / update / finish as vLLM's engine serves them: a second start while an update is
+    active is refused."""
+
+    def __init__(self, fail_at: int | None = None):
+        self.active, self.fail_at, self.calls, self.buckets = False, fail_at, [], []
+
+    def start(self):
+        if self.active:
+            raise RuntimeError("weight update already active")
+        self.active = True
+        self.calls.append("start")
+
+    def update(self, info):
+        if self.fail_at is not None and len(self.buckets) == self.fail_at:
+            raise RuntimeError("the worker could not load the bucket")
+        handle = pickle.loads(base64.b64decode(info["ipc_handles_pickled"]))
+        self.buckets.append((info["names"], handle["gpu-0"].numel()))
+
+    def finish(self):
+        self.active = False
+        self.calls.append("finish")
+
+
+def _push(engine, weights, buffer_bytes):
+    push = IpcPush(engine.start, engine.update, engine.finish, buffer_bytes,
+                   producer=_vllm_like_producer, device_uuid="gpu-0")
+    push.push(iter(weights))
+    return push
+
+
+def test_an_ipc_push_grows_its_buffer_for_a_tensor_over_it():
+    """A hub-id model: the buffer is weight_bucket_mb although the embedding is larger
+    (Qwen2.5-0.5B's is 272 MB in bf16, the default bucket 256 MiB). vLLM's producer refuses;
+    the push grows the buffer and carries every byte (issue 35)."""
+    weights = [("embed", torch.zeros(300, dtype=torch.uint8)),
+               ("a", torch.ones(40, dtype=torch.uint8)), ("b", torch.ones(40, dtype=torch.uint8)),
+               ("big", torch.full((500,), 7, dtype=torch.uint8)),
+               ("c", torch.ones(10, dtype=torch.uint8))]
+    engine = _Engine()
+    push = _push(engine, weights, 100)
+    sizes = [300, 40, 40, 500, 10]
+    assert [n for _, n in engine.buckets] == ipc_bucket_sizes(sizes, 100) == [300, 80, 500, 10]
+    assert [names for names, _ in engine.buckets] == [["embed"], ["a", "b"], ["big"], ["c"]]
+    assert push.buckets == 4 and push.grown == 2 and push.buffer_bytes == 500
+    assert engine.calls == ["start", "finish"]
+    assert ipc_bucket_sizes([10, 10, 10], 25) == [20, 10]
+    assert ipc_bucket_sizes([], 25) == []
+
+
+def test_a_failed_ipc_push_finishes_the_update_so_the_next_push_is_served():
+    """Before: an error inside the push left vLLM's update session open, and every later
+    push was refused ("already active"): the engine was dead."""
+    weights = [(f"w{i}", torch.full((40,), i, dtype=torch.uint8)) for i in range(6)]
+    engine = _Engine(fail_at=1)
+    with pytest.raises(RuntimeError, match="could not load"):
+        _push(engine, weights, 100)
+    assert engine.calls == ["start", "finish"] and not engine.active
+    engine.fail_at = None
+    engine.buckets.clear()
+    assert _push(engine, weights, 100).buckets == 3

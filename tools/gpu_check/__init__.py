@@ -1,0 +1,1 @@
+"""The one-command GPU check (see `tools.gpu_check.run`)."""
