@@ -21,7 +21,6 @@ via `toolrl.data.load_bfcl`), from `toolrl data convert` (public training sets),
 
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
 from typing import Any
@@ -33,49 +32,7 @@ SYSTEM_PROMPT = ("Call the functions needed to answer. If none of them fits, ans
 
 
 # --- loading ---------------------------------------------------------------------------------
-_JSON_FIELDS = ("messages", "tools", "ground_truth", "question", "function")
-
-
-def _decode_json_fields(row: dict[str, Any]) -> dict[str, Any]:
-    """Parquet/CSV-friendly rows store nested fields as JSON strings: decode them."""
-    for key in _JSON_FIELDS:
-        value = row.get(key)
-        if isinstance(value, str) and value.strip()[:1] in ("[", "{"):
-            row[key] = json.loads(value)
-    return row
-
-
-def normalize_row(row: dict[str, Any]) -> dict[str, Any]:
-    """A BFCL-layout or toolrl row in toolrl's form (``messages``, ``tools``, ``category``).
-
-    The category is the row's own, else BFCL's reading of its id when that names a BFCL
-    category, else the one its ground truth and tools imply (`category_of`).
-    """
-    row = _decode_json_fields(dict(row))
-    if "messages" not in row and "question" in row:
-        question = row.pop("question")
-        if isinstance(question, str):
-            row["messages"] = [{"role": "user", "content": question}]
-        elif question and isinstance(question[0], list):  # BFCL: a list of turns
-            if len(question) != 1:
-                raise ValueError(f"row {row.get('id')!r} has {len(question)} turns; "
-                                 f"FunctionCalling rows are single-turn")
-            row["messages"] = list(question[0])
-        else:
-            row["messages"] = list(question)
-    if "tools" not in row and "function" in row:
-        functions = row.pop("function")
-        functions = functions if isinstance(functions, list) else [functions]
-        row["tools"] = [f if f.get("type") == "function" and "function" in f
-                        else {"type": "function", "function": f} for f in functions]
-    if not row.get("category"):
-        from_id = data.category_from_id(str(row.get("id", "")))
-        if from_id in bfcl.SCORABLE or from_id in bfcl.BFCL_UNSCORABLE:  # the id names it
-            row["category"] = from_id
-        elif "ground_truth" in row:
-            row["category"] = bfcl.category_of(len(row["ground_truth"]),
-                                               len(row.get("tools") or []))
-    return row
+normalize_row = data.normalize_row  # the row layout lives with the data check that reads it
 
 
 def load_tasks(path: str | Path, answers: str | Path | None = None) -> list[dict[str, Any]]:

@@ -183,8 +183,9 @@ def test_prompts_over_budget_stop_the_run_with_the_numbers(tmp_path, capsys, tin
     code, err = run_cli(capsys, "--config", write_config(tmp_path),
                         f"model.path={tiny_model_dir}", "data.train_size=16",
                         "data.val_size=4", "rollout.max_prompt_tokens=100")
-    assert code == 2 and err.count("\n") == 1, err
+    assert code == 2 and err.count("\n") == 2, err  # one line per source of rows
     assert "16 of 16 train rows have a first prompt" in err
+    assert "\n4 of 4 val rows have a first prompt" in err
     assert "longer than rollout.max_prompt_tokens=100" in err and "data.overlong_prompts" in err
     assert not (tmp_path / "run").exists() and ray.is_initialized() == ray_was_up
 

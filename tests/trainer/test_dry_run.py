@@ -123,7 +123,9 @@ def test_a_prompt_over_the_budget_is_a_problem_with_the_key_to_change(tiny_model
     assert longest > 100
     assert len(report.problems) == 1
     problem = report.problems[0]
-    assert "2 of 2 sampled prompts" in problem and f"longest {longest}" in problem
+    # every row is counted, as train counts them (not only the sampled ones)
+    assert "8 of 8 train rows" in problem and "2 of 2 val rows" in problem
+    assert "the longest has" in problem
     assert "rollout.max_prompt_tokens" in problem and "PROBLEM" in text
 
 

@@ -1,19 +1,23 @@
 """``toolrl train --dry-run``: what a run would train on, in seconds, with no Ray and no vLLM.
 
-It loads the config and the task rows exactly as the trainer does, renders a few first prompts
-with their tools through the model's chat template (token counts against the rollout's prompt
-budget), plays each of those tasks with the env's oracle and with a few bad policies (no call, an
+It loads the config and the task rows exactly as the trainer does and runs the trainer's own
+check of every row (`toolrl.trainer.preflight.check_task_rows`: tools, gold answers, prompts
+rendered with their tools by the model's chat template against the rollout's prompt budget), so
+it refuses exactly what ``toolrl train`` refuses, with the same counts. Then it plays a few
+distinct rows (never one twice) with the env's oracle and with a few bad policies (no call, an
 unknown tool, a call without arguments, random arguments, random text), scores every episode with
 the configured rewards and prints per-reward scores, finish reasons and errors. What would make
-the run train on nothing (prompts over budget, an oracle that cannot succeed or does not end, env
-or reward exceptions, a reward that pays the oracle no more than a bad policy) is listed as a
-problem with the key to change; `dry_run` returns them (the command exits 1 when there are any).
+the run train on nothing (rows the check refuses, an oracle that cannot succeed, does not end or
+makes tool errors, env or reward exceptions, a reward that pays the oracle no more than a bad
+policy) is listed as a problem with the key to change; `dry_run` returns them (the command exits
+1 when there are any).
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
+import json
 import random
 import string
 from collections import Counter
@@ -30,11 +34,13 @@ from toolrl.core.env import OracleUnavailable, resolve_astep
 from toolrl.core.registration import make_env
 from toolrl.core.trajectory import Trajectory, TurnRecord, plain
 from toolrl.core.types import ToolCall
+from toolrl.data.check import check_rows
 from toolrl.registry import RegistryError
 from toolrl.reward import ComposedReward, RewardBatch, RewardConfigError
 from toolrl.rollout.worker import RolloutConfig, row_env
 from toolrl.trainer.config import ConfigError, ExperimentConfig, worker_rollout_config
 from toolrl.trainer.mixture import RewardSets, env_of
+from toolrl.trainer.preflight import check_task_rows
 
 __all__ = ["BAD_POLICIES", "DryRunReport", "PolicySummary", "PromptCount", "dry_run"]
 
@@ -164,8 +170,13 @@ def dry_run(cfg: ExperimentConfig, *, tasks: int = 4, console: Console | None = 
             raise ConfigError(str(exc)) from None
         report = DryRunReport(len(train), len(val), rollout.max_prompt_len,
                               rollout.max_total_tokens)
-        rows = _sample(train, val, tasks, cfg.env.id)
         renderer = _renderer(cfg, rollout, report)
+        try:  # the trainer's check of every row: the same verdict and counts as train
+            check_task_rows(train, val, cfg, renderer.tokenizer if renderer else None,
+                            log=lambda line: report.notes.append(line))
+        except ConfigError as exc:
+            report.problems.append(str(exc))
+        rows = _sample(_fit(train, cfg), _fit(val, cfg), tasks, cfg.env.id)
         first_prompt = _count_prompts(cfg, rows, renderer, rollout, report)
         episodes = {name: _play_all(cfg, rows, policy, rollout)
                     for name, policy in {"oracle": _oracle, **BAD_POLICIES}.items()}
@@ -183,12 +194,32 @@ def dry_run(cfg: ExperimentConfig, *, tasks: int = 4, console: Console | None = 
     return report
 
 
+def _fit(rows: list[dict[str, Any]], cfg: ExperimentConfig) -> list[dict[str, Any]]:
+    """The rows the row check does not refuse (those it refuses are problems already)."""
+    bad = {p.index for p in check_rows(rows, "rows", cfg.env.id).blocking}
+    return [r for i, r in enumerate(rows) if i not in bad]
+
+
 def _sample(train: list[dict[str, Any]], val: list[dict[str, Any]], n: int, default_env: str
             ) -> list[dict[str, Any]]:
-    """``n`` rows: train rows taken in turn from each env of the run, then a validation row."""
+    """``n`` distinct rows: train rows taken in turn from each env of the run, then a
+    validation row; a row already taken (the same id and content, e.g. a val file that is the
+    train file) is never taken again."""
+    seen: set[str] = set()
+
+    def distinct(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        out = []
+        for row in rows:
+            key = json.dumps(row, sort_keys=True, default=str)
+            if key not in seen:
+                seen.add(key)
+                out.append(row)
+        return out
+
     by_env: dict[str, list[dict[str, Any]]] = {}
-    for row in train:
+    for row in distinct(train):
         by_env.setdefault(env_of(row, default_env), []).append(row)
+    val = distinct(val)
     want = max(n - 1, 1) if val else max(n, 1)
     picked: list[dict[str, Any]] = []
     for k in range(want):
@@ -256,16 +287,7 @@ def _count_prompts(cfg: ExperimentConfig, rows: list[dict[str, Any]], renderer: 
         finally:
             env.close()
         report.prompts.append(PromptCount(row.get("id"), env_id, len(ids)))
-    over = [p for p in report.prompts if p.tokens > rollout.max_prompt_len]
-    if over:
-        longest = max(p.tokens for p in over)
-        report.problems.append(
-            f"{len(over)} of {len(report.prompts)} sampled prompts are longer than the prompt "
-            f"budget of {rollout.max_prompt_len} tokens (longest {longest}): those episodes end "
-            f"before sampling a token (finish reason 'context'). Set rollout.max_prompt_tokens "
-            f">= {longest} (rollout.max_total_tokens and rollout.engine.max_model_len must leave "
-            f"room for the response), or shorten the system prompt and tool descriptions")
-    return first
+    return first  # prompts over the budget: check_task_rows counted every row
 
 
 def _play_all(cfg: ExperimentConfig, rows: list[dict[str, Any]], policy: Policy,
@@ -363,9 +385,19 @@ def _check_oracle(trajs: list[Trajectory], renderer: Any, rollout: RolloutConfig
         return
     failed = [t for t in trajs if not t.success and t.finish_reason == "terminated"]
     if failed:
+        why = (failed[0].final_state or {}).get("error") if isinstance(
+            failed[0].final_state, Mapping) else None
         report.problems.append(
             f"the oracle failed {len(failed)} of {len(trajs)} tasks that it ended itself (task "
-            f"{failed[0].id!r}): check the env's evaluate() and oracle_action()")
+            f"{failed[0].id!r}" + (f": {why}" if why else "") + "): check that row's ground "
+            "truth, or the env's evaluate() and oracle_action()")
+    erring = [t for t in trajs if t.errors]
+    if erring:
+        first = erring[0].errors[0]
+        report.problems.append(
+            f"the oracle made tool errors in {len(erring)} of {len(trajs)} tasks (task "
+            f"{erring[0].id!r}: {first.get('type')}: {first.get('message')}): a model that "
+            f"acts like the oracle is told it is wrong; check that row's ground truth")
     capped = [t for t in trajs if t.finish_reason == "max_turns"]
     if capped:
         report.problems.append(

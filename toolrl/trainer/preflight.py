@@ -8,10 +8,11 @@ worker starts, each one `ConfigError` whose one line names the key path and the 
   ids, keys, and kwargs against each reward's signature and type annotations; then
   (`check_loop`) the trackers, the episode runner and the checkpoint to resume from.
 - `check_rows`: the env (and ``env_kwargs``) that task rows from files name.
-- `fit_prompt_budget` (`prompt_lengths`, `apply_prompt_budget`): every row's first prompt
-  rendered with its tools by the model's chat template, counted against
-  ``rollout.max_prompt_tokens``; over-long rows refuse the run, or are dropped with
-  ``data.overlong_prompts=filter``.
+- `check_task_rows` (what train, eval and the dry run call; `fit_prompt_budget` loads the
+  tokenizer for it): every row through `toolrl.data.check_rows` (tools, gold answers), then its
+  first prompt rendered with its tools by the model's chat template (`prompt_lengths`) and
+  counted against ``rollout.max_prompt_tokens`` (`apply_prompt_budget`); over-long rows refuse
+  the run, or are dropped with ``data.overlong_prompts=filter``.
 
 How kwargs are matched: the named parameters of ``__init__`` (and of ``make_tasks``, without
 ``n``, ``seed``, ``split``); a ``**kwargs`` is taken to forward to the parent class's method, so
@@ -34,7 +35,8 @@ from toolrl.trainer.config import ConfigError, ExperimentConfig
 
 __all__ = ["PromptBudget", "accepted_kwargs", "apply_prompt_budget", "budget_key",
            "check_config", "check_env_kwargs", "check_kwargs", "check_loop",
-           "check_reward_section", "check_rows", "check_task_kwargs", "env_creator",
+           "check_reward_section", "check_rows", "check_task_kwargs", "check_task_rows",
+           "env_creator",
            "fit_prompt_budget", "has_generator", "prompt_lengths", "type_problem"]
 
 Row = dict[str, Any]
@@ -368,10 +370,14 @@ def budget_key(cfg: ExperimentConfig) -> str:
 
 
 def prompt_lengths(rows: Sequence[Mapping[str, Any]], cfg: ExperimentConfig, tokenizer: Any,
-                   where: str) -> list[int]:
+                   where: str, *, failures: list[tuple[int, str]] | None = None,
+                   skip: Iterable[int] = ()) -> list[int | None]:
     """Tokens of each row's first prompt: its env's ``reset(options=row)`` messages and tools,
     rendered by ``tokenizer``'s chat template with the generation prompt (what the engine
-    gets). One env per (env id, kwargs) is made and reset for every row, then closed."""
+    gets). One env per (env id, kwargs) is made and reset for every row, then closed.
+
+    A row that cannot be rendered raises a `ConfigError`, or with ``failures`` is appended to
+    it as ``(index, reason)`` and counted None; rows in ``skip`` are not rendered (None)."""
     import json
 
     from toolrl.core.registration import make_env
@@ -381,9 +387,13 @@ def prompt_lengths(rows: Sequence[Mapping[str, Any]], cfg: ExperimentConfig, tok
     renderer = ChatRenderer(tokenizer, check=False,
                             chat_template_kwargs=cfg.rollout.chat_template_kwargs)
     envs: dict[str, Any] = {}
-    lengths = []
+    lengths: list[int | None] = []
+    skip = set(skip)
     try:
         for i, row in enumerate(rows):
+            if i in skip:
+                lengths.append(None)
+                continue
             env_id, kwargs = row_env(row, cfg.env.id, cfg.env.kwargs)
             key = json.dumps([env_id, kwargs], sort_keys=True, default=str)
             try:
@@ -392,9 +402,12 @@ def prompt_lengths(rows: Sequence[Mapping[str, Any]], cfg: ExperimentConfig, tok
                 messages, info = envs[key].reset(seed=cfg.seed, options=dict(row))
                 lengths.append(len(renderer.render_prompt(messages, info.get("tools"))))
             except Exception as exc:
-                raise ConfigError(f"{where}: row {i} ({_row_id(row)}) cannot be rendered in "
-                                  f"{env_id}: {type(exc).__name__}: {_first_line(exc)}"
-                                  ) from None
+                reason = f"cannot be rendered in {env_id}: {type(exc).__name__}: " \
+                         f"{_first_line(exc)}"
+                if failures is None:
+                    raise ConfigError(f"{where}: row {i} ({_row_id(row)}) {reason}") from None
+                failures.append((i, reason))
+                lengths.append(None)
     finally:
         for env in envs.values():
             with contextlib.suppress(Exception):  # the lengths are known already
@@ -429,25 +442,43 @@ def apply_prompt_budget(rows: list[Row], lengths: Sequence[int], cfg: Experiment
     return [r for i, r in enumerate(rows) if i not in dropped], budget
 
 
-def fit_prompt_budget(train: list[Row], val: list[Row], cfg: ExperimentConfig, model: str,
-                      log: Callable[[str], Any] = print) -> tuple[list[Row], list[Row]]:
-    """The train and val rows within the prompt budget (`apply_prompt_budget`), counted with
-    ``model``'s tokenizer; logs the longest prompt and, when filtering, how many were
-    dropped."""
-    from transformers import AutoTokenizer
+def check_task_rows(train: list[Row], val: list[Row], cfg: ExperimentConfig,
+                    tokenizer: Any | None, log: Callable[[str], Any] = print
+                    ) -> tuple[list[Row], list[Row]]:
+    """THE check of a run's task rows, which train, eval and the dry run all call: every row
+    passes `toolrl.data.check_rows` (tools, duplicate names, schema types, gold answers) and
+    renders in its env, and its first prompt fits the budget (`apply_prompt_budget`; with
+    ``tokenizer`` None the prompts are not rendered). Returns the rows to run (over-budget
+    ones dropped with ``data.overlong_prompts=filter``); one `ConfigError` lists every
+    problem otherwise: per source of rows, the counts, then one line per offender."""
+    from toolrl.data.check import check_rows
 
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(model)
-    except Exception as exc:  # the engine could not load it either
-        raise ConfigError(f"model.path={model!r}: cannot load its tokenizer to count prompt "
-                          f"tokens: {type(exc).__name__}: {_first_line(exc)}") from None
+    messages: list[str] = []
     out = []
     for rows, where in ((train, "train rows"), (val, "val rows")):
         if not rows:
             out.append(rows)
             continue
-        kept, budget = apply_prompt_budget(rows, prompt_lengths(rows, cfg, tokenizer, where),
-                                           cfg, where)
+        report = check_rows(rows, where, cfg.env.id)
+        if report.notes:
+            log(report.notes_summary())
+        if tokenizer is not None:
+            failures: list[tuple[int, str]] = []
+            lengths = prompt_lengths(rows, cfg, tokenizer, where, failures=failures,
+                                     skip={p.index for p in report.blocking})
+            for i, reason in failures:
+                report.add(i, rows[i], "prompt", reason)
+            report.problems.sort(key=lambda p: p.index)
+        if not report.ok:
+            messages.append(report.summary())
+        if tokenizer is None:
+            out.append(rows)
+            continue
+        try:
+            kept, budget = apply_prompt_budget(rows, [n or 0 for n in lengths], cfg, where)
+        except ConfigError as exc:
+            messages.append(str(exc))
+            continue
         if budget.dropped:
             log(f"data.overlong_prompts=filter: dropped {budget.dropped} of {budget.rows} "
                 f"{where} whose first prompt exceeds {budget_key(cfg)} (longest "
@@ -455,4 +486,19 @@ def fit_prompt_budget(train: list[Row], val: list[Row], cfg: ExperimentConfig, m
         else:
             log(f"prompt budget: {budget.summary()}")
         out.append(kept)
+    if messages:
+        raise ConfigError("\n".join(messages))
     return out[0], out[1]
+
+
+def fit_prompt_budget(train: list[Row], val: list[Row], cfg: ExperimentConfig, model: str,
+                      log: Callable[[str], Any] = print) -> tuple[list[Row], list[Row]]:
+    """`check_task_rows` with ``model``'s tokenizer (what train and eval call)."""
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model)
+    except Exception as exc:  # the engine could not load it either
+        raise ConfigError(f"model.path={model!r}: cannot load its tokenizer to count prompt "
+                          f"tokens: {type(exc).__name__}: {_first_line(exc)}") from None
+    return check_task_rows(train, val, cfg, tokenizer, log)
