@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 Command = Callable[[argparse.Namespace], int | None]
 
@@ -96,9 +98,13 @@ def _data_convert(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         print(f"toolrl data convert: {exc}", file=sys.stderr)
         return 2
-    print(f"{report.summary()} -> {args.out}")
-    for index, record_id, message in report.errors[:5]:
-        print(f"  error in record {index} (id {record_id!r}): {message}")
+    print(f"{report.summary()}" + (f" -> {args.out}" if report.written else
+                                   " (no output written)"))
+    for line in report.error_lines():
+        print(f"  {line}")
+    if report.notes:
+        print(f"  {len(report.notes)} rows of BFCL's own data have gold answers their tools' "
+              f"schemas reject; kept, as BFCL scores them (first: {report.notes[0]})")
     if report.errors:
         print(f"  every error: {args.out}.errors.jsonl")
     return 0 if report.written else 1
@@ -172,7 +178,41 @@ def _train(args: argparse.Namespace) -> int:
             cfg, tasks=args.dry_run_tasks).ok))
     from toolrl.trainer.run import run_training
 
-    return _run_experiment("train", args, run_training)
+    with _signals_stop_the_run() as received:
+        try:
+            return _run_experiment("train", args, run_training)
+        except KeyboardInterrupt:
+            if not received:
+                raise
+            sig = signal.Signals(received[0])
+            print(f"toolrl train: stopped by {sig.name}; workers and the local Ray cluster "
+                  f"shut down (the step in flight is redone by trainer.resume=auto from the "
+                  f"last checkpoint)", file=sys.stderr)
+            return 128 + sig.value  # 130 for SIGINT, 143 for SIGTERM
+
+
+@contextlib.contextmanager
+def _signals_stop_the_run() -> Iterator[list[int]]:
+    """SIGTERM and SIGINT raise KeyboardInterrupt in the run (its clean-up runs: workers,
+    engines and the local Ray cluster stop); the signal is recorded for the exit code. A
+    second one during the clean-up is ignored; SIGINT stays ignored where it was (``&``)."""
+    received: list[int] = []
+
+    def stop(signum: int, frame: object) -> None:
+        if received:
+            return
+        received.append(signum)
+        raise KeyboardInterrupt
+
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    signal.signal(signal.SIGTERM, stop)
+    if before[signal.SIGINT] is not signal.SIG_IGN:
+        signal.signal(signal.SIGINT, stop)
+    try:
+        yield received
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
 
 
 def _eval(args: argparse.Namespace) -> int:
@@ -195,6 +235,7 @@ def _run_experiment(command: str, args: argparse.Namespace,
     from toolrl.trainer.config import ConfigError, load_config
     from toolrl.trainer.failures import InfraFailureError
     from toolrl.trainer.health import UnhealthyRun
+    from toolrl.trainer.progress import EXIT_STALLED, StallError
     from toolrl.trainer.run_dir import RunDirInUse
 
     try:
@@ -211,6 +252,10 @@ def _run_experiment(command: str, args: argparse.Namespace,
             raise
         print(f"toolrl {command}: stopped: {e}", file=sys.stderr)
         return 1
+    except StallError:  # trainer.watchdog: its one line is out already, stacks in stalls/
+        if args.debug:
+            raise
+        return EXIT_STALLED
     return status if isinstance(status, int) else 0
 
 

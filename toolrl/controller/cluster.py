@@ -10,7 +10,9 @@ there as it does in the driver; no ``runtime_env`` working_dir is shipped.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -60,13 +62,59 @@ def init_ray(num_cpus: int | None = None, num_gpus: int | None = None, *,
     if pinned:  # the host IP does not route to itself: keep Ray on loopback too
         kwargs["_node_ip_address"] = LOOPBACK_IP
     kwargs.update(ray_kwargs)
-    return ray.init(**kwargs)
+    global _started_local
+    context = ray.init(**kwargs)
+    _started_local = True
+    return context
 
 
-def shutdown_ray() -> None:
-    """Disconnect (and stop a local cluster this process started)."""
-    if ray.is_initialized():
-        ray.shutdown()
+_started_local = False  # init_ray started the local cluster this process is connected to
 
 
-__all__ = ["default_temp_dir", "init_ray", "shutdown_ray"]
+def shutdown_ray(timeout: float = 20.0, started_only: bool = False) -> None:
+    """Disconnect; a local cluster `init_ray` started is stopped whole: every process under
+    this one (Ray's GCS, raylet, agents and workers; engines) is gone when this returns,
+    the ones still there after ``timeout`` s are SIGKILLed. ``started_only``: leave a
+    cluster `init_ray` did not start (joined, or a caller's) as it is."""
+    global _started_local
+    if not ray.is_initialized() or (started_only and not _started_local):
+        return
+    import psutil
+
+    ours = psutil.Process().children(recursive=True) if _started_local else []
+    ray.shutdown()
+    _started_local = False
+    _, alive = psutil.wait_procs(ours, timeout=timeout)
+    for proc in alive:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    psutil.wait_procs(alive, timeout=5)
+
+
+def kill_process_tree(pid: int, timeout: float = 5.0) -> None:
+    """SIGKILL ``pid`` and every process under it (the watchdog's hard stop); on this node."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = [*root.children(recursive=True), root]
+    except psutil.Error:
+        return
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            proc.send_signal(signal.SIGKILL)
+    psutil.wait_procs(procs, timeout=timeout)
+
+
+def kill_local_cluster() -> None:
+    """SIGKILL the local cluster `init_ray` started (every process under this one); a hard
+    stop for when `shutdown_ray` cannot run (the process is about to ``os._exit``)."""
+    import psutil
+
+    if _started_local:
+        for child in psutil.Process().children():
+            kill_process_tree(child.pid, timeout=2.0)
+
+
+__all__ = ["default_temp_dir", "init_ray", "kill_local_cluster", "kill_process_tree",
+           "shutdown_ray"]

@@ -23,8 +23,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import faulthandler
 import inspect
 import os
+import signal
+import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -61,6 +64,7 @@ from toolrl.controller.worker import (
 )
 
 DEFAULT_CALL_TIMEOUT_S = 3600.0  # generous (a long rollout or update), never infinite
+STACKS_SIGNAL = signal.SIGUSR2  # a worker writes the stacks of all its threads when sent it
 
 
 @dataclass(frozen=True)
@@ -101,6 +105,15 @@ class _WorkerHost:
         for name, spec in roles.items():
             self._roles[name] = spec.worker_cls(*spec.args, **dict(spec.kwargs))
         return os.getpid()
+
+    def stacks_file(self) -> int:
+        """Arm `STACKS_SIGNAL`: the signal makes this process write every thread's Python
+        stack (faulthandler, in C: it works while the actor's thread is stuck) to an unlinked
+        file; returns its descriptor, read as ``/proc/<pid>/fd/<fd>`` on this node."""
+        if getattr(self, "_stacks", None) is None:
+            self._stacks = tempfile.TemporaryFile("w+")  # noqa: SIM115 (the process's life)
+            faulthandler.register(STACKS_SIGNAL, file=self._stacks, all_threads=True)
+        return self._stacks.fileno()
 
     def execute(self, role: str, method: str, *args: Any, **kwargs: Any) -> Any:
         result = getattr(self._roles[role], method)(*args, **kwargs)
@@ -291,6 +304,8 @@ class RayWorkerGroup:
         self._identity = DpLayout.identity(pool.world_size)
         self._hosts: list[Any] = []
         self.pids: list[int] = []
+        self._stack_fds: list[int] = []
+        self.waiting: str | None = None  # the call the driver waits on now (stall reports)
         pool.claim(self.name)
         try:
             self._start(float(ready_timeout_s), dict(env or {}))
@@ -326,6 +341,8 @@ class RayWorkerGroup:
             refs.append(host.setup.remote(ctx, self._roles, {**hidden, **env}))
         self.pids = [self._get_one(ref, role0, rank, "start-up (constructors)", deadline)
                      for rank, ref in enumerate(refs)]
+        self._stack_fds = [self._get_one(h.stacks_file.remote(), role0, rank, "start-up",
+                                         deadline) for rank, h in enumerate(self._hosts)]
 
     def _get_one(self, ref: ray.ObjectRef, role: str, rank: int, what: str,
                  deadline: float) -> Any:
@@ -391,12 +408,21 @@ class RayWorkerGroup:
     def _wait(self, role: str, spec: RemoteSpec, ranks: tuple[int, ...],
               refs: list[ray.ObjectRef], timeout: float) -> list[Any]:
         """Values of ``refs`` in order; fail fast on the first dead worker or error."""
+        try:
+            return self._wait_all(role, spec, ranks, refs, timeout)
+        finally:
+            self.waiting = None
+
+    def _wait_all(self, role: str, spec: RemoteSpec, ranks: tuple[int, ...],
+                  refs: list[ray.ObjectRef], timeout: float) -> list[Any]:
         deadline = time.monotonic() + timeout
         index = {ref: i for i, ref in enumerate(refs)}
         values: list[Any] = [None] * len(refs)
         pending = list(refs)
         what = f"{spec.owner}.{spec.name}"
         while pending:
+            self.waiting = (f"{what} on group {self.name!r} (role {role!r}), ranks "
+                            f"{self._ranks_pids(sorted(ranks[index[r]] for r in pending))}")
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 running = sorted(ranks[index[r]] for r in pending)
@@ -418,6 +444,39 @@ class RayWorkerGroup:
                                f"rank {rank})")
                     raise
         return values
+
+    def _ranks_pids(self, ranks: list[int]) -> str:
+        return ", ".join(f"{r} (pid {self.pids[r] if r < len(self.pids) else '?'})"
+                         for r in ranks)
+
+    # --- diagnostics ------------------------------------------------------------------------
+    def dump_stacks(self, directory: str | os.PathLike, settle_s: float = 1.0) -> list[str]:
+        """Write every worker's Python stacks (all threads) into ``directory``, one file per
+        rank (``<group>-rank<r>-pid<pid>.txt``), without a call to the worker: a signal
+        (`STACKS_SIGNAL`) that works while its actor thread is stuck. Workers on other nodes
+        are skipped (their processes cannot be signalled from here). Returns the files."""
+        out = []
+        sent = []
+        for rank, (pid, fd) in enumerate(zip(self.pids, self._stack_fds, strict=False)):
+            src = f"/proc/{pid}/fd/{fd}"
+            if not os.path.exists(src):
+                continue
+            with contextlib.suppress(OSError):
+                os.kill(pid, STACKS_SIGNAL)
+                sent.append((rank, pid, src))
+        time.sleep(settle_s)  # faulthandler writes from the signal handler, at once
+        for rank, pid, src in sent:
+            dest = os.path.join(os.fspath(directory),
+                                f"{self.name.replace('+', '_')}-rank{rank}-pid{pid}.txt")
+            try:
+                with open(src) as f:
+                    text = f.read()
+            except OSError as e:
+                text = f"(stacks unreadable: {e})"
+            with open(dest, "w") as f:
+                f.write(text)
+            out.append(dest)
+        return out
 
     # --- lifetime ---------------------------------------------------------------------------
     def shutdown(self) -> None:

@@ -190,6 +190,16 @@ class AsyncTrainer(PipelineTrainer):
                 "async/partial_groups": float(sum(partial)),
                 "async/group_s_max": max((t.result.seconds for t in tickets), default=0.0)}
 
+    def stall_waits(self) -> list[str]:
+        """The driver's waits, and the groups each rollout worker has not finished."""
+        per_worker: dict[int, int] = {}
+        for w in self._where.values():
+            per_worker[w] = per_worker.get(w, 0) + 1
+        pids = self.handles["rollout"].group.pids if "rollout" in self.handles else []
+        return [*super().stall_waits(), *(
+            f"{n} group(s) unfinished on rollout worker {w} (pid "
+            f"{pids[w] if w < len(pids) else '?'})" for w, n in sorted(per_worker.items()))]
+
     # --- lifetime ------------------------------------------------------------------------------
     def fit(self) -> dict[str, float]:
         try:
@@ -202,7 +212,8 @@ class AsyncTrainer(PipelineTrainer):
         out: dict[str, Any] = {}
         if "rollout" in self.handles and self.buffer is not None:
             try:
-                self.handles["rollout"].call(RolloutWorker.stream_stop)
+                self.handles["rollout"].call_async(RolloutWorker.stream_stop).get(
+                    timeout=10 if self.stalled else None)
             except Exception as e:  # a dead worker: its group is killed at shutdown
                 self.console.log(f"stopping the episode stream: {e}")
             out = self.buffer.metrics()

@@ -20,6 +20,7 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationE
 from toolrl.rollout.worker import RolloutConfig
 from toolrl.trainer.failures import INFRA_RULES, InfraFailureConfig
 from toolrl.trainer.health import HealthConfig
+from toolrl.trainer.progress import WatchdogConfig
 from toolrl.workers.actor import ActorConfig
 from toolrl.workers.critic import CriticConfig
 
@@ -171,6 +172,9 @@ class TrainerConfig:
     # after each weight push, engine and actor score a fixed probe (sync/canary.py)
     sync_canary: str = "stop"  # stop | warn | off
     sync_canary_tolerance: float | None = None  # max |log-prob diff|; None: by dtype
+    # no step finished within the bound: stacks of every process to <run dir>/stalls/, one
+    # line, exit 1 (trainer/progress.py)
+    watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
 
 
 @dataclass
@@ -300,6 +304,10 @@ def validate(cfg: ExperimentConfig) -> None:
     if stray:
         raise ConfigError(f"resources.pool_resources: no pool {stray} in trainer.mode="
                           f"{cfg.trainer.mode}; its pools: {list(pools)}")
+    for key in ("first_step_s", "multiple", "floor_s", "grace_s"):
+        if not _get(cfg, f"trainer.watchdog.{key}") > 0:
+            raise ConfigError(f"trainer.watchdog.{key} must be > 0, got "
+                              f"{_get(cfg, f'trainer.watchdog.{key}')}")
     tolerance = cfg.trainer.sync_canary_tolerance
     if tolerance is not None and not tolerance > 0:
         raise ConfigError(f"trainer.sync_canary_tolerance must be > 0 or null, got {tolerance}")

@@ -5,6 +5,7 @@ back)."""
 
 from __future__ import annotations
 
+from toolrl.controller.cluster import shutdown_ray
 from toolrl.trainer.async_mode import AsyncTrainer
 from toolrl.trainer.config import ExperimentConfig
 from toolrl.trainer.pipeline import PipelineTrainer
@@ -20,4 +21,7 @@ def run_training(cfg: ExperimentConfig) -> dict[str, float]:
     try:
         return trainer.fit()
     finally:
-        trainer.close()
+        try:
+            trainer.close()
+        finally:
+            shutdown_ray(started_only=True)  # a local cluster it started: all of it

@@ -57,6 +57,7 @@ from toolrl.trainer.health import HealthMonitor, HealthReport
 from toolrl.trainer.memory import check_memory
 from toolrl.trainer.mixture import RewardSets, env_of, mixture_rows, success_by
 from toolrl.trainer.preflight import check_config, check_rows, fit_prompt_budget
+from toolrl.trainer.progress import ProgressWatchdog, note_phase, watching
 from toolrl.trainer.run_dir import RunDirLock
 from toolrl.trainer.tracking import Tracker
 from toolrl.workers.actor import ActorWorker, RefWorker
@@ -449,21 +450,58 @@ class Trainer:
         first_val: float | None = None
         last: dict[str, float] = {}
         try:
-            if self.step == 0:
-                val = self.validate()
-                first_val = val["val/success"]
-                self.tracker.log(0, val)
-            while self.step < cfg.total_steps:
-                try:
-                    last = self.run_step()
-                except (RolloutFailedError, WorkerDiedError) as e:
-                    self.recover(e)  # raises unless trainer.on_rollout_failure retries
-            if cfg.export_hf:
-                self.export_final()
+            with watching(self.make_watchdog()) as self.watchdog:
+                if self.step == 0:
+                    note_phase("validation")
+                    val = self.validate()
+                    first_val = val["val/success"]
+                    self.tracker.log(0, val)
+                while self.step < cfg.total_steps:
+                    try:
+                        last = self.run_step()
+                    except (RolloutFailedError, WorkerDiedError) as e:
+                        self.recover(e)  # raises unless trainer.on_rollout_failure retries
+                        if self.watchdog is not None:
+                            self.watchdog.restart_clock()
+                if cfg.export_hf:
+                    note_phase("export")
+                    self.export_final()
         finally:
             self.tracker.close()
         self.summarize(first_val, last)
         return last
+
+    # --- progress (trainer.watchdog, `toolrl.trainer.progress`) -----------------------------
+    def make_watchdog(self) -> ProgressWatchdog | None:
+        wd = self.cfg.trainer.watchdog
+        if not wd.enabled:
+            return None
+        return ProgressWatchdog(wd, self.run_dir, step=lambda: self.step,
+                                waits=self.stall_waits, dump_workers=self.dump_worker_stacks,
+                                kill_workers=self.kill_workers)
+
+    def worker_groups(self) -> list[Any]:
+        return list({id(h.group): h.group for h in self.handles.values()}.values())
+
+    def stall_waits(self) -> list[str]:
+        """The worker calls the driver waits on now (the stall line names them)."""
+        return [g.waiting for g in self.worker_groups() if g.waiting]
+
+    def dump_worker_stacks(self, directory: Path) -> list[Path]:
+        return [Path(f) for g in self.worker_groups() for f in g.dump_stacks(directory)]
+
+    def kill_workers(self) -> None:
+        """The watchdog's hard stop: SIGKILL every worker process (and what they started)."""
+        from toolrl.controller.cluster import kill_local_cluster, kill_process_tree
+
+        for group in self.worker_groups():
+            for pid in group.pids:
+                kill_process_tree(pid)
+        kill_local_cluster()
+
+    @property
+    def stalled(self) -> bool:
+        return self.watchdog is not None and self.watchdog.fired is not None
 
     def export_final(self) -> None:
         """``final_hf/``: the trained model. A LoRA actor also writes ``final_adapter/`` (PEFT
@@ -492,6 +530,7 @@ class Trainer:
         self.step += 1
         metrics["timing/step_s"] = time.perf_counter() - start
         if (cfg.val_every and self.step % cfg.val_every == 0) or self.step == cfg.total_steps:
+            note_phase("validation")
             metrics.update(self.validate())
         metrics["trainer/rollout_retries"] = float(self._retries_total)
         health = self.check_health()
@@ -501,8 +540,11 @@ class Trainer:
         self.dump_rollouts()
         self.health.act(health)  # an unhealthy step stops the run (or warns)
         if cfg.save_every and self.step % cfg.save_every == 0:
+            note_phase("checkpoint")
             self.save()
         self._retries = 0  # max_retries counts failures in a row
+        if self.watchdog is not None:
+            self.watchdog.step_done()
         return metrics
 
     # --- rollout failures (trainer.on_rollout_failure) -------------------------------------
@@ -625,8 +667,9 @@ class Trainer:
     def shutdown_workers(self) -> None:
         """Stop the engines, kill every worker group, release the pools."""
         if "rollout" in self.handles:
-            try:
-                self.handles["rollout"].call_async(RolloutWorker.shutdown).get(timeout=120)
+            try:  # a stalled run's workers may never answer: they are killed below
+                self.handles["rollout"].call_async(RolloutWorker.shutdown).get(
+                    timeout=5 if self.stalled else 120)
             except Exception as e:  # a dead or hung rollout worker: its group is killed below
                 self.console.log(f"rollout shutdown: {e}")
         for group in {id(h.group): h.group for h in self.handles.values()}.values():
@@ -658,6 +701,7 @@ class Trainer:
         return zlib.crc32(f"{self.cfg.seed}:{what}:{step}".encode()) % (2**31 - 1)
 
     _last_batch: TensorDict | None = None
+    watchdog: ProgressWatchdog | None = None
     _infra_failed: Sequence[Trajectory] = ()  # the last batch's, as generated (health notes)
     _retries = 0  # failed steps in a row (trainer.max_retries)
     _retries_total = 0
@@ -689,6 +733,7 @@ def _truncate_metrics(path: Path, step: int) -> None:
 @contextmanager
 def _timed(timing: dict[str, float], key: str):
     start = time.perf_counter()
+    note_phase(key)  # the watchdog's line names it
     try:
         yield
     finally:
