@@ -15,8 +15,9 @@ Without CUDA (or with ``--dry``) the same code runs on the CPU at a tiny shape: 
 suite runs it, so the check cannot rot before a GPU is at hand.
 
 toolrl's imports need a few small pure-Python packages the GPU box lacks (tensordict and its
-pyvers and cloudpickle, lazy_loader): ``python tools/gpu_check/run.py --stage`` copies them
-from this environment into ``tools/gpu_check/_carry/site`` (ignored by git, ~9 MiB), which
+pyvers and cloudpickle, lazy_loader; pytest-timeout for the suite's marks):
+``python tools/gpu_check/run.py --stage`` copies them from this environment into
+``tools/gpu_check/_carry/site`` (ignored by git, ~4 MiB), which
 travels with the tree; this script puts it on ``sys.path`` when it is there.
 """
 
@@ -35,7 +36,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 CARRY = HERE / "_carry" / "site"
 # what toolrl's scoring / weight-transfer imports need beyond torch + transformers
-CARRY_PACKAGES = ("tensordict", "pyvers", "cloudpickle", "lazy_loader")
+# (and pytest-timeout: the suite's timeout marks are errors under --strict-markers without it)
+CARRY_PACKAGES = ("tensordict", "pyvers", "cloudpickle", "lazy_loader", "pytest_timeout")
 BUDGET_S = 450.0  # the whole check stays under 8 minutes on one H100
 
 
@@ -46,7 +48,9 @@ def bootstrap() -> None:
 
 
 def stage(packages: tuple[str, ...] = CARRY_PACKAGES, into: Path = CARRY) -> list[str]:
-    """Copy ``packages`` (pure Python) from this interpreter's environment into ``into``."""
+    """Copy ``packages`` (pure Python) and their dist-info (versions, pytest's plugin entry
+    points) from this interpreter's environment into ``into``."""
+    import importlib.metadata
     import importlib.util
 
     into.mkdir(parents=True, exist_ok=True)
@@ -66,6 +70,10 @@ def stage(packages: tuple[str, ...] = CARRY_PACKAGES, into: Path = CARRY) -> lis
             shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__"))
         else:
             shutil.copy2(source, target)
+        for dist_name in importlib.metadata.packages_distributions().get(name, []):
+            info = Path(str(importlib.metadata.distribution(dist_name)._path))  # type: ignore[attr-defined]
+            if info.is_dir():
+                shutil.copytree(info, into / info.name, dirs_exist_ok=True)
         copied.append(name)
     return copied
 
