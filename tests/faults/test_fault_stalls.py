@@ -1,0 +1,126 @@
+"""Issue 32: a run that stops making progress says so. One run per mode with a stall injected
+after step 1 (`stall_plugins`): the watchdog fires within its bound, the stacks of the driver
+and the workers are written, and the run stops with its one line. Signals: SIGTERM and SIGINT
+end a real ``toolrl train`` with one line, 143 / 130, and no process of the run left."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+from trainer_runs import ROOT, register_test_rewards, small_run_overrides
+
+from toolrl.trainer.config import load_config
+from toolrl.trainer.progress import StallError
+from toolrl.trainer.run import run_training
+from toolrl.trainer.tracking import read_metrics
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+PLUGINS = "tests.faults.stall_plugins"
+WATCHDOG = {"trainer.watchdog.first_step_s": 600, "trainer.watchdog.after_steps": 1,
+            "trainer.watchdog.multiple": 3, "trainer.watchdog.floor_s": 10,
+            "trainer.watchdog.grace_s": 120}
+MODES = {
+    "sync": ("configs/quickstart.yaml", {"rollout.runner": f"{PLUGINS}:UnansweringRunner"}),
+    "pipeline": ("configs/quickstart_pipeline.yaml",
+                 {"rollout.runner": f"{PLUGINS}:NeverReturningRunner"}),
+    "async": ("configs/quickstart_async.yaml",
+              {"rollout.runner": f"{PLUGINS}:NeverReturningRunner",
+               "trainer.max_staleness": 1}),
+    "gateway": ("configs/quickstart.yaml",
+                {"rollout.agent": f"{PLUGINS}:hangs_after_step_1",
+                 "rollout.agent_timeout_s": 3600,
+                 "trainer.infra_failures.rule": "drop_sample"}),
+}
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("mode", list(MODES))
+def test_a_stall_is_reported_and_stops_the_run(mode, ray_cluster, tiny_model_dir, tmp_path,
+                                               capfd):
+    config, extra = MODES[mode]
+    register_test_rewards()
+    out = tmp_path / mode
+    cfg = load_config(ROOT / config, small_run_overrides(tiny_model_dir, out, **{
+        "trainer.total_steps": 4, "trainer.export_hf": False, "actor.weight_bucket_mb": 0.5,
+        "rollout.engine.kv_cache_gib": 0.25, **WATCHDOG, **extra}))
+    with pytest.raises(StallError) as err:
+        run_training(cfg)
+    line = str(err.value)
+    steps = [r["step"] for r in read_metrics(out / "metrics.jsonl")]
+    assert steps[:2] == [0, 1] and steps[-1] < 4, steps  # step 1 trained, the run never ended
+    assert line.startswith(f"stall: no progress in step {steps[-1] + 1} ")
+    assert "phase 'rollout'" in line and "pid " in line, line  # which worker, which wait
+    stalls = list((out / "stalls").iterdir())
+    assert len(stalls) == 1
+    files = sorted(p.name for p in stalls[0].iterdir())
+    assert any(f.startswith("driver-pid") for f in files)
+    workers = [p for p in stalls[0].iterdir() if "-rank" in p.name]
+    assert workers and all("Thread 0x" in p.read_text() for p in workers), files
+    printed = [ln for ln in capfd.readouterr().err.splitlines() if ln.startswith("stall:")]
+    assert printed == [line]  # one line
+
+
+def _run_tree(pid: int) -> list[int]:
+    try:
+        return [p.pid for p in psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
+def _alive(pids: list[int]) -> list[str]:
+    left = []
+    for pid in pids:
+        try:
+            p = psutil.Process(pid)
+            if p.status() != psutil.STATUS_ZOMBIE:
+                left.append(f"{pid} {p.name()}")
+        except psutil.Error:
+            pass
+    return left
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_ends_the_run_cleanly(sig, tiny_model_dir, tmp_path):
+    register_test_rewards()
+    out = tmp_path / "run"
+    args = small_run_overrides(tiny_model_dir, out, **{"trainer.total_steps": 50,
+                                                       "trainer.export_hf": False})
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT)])}
+    env.pop("RAY_ADDRESS", None)  # its own local cluster, which it must stop whole
+    # a background job has SIGINT ignored, and children inherit it: restore the default
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import sys, trainer_runs; trainer_runs.register_test_rewards();"
+         " from toolrl.cli import main; sys.exit(main(sys.argv[1:]))", "train", "--config",
+         str(ROOT / "configs/quickstart.yaml"), *args],
+        cwd=ROOT, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        deadline = time.monotonic() + 600
+        while 1 not in [r["step"] for r in read_metrics(out / "metrics.jsonl")]:
+            assert proc.poll() is None, proc.stderr.read()
+            assert time.monotonic() < deadline, "step 1 never finished"
+            time.sleep(0.2)
+        tree = _run_tree(proc.pid)
+        names = {psutil.Process(p).name() for p in tree if psutil.pid_exists(p)}
+        assert any("raylet" in n for n in names) and any("gcs" in n for n in names), names
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+    assert proc.returncode == 128 + sig.value, err[-3000:]
+    lines = [ln for ln in err.splitlines() if ln.startswith("toolrl train:")]
+    assert lines == [f"toolrl train: stopped by {sig.name}; workers and the local Ray cluster "
+                     f"shut down (the step in flight is redone by trainer.resume=auto from the "
+                     f"last checkpoint)"], err[-3000:]
+    assert _alive(tree) == []  # Ray's gcs, raylet, agents, workers, the engine: all gone
