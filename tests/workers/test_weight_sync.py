@@ -4,6 +4,7 @@ rollout workers) next to a 2-rank FSDP2 actor."""
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 import torch
@@ -127,6 +128,34 @@ def _local_push(rank, model_dir):
     except RuntimeError as e:
         raised = "register_local_engine" in str(e)
     return version, got, only0, both, sync.checksum(), raised
+
+
+def _failing_local_push(rank, model_dir):
+    actor = FSDPActor(ActorConfig(model_path=model_dir))
+    sync = WeightSync(actor.model, bucket_mb=0.1)
+
+    class Broken:
+        def load_weights_sync(self, weights):
+            next(iter(weights))
+            raise RuntimeError("the engine died mid-push")
+
+    start = time.monotonic()
+    try:
+        sync.push_local([Broken()] if rank == 0 else [])
+        outcome = "pushed"
+    except RuntimeError as e:
+        outcome = str(e)
+    return outcome, time.monotonic() - start, sync.version
+
+
+def test_a_local_push_that_raises_still_runs_the_gathers_of_the_other_ranks(tiny_model_dir):
+    """Rank 0's engine raises after one tensor: rank 0 still runs the remaining gathers, so
+    rank 1 does not wait out the collective's timeout, and both fail the push (issue 35)."""
+    (out0, _, v0), (out1, s1, v1) = run_ranks(_failing_local_push, 2, str(tiny_model_dir),
+                                              timeout_s=60)
+    assert out0 == "the engine died mid-push"
+    assert "another actor rank failed" in out1 and s1 < 30
+    assert v0 == v1 == 0
 
 
 def test_local_push_streams_the_full_weights_into_every_local_engine(tiny_model_dir):

@@ -112,7 +112,10 @@ class WeightSync:
         each get a pass of their own (gathered again), so memory stays bounded.
 
         Raises when no rank has an engine: a colocated rollout role must register its engine
-        with `register_local_engine`, or the push would silently update nothing.
+        with `register_local_engine`, or the push would silently update nothing. An engine
+        that raises mid-push fails the push on every rank (the same version everywhere), but
+        only after its rank has run the rest of the gathers, so the other ranks do not wait out
+        the collective's timeout (600 s).
         """
         counts = torch.tensor([len(engines), len(engines)], dtype=torch.long)
         total, most = (int(all_reduce(counts[:1]).item()),
@@ -124,12 +127,22 @@ class WeightSync:
                 "register_local_engine(engine) (or use the split-pool sync group)")
         if self.adapter_only:
             return self._push_adapter_local(engines)
+        error: BaseException | None = None
         for i in range(most):
             stream = self.iter_push()
-            if i < len(engines):
-                engine_loader(engines[i])(stream)
+            if i < len(engines) and error is None:
+                try:
+                    engine_loader(engines[i])(stream)
+                except Exception as e:  # drain first: the other ranks are in the gathers
+                    error = e
             for _ in stream:  # keep the collective in step if a loader stopped early (or none)
                 pass
+        failed = all_reduce(torch.tensor([int(error is not None)]), dist.ReduceOp.MAX)
+        if error is not None:
+            raise error
+        if int(failed.item()):
+            raise RuntimeError("push_local: an engine of another actor rank failed the push "
+                               "(its rank raised the error)")
         self.version += 1
         for engine in engines:  # samples are tagged with the actor's version
             engine.weight_version = self.version
