@@ -168,6 +168,8 @@ def test_good_configs_pass(tmp_path):
 
     root = Path(__file__).resolve().parents[2]
     for path in sorted((root / "configs").glob("*.yaml")):
+        if path.name == "toolrl_paper.yaml":  # GPUs, a hub model and data the user converts:
+            continue  # refused here by design; tests/trainer/test_paper_config.py runs it on CPU
         check_config(load_config(path))
     check_config(load_config(write_config(tmp_path), [
         "reward={rewards: [{name: test_preflight_typed, kwargs: {limit: 4, scale: 2}}]}"]))

@@ -442,3 +442,40 @@ def test_property_arbitrary_candidates_never_raise(calls, category):
         gt = []
     res = check_calls(calls, gt, category, tools)
     assert isinstance(res.valid, bool) and (res.valid or res.error)
+
+
+# --- the function name comes from the offered functions, as in BFCL --------------------------
+TRIANGLE = tool("calculate_triangle_area", {"base": {"type": "integer"},
+                                            "height": {"type": "integer"}}, ["base", "height"])
+SHIFTED = [{"math.factorial": {"number": [5]}}]  # another row's answer (ids shifted)
+
+
+def test_a_call_to_a_function_the_row_does_not_offer_scores_0_with_that_reason():
+    """BFCL's simple_function_checker takes the name from func_description[0]: a shifted
+    ground truth cannot make a call of an unoffered function pass."""
+    from toolrl import Trajectory, TurnRecord
+    from toolrl.reward.api import get_reward_spec
+
+    verdict = check_calls([ToolCall("math.factorial", {"number": 5})], SHIFTED,
+                          "simple_python", [TRIANGLE])
+    assert not verdict.valid and verdict.error_type == "toolrl:function_not_offered"
+    assert "'math.factorial' is not among the functions offered (calculate_triangle_area)" in \
+        verdict.error
+    # the offered function is the one checked, against the possible answer's parameters
+    verdict = check_calls([ToolCall("calculate_triangle_area", {"base": 3, "height": 4})],
+                          SHIFTED, "simple_python", [TRIANGLE])
+    assert not verdict.valid and verdict.error_type == "simple_function_checker:unexpected_param"
+    # in multiple and parallel categories the possible answer's function must be offered
+    for category in ("multiple", "parallel"):
+        verdict = check_calls([ToolCall("calculate_triangle_area", {"base": 3, "height": 4})],
+                              SHIFTED, category, [TRIANGLE])
+        assert not verdict.valid and "'math.factorial', which is not among the functions " \
+            "offered" in verdict.error, category
+    # the reward says so too
+    row = {"id": "simple_python_1", "category": "simple_python", "tools": [TRIANGLE],
+           "ground_truth": SHIFTED}
+    traj = Trajectory(row=row)
+    traj.turns.append(TurnRecord(action="", parse=ParseResult(
+        calls=[ToolCall("math.factorial", {"number": 5})], text="")))
+    result = get_reward_spec("bfcl_ast").target(traj)
+    assert result.score == 0.0 and "not among the functions offered" in result.reason

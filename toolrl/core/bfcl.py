@@ -8,8 +8,12 @@ among a parameter's acceptable values means it may be omitted.
 
 What BFCL checks, and so does this module:
 
-- the function name matches; the schema's ``required`` parameters are present; every parameter
-  given is in the schema *and* in the possible answer; a parameter left out must list ``""``;
+- the function name matches: under ``simple`` the name is the (first) offered function's, as
+  BFCL's ``simple_function_checker`` takes it from the function description, not from the
+  possible answer; a call to a function the row does not offer fails with that reason
+  (``toolrl:function_not_offered``) unless the category is ``relevance``; the schema's
+  ``required`` parameters are present; every parameter given is in the schema *and* in the
+  possible answer; a parameter left out must list ``""``;
 - types come from the tool's schema (BFCL's ``string integer float boolean array tuple dict
   any``). An int is accepted where a ``float`` is expected (and compared as a float), never the
   reverse; bools are never ints. Arrays check their items' type one level deep;
@@ -32,8 +36,9 @@ Intended differences (BFCL's data never exercises the last three):
   an assignment that exists;
 - JSON Schema names (``number object null``, unions like ``["string", "null"]``) are read as
   BFCL's types; a parameter whose schema has no known type is typed by its answers; a schema
-  without ``required``/``properties``, or an expected call whose tool is not offered, is
-  checked without them (BFCL would raise);
+  without ``required``/``properties`` is checked without them, and an expected call whose
+  function is not offered fails every output (BFCL would raise); a row without tools is
+  checked against its possible answers alone;
 - a dict nested inside a dict parameter also matches an alternative written in possible-answer
   form (BFCL compares nested values by equality only).
 
@@ -427,6 +432,20 @@ def check_calls(calls: Sequence[ToolCall | Mapping[str, Any]], ground_truth: Seq
                    }.get(mode, "parallel_function_checker_no_order")
         return CheckResult(False, f"Wrong number of functions: expected {len(expected)}, got "
                                   f"{len(calls)}.", f"{checker}:wrong_count")
+    if schemas:
+        stray = next((c for c in calls if c.name not in schemas), None)
+        if stray is not None:
+            return CheckResult(False, f"Function {stray.name!r} is not among the functions "
+                                      f"offered ({', '.join(schemas)}).",
+                               "toolrl:function_not_offered")
+        if mode == "simple":  # BFCL: the name is the offered function's (func_description[0])
+            name = next(iter(schemas))
+            return check_call(calls[0], name, expected[0][1], schemas[name])
+        missing = next((n for n, _ in expected if n not in schemas), None)
+        if missing is not None:  # BFCL's find_description finds nothing (and it raises)
+            return CheckResult(False, f"The possible answer calls {missing!r}, which is not "
+                                      f"among the functions offered ({', '.join(schemas)}).",
+                               "toolrl:function_not_offered")
     if mode != "parallel":
         name, params = expected[0]
         return check_call(calls[0], name, params, schemas.get(name))

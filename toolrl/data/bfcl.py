@@ -85,6 +85,13 @@ def load_bfcl(questions: str | os.PathLike,
     ValueError that says which.
     """
     entries = load_rows(questions)
+    strays = [e for e in entries if not is_bfcl_row(e)]
+    if strays:
+        fields = ", ".join(map(repr, strays[0])) or "none"
+        raise ValueError(f"{questions} is not a BFCL question file: {len(strays)} of "
+                         f"{len(entries)} records lack BFCL's 'question' and 'function' "
+                         f"(record {entries.index(strays[0])} has {fields}); "
+                         f"convert it with another --from format")
     file_category = category_from_file(questions)
     categories = [file_category or category_from_id(str(e.get("id", ""))) for e in entries]
     for category in dict.fromkeys(categories):
@@ -101,7 +108,14 @@ def load_bfcl(questions: str | os.PathLike,
         if not answers.exists():
             raise ValueError(f"{questions}: its possible answers are not at {answers}; pass "
                              f"BFCL's possible_answer/{Path(questions).name}")
-        truth = {a["id"]: a for a in load_rows(answers)}
+        truth = {}
+        for i, answer in enumerate(load_rows(answers)):
+            if "ground_truth" not in answer:
+                hint = " (it is a question file)" if is_bfcl_row(answer) else ""
+                raise ValueError(f"{answers} is not a BFCL possible-answer file{hint}: record "
+                                 f"{i} has no 'ground_truth'; pass BFCL's "
+                                 f"possible_answer/{Path(questions).name} as --answers")
+            truth[answer["id"]] = answer
         missing = [e["id"] for e, c in zip(entries, categories, strict=True)
                    if e["id"] not in truth and check_mode(c) not in ("irrelevance", "relevance")]
         if missing:

@@ -11,9 +11,11 @@ answers a user without calling any; turns that follow a tool result are context 
 Ground truth: each argument of the dataset's answer is its acceptable value; an optional
 parameter (not in ``required``) whose schema gives a default also accepts being left out (and
 the default), since leaving it out means the same call. Every row is checked before it is
-written: the dataset's own calls and `ground_truth_calls` must pass the BFCL checker. A record
+written: the dataset's own calls and `ground_truth_calls` must pass the BFCL checker, and the row
+must pass `toolrl.data.check_rows`, the check train, eval and the dry run run. A record
 that cannot be converted is an error with its index and reason; records with nothing to learn
-(no tools offered) are skipped with a counted reason. Nothing is dropped silently.
+(no tools offered) are skipped with a counted reason. Nothing is dropped silently, and when no
+row is left no output is written.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from toolrl.data import glaive, hermes, toolace, xlam
+from toolrl.data.check import check_rows
 from toolrl.data.loader import load_rows
 from toolrl.data.records import SkipRecord
 
@@ -42,12 +45,29 @@ class ConversionReport:
     written: int = 0
     skipped: Counter[str] = field(default_factory=Counter)
     errors: list[tuple[int, Any, str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # BFCL's own rows the row check notes
 
     def summary(self) -> str:
         skipped = ", ".join(f"{n} {why}" for why, n in self.skipped.most_common()) or "none"
         return (f"{self.format}: read {self.read} records, wrote {self.written} rows, "
                 f"skipped {sum(self.skipped.values())} ({skipped}), "
                 f"{len(self.errors)} errors")
+
+    def error_lines(self, shown: int = 5) -> list[str]:
+        """One line per distinct error message (with how many records had it and the first
+        of them), the ``shown`` most common."""
+        by_message: dict[str, list[tuple[int, Any]]] = {}
+        for index, record_id, message in self.errors:
+            by_message.setdefault(message, []).append((index, record_id))
+        common = sorted(by_message.items(), key=lambda kv: -len(kv[1]))
+        lines = []
+        for message, where in common[:shown]:
+            index, record_id = where[0]
+            many = f" (and {len(where) - 1} more with the same error)" if len(where) > 1 else ""
+            lines.append(f"error in record {index} (id {record_id!r}){many}: {message}")
+        if len(common) > shown:
+            lines.append(f"... and {len(common) - shown} other errors")
+        return lines
 
 
 # --- the command -----------------------------------------------------------------------------
@@ -88,8 +108,10 @@ def convert(fmt: str, inputs: Sequence[str | os.PathLike], output: str | os.Path
             converted = load_bfcl(path, answers)
             report.read += len(converted)
             rows += converted
+        indices = list(range(len(rows)))
     else:
         convert_record = formats()[fmt]
+        indices: list[int] = []  # the record of each row
         for path in inputs:
             for record in load_rows(path, default_ids=False):
                 if limit is not None and report.read >= limit:
@@ -97,22 +119,34 @@ def convert(fmt: str, inputs: Sequence[str | os.PathLike], output: str | os.Path
                 index = report.read
                 report.read += 1
                 try:
-                    rows += convert_record(record, index)
+                    converted = convert_record(record, index)
+                    rows += converted
+                    indices += [index] * len(converted)
                 except SkipRecord as skip:
                     report.skipped[str(skip)] += 1
                 except (ValueError, KeyError, TypeError) as exc:
                     message = str(exc) if isinstance(exc, ValueError) else \
                         f"{type(exc).__name__}: {exc}"
                     report.errors.append((index, record.get("id"), message))
-    if limit is not None:
-        rows = rows[:limit] if fmt == "bfcl" else rows
-    output.parent.mkdir(parents=True, exist_ok=True)
-    with output.open("w", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    if limit is not None and fmt == "bfcl":
+        rows, indices = rows[:limit], indices[:limit]
+    checked = check_rows(rows, "rows")  # the check train and eval run: nothing they refuse
+    bad = {p.index for p in checked.blocking}
+    for problem in checked.blocking:
+        report.errors.append((indices[problem.index], problem.row_id,
+                              f"{problem.kind}: {problem.reason}"))
+    report.errors.sort(key=lambda e: e[0])
+    report.notes = [p.line() for p in checked.notes]
+    rows = [r for i, r in enumerate(rows) if i not in bad]
     report.written = len(rows)
+    if rows:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        with output.open("w", encoding="utf-8") as f:
+            for row in rows:
+                f.write(json.dumps(row, ensure_ascii=False) + "\n")
     errors_path = output.with_name(output.name + ".errors.jsonl")
     if report.errors:
+        output.parent.mkdir(parents=True, exist_ok=True)
         with errors_path.open("w", encoding="utf-8") as f:
             for index, record_id, message in report.errors:
                 f.write(json.dumps({"index": index, "id": record_id, "error": message}) + "\n")

@@ -4,7 +4,8 @@ request), ``tools`` and ``answers`` (JSON strings).
 A tool is ``{"name", "description", "parameters": {param: {"type", "description",
 "default"}}}`` with Python-style type strings (``str``, ``int``, ``List[str]``,
 ``str, optional``); an answer is ``[{"name", "arguments"}]``. Types map to JSON Schema
-(an unknown one, e.g. ``Union[int, str]``, leaves the parameter untyped); a parameter is
+(a union, e.g. ``Union[int, str]``, leaves the parameter untyped; a word that names no type,
+e.g. ``strnig``, is an error); a parameter is
 required unless its type says ``optional``.
 """
 
@@ -22,6 +23,11 @@ _SCALARS = {"str": "string", "string": "string", "int": "integer", "integer": "i
             "boolean": "boolean"}
 _ARRAYS = ("list", "tuple", "set", "array", "sequence")
 _OBJECTS = ("dict", "object", "mapping")
+_UNTYPED = re.compile(r"^\s*(|any|union\[.*\]|optional\[.*\]|literal\[.*\]|callable.*|"
+                      r"none|null|\w+\s*\|.*)\s*(,\s*optional)?\s*$", re.IGNORECASE)
+"""Type strings that name no single JSON type (the parameter is left untyped): ``Any``,
+``Union[...]``, ``Optional[...]``, ``Literal[...]``, ``Callable``, ``a | b``; any other word
+(``strnig``) is an unknown type, an error."""
 
 
 def json_type(type_string: str) -> dict[str, Any]:
@@ -39,8 +45,17 @@ def json_type(type_string: str) -> dict[str, Any]:
     return {}
 
 
-def xlam_tool(tool: Mapping[str, Any]) -> dict[str, Any]:
-    """An OpenAI function schema from an xLAM tool."""
+def xlam_tool(tool: Any, index: int = 0) -> dict[str, Any]:
+    """An OpenAI function schema from an xLAM tool (the ``index``-th of its record)."""
+    if not isinstance(tool, Mapping):
+        raise ValueError(f"tool {index} is {type(tool).__name__}, not an object")
+    if tool.get("type") == "function" and isinstance(tool.get("function"), Mapping):
+        raise ValueError(f"tool {index} is in OpenAI's format ({{'type': 'function', "
+                         f"'function': ...}}), not xLAM's ({{'name', 'description', "
+                         f"'parameters'}}): convert such rows with --from toolrl")
+    if not isinstance(tool.get("name"), str) or not tool["name"]:
+        raise ValueError(f"tool {index} has no 'name' (fields: "
+                         f"{', '.join(map(repr, tool)) or 'none'})")
     params = tool.get("parameters") or {}
     if not isinstance(params, Mapping):
         raise ValueError(f"tool {tool.get('name')!r}: parameters must be an object")
@@ -50,6 +65,9 @@ def xlam_tool(tool: Mapping[str, Any]) -> dict[str, Any]:
             raise ValueError(f"tool {tool.get('name')!r}: parameter {name!r} is not an object")
         type_string = str(spec.get("type", ""))
         prop = json_type(type_string)
+        if not prop and not _UNTYPED.match(type_string):
+            raise ValueError(f"tool {tool['name']!r}: parameter {name!r} has an unknown type "
+                             f"{type_string!r}")
         if spec.get("description"):
             prop["description"] = spec["description"]
         if "default" in spec and spec["default"] not in (None, ""):
@@ -74,4 +92,4 @@ def convert_record(record: Mapping[str, Any], index: int) -> list[dict[str, Any]
     calls = [as_tool_call(a) for a in answers]
     row_id = f"xlam-{record.get('id', index)}"
     return [function_row("xlam", row_id, [{"role": "user", "content": query}],
-                         [xlam_tool(t) for t in tools], calls)]
+                         [xlam_tool(t, i) for i, t in enumerate(tools)], calls)]

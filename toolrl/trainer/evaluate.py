@@ -1,5 +1,9 @@
 """`toolrl eval`: a model on the config's validation rows, with the config's envs and rewards.
 
+It needs only what evaluation uses: the validation rows (``data.val_file``; no
+``data.train_file``), the model and the envs and rewards; a config that asks for GPUs on a
+machine without them is one line naming the overrides that run it on CPU (`check_devices`).
+
 Writes ``results.json``: overall success and reward, per category, per env (in a run of
 several envs) and, for BFCL rows (``source: "bfcl"``, as `toolrl data convert --from bfcl`
 writes them), per BFCL category with the summary and overall averages BFCL's leaderboard
@@ -26,7 +30,7 @@ from toolrl.core.bfcl_scores import leaderboard, leaderboard_tables
 from toolrl.core.trajectory import Trajectory
 from toolrl.trainer.config import ExperimentConfig
 from toolrl.trainer.mixture import env_of
-from toolrl.trainer.preflight import fit_prompt_budget
+from toolrl.trainer.preflight import check_devices, fit_prompt_budget
 
 
 def run_evaluation(cfg: ExperimentConfig, model: str, output_dir: str | os.PathLike,
@@ -40,10 +44,12 @@ def run_evaluation(cfg: ExperimentConfig, model: str, output_dir: str | os.PathL
     from toolrl.trainer.config import ConfigError
     from toolrl.trainer.trainer import Trainer
 
+    check_devices(cfg)  # GPUs asked for on a machine without: say so, name the overrides
     try:
         require_model(model, key="--model")
     except ModelNotFoundError as exc:
         raise ConfigError(str(exc)) from None
+    _validation_only(cfg)
     cfg.model.path = model
     cfg.model.build_tiny_if_missing = False
     console = console or Console()
@@ -80,6 +86,17 @@ def run_evaluation(cfg: ExperimentConfig, model: str, output_dir: str | os.PathL
                       f"failed for infrastructure reasons {results['infra_failed_by_kind']}: "
                       f"left out of success and reward[/]")
     return results
+
+
+def _validation_only(cfg: ExperimentConfig) -> None:
+    """Eval reads the validation rows only: a source with a val file needs no train file (its
+    train rows are the val rows, loaded and never used), so a config written for training runs
+    without the training data."""
+    if cfg.data.val_file:
+        cfg.data.train_file = cfg.data.val_file
+    for source in cfg.data.mixture:
+        if source.val_file:
+            source.train_file = source.val_file
 
 
 def summarize(trajs: Sequence[Trajectory], scores: Sequence[float], default_env: str

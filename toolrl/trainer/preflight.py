@@ -34,8 +34,9 @@ from typing import Any
 from toolrl.trainer.config import ConfigError, ExperimentConfig
 
 __all__ = ["PromptBudget", "accepted_kwargs", "apply_prompt_budget", "budget_key",
-           "check_config", "check_env_kwargs", "check_kwargs", "check_loop",
-           "check_reward_section", "check_rows", "check_task_kwargs", "check_task_rows",
+           "check_config", "check_devices", "check_env_kwargs", "check_kwargs", "check_loop",
+           "check_reward_section", "check_rows", "check_task_files", "check_task_kwargs",
+           "check_task_rows",
            "env_creator",
            "fit_prompt_budget", "has_generator", "prompt_lengths", "type_problem"]
 
@@ -245,8 +246,9 @@ def _first_param(fn: Callable[..., Any]) -> tuple[str, ...]:
 
 # --- the whole config ------------------------------------------------------------------------
 def check_config(cfg: ExperimentConfig) -> None:
-    """Everything of ``cfg`` that names code: env ids and their kwargs, task generators and
-    their kwargs, reward ids and their kwargs. Raises `ConfigError` (one line)."""
+    """Everything of ``cfg`` that names code or files: env ids and their kwargs, task generators
+    and their kwargs, task files, reward ids and their kwargs. Raises `ConfigError` (one
+    line)."""
     data, ws = cfg.data, cfg.warm_start
     files = bool(data.train_file and data.val_file)
     creator = check_env_kwargs(cfg.env.id, cfg.env.kwargs, "env.kwargs")
@@ -263,12 +265,60 @@ def check_config(cfg: ExperimentConfig) -> None:
                                  f"{where}.env")
         if not (source.train_file and source.val_file) or source.task_kwargs:
             check_task_kwargs(source.env, mixed, source.task_kwargs, f"{where}.task_kwargs")
+    check_task_files(cfg)
     check_reward_section(cfg.reward, "reward")
     for env_id, section in cfg.env_rewards.items():
         env_creator(env_id, "env_rewards key")
         check_reward_section(section, f"env_rewards[{env_id!r}]")
     check_loop(cfg)
+    check_devices(cfg)
     check_model(cfg)
+
+
+def check_task_files(cfg: ExperimentConfig) -> None:
+    """Every task file the config names exists; a `ConfigError` naming the key otherwise."""
+    from pathlib import Path
+
+    keys = [("data.train_file", cfg.data.train_file), ("data.val_file", cfg.data.val_file)]
+    for i, source in enumerate(cfg.data.mixture):
+        keys += [(f"data.mixture[{i}].train_file", source.train_file),
+                 (f"data.mixture[{i}].val_file", source.val_file)]
+    for key, path in keys:
+        if path and not Path(path).expanduser().exists():
+            raise ConfigError(f"{key}={path!r}: the task file does not exist (convert your data "
+                              f"with `toolrl data convert`, or set {key} to an existing .jsonl, "
+                              f".json or .parquet file)")
+
+
+def check_devices(cfg: ExperimentConfig) -> None:
+    """A config that asks for GPUs on a machine without any (and no Ray cluster to run on) is
+    a `ConfigError` that says so and names the overrides that run it on CPU."""
+    import os
+
+    if cfg.resources.ray_address or os.environ.get("RAY_ADDRESS"):
+        return  # the cluster's nodes, not this machine, have the devices
+    asks = []
+    if cfg.resources.device == "cuda":
+        asks.append("resources.device=cuda")
+    if cfg.rollout.engine.backend == "gpu":
+        asks.append("rollout.engine.backend=gpu")
+    if not asks:
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    cpu = ["resources.device=cpu", "rollout.engine.backend=cpu"]
+    if cfg.resources.processes_per_node > 1:
+        cpu.append("resources.processes_per_node=1")
+    if (cfg.rollout.engine.gpu_memory_utilization or 0) > 0.1:  # vLLM CPU reads it of RAM
+        cpu.append("rollout.engine.gpu_memory_utilization=0.1")
+    if cfg.actor.param_dtype is not None:
+        cpu.append("actor.param_dtype=null")
+    raise ConfigError(f"the config asks for GPUs ({', '.join(asks)}) and this machine has none "
+                      f"(torch sees no CUDA device); to run it on CPU add the overrides "
+                      f"{' '.join(cpu)} (and a model small enough for CPU), or run it on a GPU "
+                      f"machine or a Ray cluster with GPUs (resources.ray_address)")
 
 
 def check_model(cfg: ExperimentConfig) -> str:
