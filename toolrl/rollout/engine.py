@@ -48,6 +48,7 @@ from toolrl.rollout.weight_transfer import (
     SharedMemoryPush,
     WeightLoaderExtension,
     ipc_buffer_bytes,
+    largest_weight_numel,
     nccl_receiver_init_info,
     nccl_update_info,
 )
@@ -55,6 +56,7 @@ from toolrl.rollout.weight_transfer import (
 T = TypeVar("T")
 GiB = 1 << 30
 MiB = 1 << 20
+BROADCAST_TIMEOUT_S = 600.0  # one engine call of an NCCL receive (the trainer's collectives')
 
 # The qualified name vLLM imports in its worker process to extend the worker class.
 WORKER_EXTENSION = "toolrl.rollout.weight_transfer.WeightLoaderExtension"
@@ -96,7 +98,8 @@ class EngineConfig:
             or inside the engine-core process (``False``: one process fewer, faster start).
             The engine core always runs in a background process.
         max_num_seqs: most sequences the scheduler runs at once (None: vLLM's default).
-        tensor_parallel_size: GPUs per engine (GPU only).
+        tensor_parallel_size: GPUs per engine; only 1 works (one GPU per placement bundle, one
+            NCCL rank per engine in the weight-sync group), anything else is refused.
         logprobs_mode: which log-probs vLLM reports beside each sampled token (vLLM offers
             no other choice than these two): ``"raw_logprobs"``, the model's, before
             temperature, top-k, top-p and forced tokens (``allowed_token_ids``);
@@ -183,6 +186,10 @@ class EngineConfig:
                 raise ValueError("cpu_threads applies to the CPU backend only")
             if self.cpu_threads < 1:
                 raise ValueError(f"cpu_threads must be >= 1 or None, got {self.cpu_threads}")
+        if self.tensor_parallel_size != 1:
+            raise ValueError(f"tensor_parallel_size={self.tensor_parallel_size}: toolrl runs one "
+                             f"engine per GPU (one GPU per placement bundle, one NCCL rank per "
+                             f"engine in the weight-sync group); use 1 and more rollout workers")
         if self.logprobs_mode not in (None, *LOGPROBS_MODES):
             raise ValueError(f"logprobs_mode must be one of {list(LOGPROBS_MODES)} or null, got "
                              f"{self.logprobs_mode!r}")
@@ -525,15 +532,26 @@ class VLLMEngine:
             self._call(llm.init_weight_transfer_engine(
                 WeightTransferInitRequest(init_info={"packed": True})), timeout)
             self._transfer_ready = True
+        # a hub id has no local safetensors to read: the model's config gives the largest
+        # tensor (IpcPush still grows its buffer for one that is larger)
+        largest = self._largest_weight_numel or largest_weight_numel(
+            llm.model_config.hf_config)
         push = IpcPush(
             start=lambda: self._call(llm.start_weight_update(), timeout),
             update=lambda info: self._call(llm.update_weights(
                 WeightTransferUpdateRequest(update_info=info)), timeout),
             finish=lambda: self._call(llm.finish_weight_update(), timeout),
             buffer_bytes=ipc_buffer_bytes(self.config.weight_bucket_bytes,
-                                          self._largest_weight_numel * self._model_dtype.itemsize))
+                                          largest * self._model_dtype.itemsize))
         device = torch.device("cuda", torch.cuda.current_device())
-        push.push((name, t.to(device, non_blocking=True)) for name, t in stream)
+        try:  # a failed push has finished the update session: the next push is served
+            push.push((name, t.to(device, non_blocking=True)) for name, t in stream)
+        except Exception as e:
+            if push.buckets:
+                raise EngineError(f"weight push failed after {push.buckets} buckets ({e}); the "
+                                  f"engine now holds a mix of old and new weights: push the "
+                                  f"complete set") from e
+            raise
         self.last_push_buckets = push.buckets
 
     def init_broadcast_receiver(self, master_address: str, master_port: int, rank_offset: int,
@@ -551,11 +569,14 @@ class VLLMEngine:
         self._transfer_ready = True
 
     def receive_broadcast(self, metadata: Sequence[tuple[str, str, Sequence[int]]],
-                          timeout: float | None = None, keep_inflight: bool = False) -> int:
+                          timeout: float | None = BROADCAST_TIMEOUT_S,
+                          keep_inflight: bool = False) -> int:
         """GPU, split pools: receive one push of the trainer straight into vLLM's workers
         (``metadata``: name, dtype, shape of every tensor in send order); returns the new
         weight version. Runs while the trainer broadcasts. ``keep_inflight``: see
-        `begin_staged_push`."""
+        `begin_staged_push`. ``timeout`` bounds each engine call (a trainer that died
+        mid-broadcast is an `EngineError`, not a hang); a failed receive still finishes the
+        engine's update session, so the next push is served."""
         from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
 
         self._require_gpu("receive_broadcast", "nccl")
@@ -565,8 +586,13 @@ class VLLMEngine:
         self._hold(keep_inflight, timeout)
         try:
             self._call(llm.start_weight_update(), timeout)
-            self._call(llm.update_weights(WeightTransferUpdateRequest(
-                update_info=nccl_update_info(metadata))), timeout)
+            try:
+                self._call(llm.update_weights(WeightTransferUpdateRequest(
+                    update_info=nccl_update_info(metadata))), timeout)
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    self._call(llm.finish_weight_update(), timeout)
+                raise
             self._call(llm.finish_weight_update(), timeout)
             return self._after_push(timeout)
         finally:
@@ -714,6 +740,10 @@ class VLLMEngine:
         ``["kv_cache"]`` after, or everything (None). A no-op on CPU or when awake."""
         if self.config.backend != "gpu" or not self.sleeping:
             return
+        # the colocated actor's freed blocks sit in this process's caching allocator, where
+        # vLLM's own allocator (a wake-up maps weights and KV cache with it) cannot take them
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.empty_cache()
         self._call(self._require().wake_up(list(tags) if tags is not None else None), timeout)
         if tags is None or "kv_cache" in tags:
             self.sleeping = 0

@@ -480,6 +480,21 @@ def nccl_update_info(metadata: Iterable[tuple[str, str, tuple[int, ...]]]) -> di
             "shapes": [list(m[2]) for m in meta]}
 
 
+def largest_weight_numel(config: Any) -> int:
+    """Elements of the largest weight a decoder LM of this (Hugging Face) config has: the
+    vocab embedding / LM head, an MLP or an attention projection. For a model given as a hub
+    id, whose safetensors cannot be read up front (a Qwen2.5-0.5B embedding is 272 MB in bf16,
+    over the default 256 MiB bucket)."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    hidden = int(getattr(text, "hidden_size", 0) or 0)
+    heads = int(getattr(text, "num_attention_heads", 0) or 0)
+    head_dim = int(getattr(text, "head_dim", 0) or 0) or hidden // max(heads, 1)
+    mlp = max(int(getattr(text, key, 0) or 0) for key in
+              ("intermediate_size", "moe_intermediate_size", "ffn_dim"))
+    vocab = int(getattr(text, "vocab_size", 0) or 0)
+    return max(vocab * hidden, mlp * hidden, heads * head_dim * hidden)
+
+
 def ipc_buffer_bytes(bucket_bytes: int, largest_tensor_bytes: int) -> int:
     """The IPC buffer holds a whole bucket and at least the largest tensor."""
     return int(max(bucket_bytes, largest_tensor_bytes, 1))
@@ -510,6 +525,7 @@ __all__ = [
     "bucket_plan",
     "ipc_bucket_sizes",
     "ipc_buffer_bytes",
+    "largest_weight_numel",
     "nccl_receiver_init_info",
     "nccl_update_info",
     "remove_stale_staging",
