@@ -11,6 +11,7 @@ from transformers import AutoModelForCausalLM
 
 from toolrl.models.tiny import build_tiny_model
 from toolrl.rollout.engine import EngineConfig, SamplingConfig, VLLMEngine
+from toolrl.rollout.weight_transfer import ipc_bucket_sizes, ipc_buffer_bytes
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
@@ -36,7 +37,8 @@ def test_gpu_generate_and_weight_push_round_trip(engine, tiny_model_dir):
     perturbed = {k: v + 0.05 * torch.randn(v.shape, generator=gen) for k, v in original.items()}
     perturbed["lm_head.weight"] = perturbed["model.embed_tokens.weight"]
     engine.load_weights_sync(perturbed.items())
-    assert engine.last_push_buckets > 10  # ~5 MB in 0.25 MiB buckets through one IPC buffer
+    # one IPC buffer of the largest tensor (over 0.25 MiB), each bucket filled to its capacity
+    assert engine.last_push_buckets == _expected_buckets(perturbed, engine.config)
     [after] = engine.generate_sync(prompt, greedy)
     assert after.token_ids != before.token_ids
     hf.load_state_dict(perturbed)
@@ -55,6 +57,13 @@ def test_a_cpu_backend_on_the_gpu_build_is_a_clear_error(tiny_model_dir):
 
     with pytest.raises(EngineError, match="backend='cpu'"):
         VLLMEngine(EngineConfig(model=str(tiny_model_dir), backend="cpu"))
+
+
+def _expected_buckets(weights, config) -> int:
+    """Buckets of a push of ``weights`` (checkpoint order, no tied lm_head) through the IPC
+    buffer the engine sizes: the bucket, or the largest tensor where that is larger."""
+    sizes = [t.numel() * t.element_size() for k, t in weights.items() if k != "lm_head.weight"]
+    return len(ipc_bucket_sizes(sizes, ipc_buffer_bytes(config.weight_bucket_bytes, max(sizes))))
 
 
 def _hf_log_probs(hf, prompt, sampled):
@@ -104,7 +113,7 @@ def test_a_push_over_4_gib(tmp_path_factory):
             for t in weights.values():
                 t.mul_(1.05)  # new weights the engine has not seen
         eng.load_weights_sync(weights.items())
-        assert eng.last_push_buckets > 20  # 256 MiB buckets
+        assert eng.last_push_buckets == _expected_buckets(weights, eng.config)
         [out] = eng.generate_sync(prompt, SamplingConfig(temperature=0.0, max_tokens=8,
                                                          ignore_eos=True))
         diff = (_hf_log_probs(hf, prompt, out.token_ids) - torch.tensor(out.log_probs)).abs()
