@@ -324,8 +324,9 @@ def build_parser() -> argparse.ArgumentParser:
     data = p.add_subparsers(dest="data_command", required=True, metavar="DATA_COMMAND")
     p = data.add_parser("convert", help="public training set (or BFCL) -> FunctionCalling rows")
     p.add_argument("--from", dest="format", required=True,
-                   choices=["xlam", "toolace", "hermes", "glaive", "bfcl"],
-                   help="the input's format")
+                   choices=["xlam", "toolace", "hermes", "glaive", "bfcl", "toolrl"],
+                   help="the input's format; toolrl: your own rows in the FunctionCalling row "
+                   "schema (README: Bring your own format)")
     p.add_argument("inputs", nargs="+", help="JSON, JSONL or parquet files (BFCL: question "
                    "files, e.g. BFCL_v4_simple_python.json)")
     p.add_argument("--out", required=True, help="the JSONL file written")

@@ -1,5 +1,8 @@
 """`toolrl data convert`: public function-calling training sets -> FunctionCalling rows.
 
+``--from toolrl`` reads your own data in the row schema below (`toolrl.data.toolrl_rows`), so
+data of any other layout needs only a mapping to that schema, never a converter of its own.
+
 Every format yields the same rows: ``id``, ``env`` (``toolrl/FunctionCalling-v0``), ``source``,
 ``category`` (`toolrl.core.bfcl.category_of`: by the calls expected and the tools offered),
 ``messages`` (the conversation up to the answer; the dataset's system prompt, which lists the
@@ -28,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from toolrl.data import glaive, hermes, toolace, xlam
+from toolrl.data import glaive, hermes, toolace, toolrl_rows, xlam
 from toolrl.data.check import check_rows
 from toolrl.data.loader import load_rows
 from toolrl.data.records import SkipRecord
@@ -77,10 +80,11 @@ Converter = Callable[[Mapping[str, Any], int], list[Row]]
 def formats() -> dict[str, Converter]:
     """Format name -> converter of one record (its index given for ids)."""
     return {"xlam": xlam.convert_record, "toolace": toolace.convert_record,
-            "hermes": hermes.convert_record, "glaive": glaive.convert_record}
+            "hermes": hermes.convert_record, "glaive": glaive.convert_record,
+            "toolrl": toolrl_rows.convert_record}
 
 
-FORMATS = ("xlam", "toolace", "hermes", "glaive", "bfcl")
+FORMATS = ("xlam", "toolace", "hermes", "glaive", "bfcl", "toolrl")
 
 
 def convert(fmt: str, inputs: Sequence[str | os.PathLike], output: str | os.PathLike, *,
