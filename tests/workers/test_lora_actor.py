@@ -202,3 +202,25 @@ def test_merged_stream_equals_peft_merge_in_checkpoint_order(tiny_model_dir):
     assert all(torch.equal(state[n], model.state_dict()[n]) for n in state)  # nothing mutated
     with pytest.raises(RuntimeError, match="ended before"):
         list(lora.merged((n, t) for n, t in state.items() if ".lora_B." not in n))
+
+
+def _reference_first_then_update(rank, cfg, td):
+    actor = FSDPActor(cfg)
+    ref = actor.compute_ref_log_prob(td)[REF_LOG_PROBS]  # the first forward: adapter off
+    metrics = actor.update(td)
+    trainable = {n for n, p in actor.model.named_parameters() if p.requires_grad}
+    return ref, metrics, trainable
+
+
+def test_a_bf16_lora_actor_trains_after_a_reference_pass_comes_first(tiny_model_dir, batch):
+    """bf16 compute with float32 gradient reduction (the GPU default): a reference pass as the
+    first forward made FSDP2 fix the adapter groups' gradient dtype while PEFT had switched
+    their requires_grad off, and the first update raised "attempting to assign a gradient
+    with dtype BFloat16 ..." (found by the GPU check's dry mode)."""
+    cfg = _cfg(tiny_model_dir, param_dtype="bfloat16", reduce_dtype="float32")
+    ref, metrics, trainable = run_ranks(_reference_first_then_update, 1, cfg, batch)[0]
+    assert metrics["actor/grad_norm"] > 0
+    assert trainable and all(is_adapter_name(n) for n in trainable)
+    mask = batch[RESPONSE_MASK].bool()
+    base = hf_log_probs(tiny_model_dir, batch)
+    assert (ref[mask] - base[mask]).abs().mean() < 0.05  # bf16 compute of the base model

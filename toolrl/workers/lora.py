@@ -154,8 +154,19 @@ class LoraAdapter:
 
     @contextlib.contextmanager
     def disabled(self) -> Iterator[None]:
-        """The base model: every adapter off inside the block (PEFT's ``disable_adapter``)."""
+        """The base model: every adapter off inside the block (PEFT's ``disable_adapter``).
+
+        PEFT also turns the adapters' ``requires_grad`` off inside the block; they are kept
+        trainable here. FSDP2 fixes each parameter group's gradient dtypes at its lazy init,
+        from the parameters that are trainable then: a first forward with the adapter off (the
+        reference pass) left a bf16 actor with ``reduce_dtype`` float32 unable to take its
+        first gradient ("attempting to assign a gradient with dtype BFloat16 ..."). The block
+        is for forwards without gradients; the adapters' forward path is off either way.
+        """
+        trainable = [p for p in self.peft.parameters() if p.requires_grad]
         with self.peft.disable_adapter():
+            for param in trainable:
+                param.requires_grad_(True)
             yield
 
     # --- views of the weights ----------------------------------------------------------------
