@@ -98,6 +98,8 @@ def test_quickstart_counts_prompt_tokens_and_scores_the_oracle_and_bad_policies(
     assert by_policy["unknown_tool"].tool_errors > 0
     for word in ("tokens", "oracle", "unknown_tool", "no problems found", str(expected[0][1])):
         assert word in text
+    # what the tiny template leaves out of the tools is a note (toolrl.rollout.chat)
+    assert "leaves parameter descriptions, defaults, nested object properties out" in text
 
 
 def test_no_process_is_started(tiny_model_dir, monkeypatch):

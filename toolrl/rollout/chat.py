@@ -14,6 +14,9 @@ checks this once per template on a probe conversation (`check_prefix_preserving`
 `TemplateError` for a template that fails, unless ``allow_non_prefix_preserving=True`` says
 to train on the token stream the model actually saw (then the check's report is kept on
 `ChatRenderer.conformance`).
+
+`tool_coverage` reports which parts of a tool schema (descriptions, enums, defaults, nested
+properties...) a template leaves out of the prompt: the model cannot use what it never sees.
 """
 
 from __future__ import annotations
@@ -233,6 +236,46 @@ class ChatRenderer:
             incremental_context=self.tokenizer.decode(ids[max(0, at - 8): at + 8]),
             full_context=self.tokenizer.decode(full[max(0, at - 8): at + 8]),
             reason="delta-appended tokens differ from a full re-render")
+
+
+# One tool whose every schema element carries a marker: what the rendered prompt lacks, the
+# model never sees (`tool_coverage`).
+COVERAGE_TOOL: dict[str, Any] = {"type": "function", "function": {
+    "name": "probe_tool_qz", "description": "Tooldescqz marker.",
+    "parameters": {"type": "object", "required": ["pmainqz"], "properties": {
+        "pmainqz": {"type": "string", "description": "Paramdescqz marker.",
+                    "enum": ["enumvalqz", "enumothqz"]},
+        "pcountqz": {"type": "integer", "default": 9137},
+        "pnestqz": {"type": "object", "properties": {"nestedkeyqz": {"type": "string"}}}}}}}
+COVERAGE_PARTS: dict[str, str] = {
+    "tool names": "probe_tool_qz", "tool descriptions": "Tooldescqz",
+    "parameter names": "pmainqz", "parameter descriptions": "Paramdescqz",
+    "enum values": "enumvalqz", "defaults": "9137", "nested object properties": "nestedkeyqz"}
+
+
+@dataclass(frozen=True)
+class ToolCoverage:
+    """What a chat template renders of a tool schema (`ChatRenderer.tool_coverage`)."""
+
+    missing: tuple[str, ...]  # parts of COVERAGE_PARTS the prompt lacks
+
+    @property
+    def ok(self) -> bool:
+        return not self.missing
+
+    def describe(self) -> str:
+        if self.ok:
+            return "the chat template renders every part of the tool schemas"
+        return (f"the chat template leaves {', '.join(self.missing)} out of the tools: the "
+                f"model never sees them")
+
+
+def tool_coverage(renderer: ChatRenderer) -> ToolCoverage:
+    """Render a prompt with `COVERAGE_TOOL` and list the schema parts missing from it."""
+    text = renderer.render_text([{"role": "user", "content": "hi"}], [COVERAGE_TOOL],
+                                add_generation_prompt=True)
+    return ToolCoverage(tuple(part for part, marker in COVERAGE_PARTS.items()
+                              if marker not in text))
 
 
 def _dummy_messages() -> list[dict[str, Any]]:

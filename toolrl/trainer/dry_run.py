@@ -232,7 +232,7 @@ def _sample(train: list[dict[str, Any]], val: list[dict[str, Any]], n: int, defa
 def _renderer(cfg: ExperimentConfig, rollout: RolloutConfig, report: DryRunReport) -> Any:
     """The rollout workers' `ChatRenderer` on the run's tokenizer (None: none could be loaded;
     the report says why)."""
-    from toolrl.rollout.chat import ChatRenderer, TemplateError
+    from toolrl.rollout.chat import ChatRenderer, TemplateError, tool_coverage
 
     try:
         tokenizer = _tokenizer(cfg, rollout)
@@ -241,12 +241,20 @@ def _renderer(cfg: ExperimentConfig, rollout: RolloutConfig, report: DryRunRepor
                             f"skipped")
         return None
     try:
-        return ChatRenderer(tokenizer,
-                            allow_non_prefix_preserving=rollout.allow_non_prefix_preserving,
-                            chat_template_kwargs=rollout.chat_template_kwargs)
+        renderer = ChatRenderer(tokenizer,
+                                allow_non_prefix_preserving=rollout.allow_non_prefix_preserving,
+                                chat_template_kwargs=rollout.chat_template_kwargs)
     except TemplateError as exc:
         report.problems.append(f"chat template: {exc}")
         return None
+    try:
+        coverage = tool_coverage(renderer)
+    except TemplateError as exc:
+        report.notes.append(f"tool coverage not checked: {exc}")
+    else:
+        if not coverage.ok:
+            report.notes.append(coverage.describe())
+    return renderer
 
 
 def _tokenizer(cfg: ExperimentConfig, rollout: RolloutConfig) -> Any:
