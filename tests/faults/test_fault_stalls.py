@@ -56,7 +56,7 @@ def test_a_stall_is_reported_and_stops_the_run(mode, ray_cluster, tiny_model_dir
     steps = [r["step"] for r in read_metrics(out / "metrics.jsonl")]
     assert steps[:2] == [0, 1] and steps[-1] < 4, steps  # step 1 trained, the run never ended
     assert line.startswith(f"stall: no progress in step {steps[-1] + 1} ")
-    assert "phase 'rollout'" in line and "pid " in line, line  # which worker, which wait
+    assert "phase 'rollout" in line and "pid " in line, line  # which worker, which wait
     stalls = list((out / "stalls").iterdir())
     assert len(stalls) == 1
     files = sorted(p.name for p in stalls[0].iterdir())

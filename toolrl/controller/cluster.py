@@ -14,6 +14,8 @@ import contextlib
 import os
 import signal
 import tempfile
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +51,8 @@ def init_ray(num_cpus: int | None = None, num_gpus: int | None = None, *,
     address = address or os.environ.get("RAY_ADDRESS")
     pinned = apply_loopback_guard()
     if address:
-        return ray.init(address=address, log_to_driver=log_to_driver, **ray_kwargs)
+        with _python_sigterm_kept():
+            return ray.init(address=address, log_to_driver=log_to_driver, **ray_kwargs)
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     kwargs: dict[str, Any] = {
@@ -63,9 +66,22 @@ def init_ray(num_cpus: int | None = None, num_gpus: int | None = None, *,
         kwargs["_node_ip_address"] = LOOPBACK_IP
     kwargs.update(ray_kwargs)
     global _started_local
-    context = ray.init(**kwargs)
+    with _python_sigterm_kept():
+        context = ray.init(**kwargs)
     _started_local = True
     return context
+
+
+@contextlib.contextmanager
+def _python_sigterm_kept() -> Iterator[None]:
+    """Ray's core worker installs a C-level SIGTERM handler that aborts the driver (exit 134,
+    no clean-up): a Python handler the process had (``toolrl train``'s) is put back."""
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        yield
+    finally:
+        if callable(before) and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, before)
 
 
 _started_local = False  # init_ray started the local cluster this process is connected to
