@@ -104,3 +104,17 @@ def test_a_cosine_schedule_spans_every_optimizer_step_of_the_run():
                              "algorithm.group_size=4", "actor.ppo_epochs=2",
                              "actor.ppo_mini_batch_size=8"])
     assert optimizer_steps(cfg, cfg.actor) == 10 * 2 * 2
+
+
+def test_a_suggestion_ends_its_sentence_once():
+    """OmegaConf's "Did you mean ...?" is not followed by a stray period."""
+    for override, suggestion in (("rollout.temprature=0.7", "Did you mean one of: "),
+                                 ("rollout.engine.backnd=cpu", "Did you mean: 'backend'")):
+        with pytest.raises(ConfigError) as info:
+            load_config(None, [override])
+        text = str(info.value)
+        assert suggestion in text and "?. " not in text and "?  " not in text, text
+        assert "? Valid keys under" in text, text
+    with pytest.raises(ConfigError) as info:  # a message without a suggestion gets its period
+        load_config(None, ["rollout.zzzzzz=1"])
+    assert ". Valid keys under 'rollout'" in str(info.value) and ".." not in str(info.value)

@@ -439,15 +439,17 @@ def _get(cfg: Any, dotted: str) -> Any:
 def _explain(exc: ConfigKeyError | ValidationError) -> str:
     full_key = getattr(exc, "full_key", None) or "?"
     first = str(exc).splitlines()[0]
+    if not first.endswith((".", "?", "!")):  # OmegaConf's "Did you mean ...?" ends one already
+        first += "."
     if isinstance(exc, ConfigKeyError):
         parent = full_key.rsplit(".", 1)[0] if "." in full_key else ""
         owner = getattr(exc, "object_type", None)
         if is_dataclass(owner) and owner is not ExperimentConfig and not parent:
             # inside a list (data.mixture[i]) OmegaConf loses the path: name the owner
-            return (f"unknown config key {full_key!r}. {first}. Valid keys of "
+            return (f"unknown config key {full_key!r}. {first} Valid keys of "
                     f"{owner.__name__}: {sorted(f.name for f in fields(owner))}")
         valid = _valid_keys(parent)
-        return f"unknown config key {full_key!r}. {first}. Valid keys" + \
+        return f"unknown config key {full_key!r}. {first} Valid keys" + \
             (f" under {parent!r}" if parent else "") + f": {valid}"
     return f"invalid value for {full_key!r}: {first}"
 
