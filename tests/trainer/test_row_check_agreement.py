@@ -147,3 +147,37 @@ def test_dry_run_never_plays_a_row_twice(tmp_path, tiny_model_dir):
     report = dry_run(cfg, tasks=4, console=Console(file=io.StringIO()))
     played = [p.task_id for p in report.prompts]
     assert sorted(played) == sorted(r["id"] for r in GOOD[:2]), played
+
+
+def test_an_oracle_failure_names_the_checkers_reason():
+    """A row at fault (here: an env that let a bad row through) is reported with the reason
+    the env's check gave, not only 'check evaluate() and oracle_action()'."""
+    from toolrl.core.trajectory import Trajectory
+    from toolrl.rollout.worker import RolloutConfig
+    from toolrl.trainer.dry_run import DryRunReport, _check_oracle
+
+    traj = Trajectory(row={"id": "bool"})
+    traj.finish("terminated", {"success": False}, {"valid": False, "error":
+                "plan_route: Invalid value for parameter 'optimize_route'"})
+    report = DryRunReport(1, 0, 512, 640)
+    _check_oracle([traj], None, RolloutConfig(), report)
+    assert report.problems == [
+        "the oracle failed 1 of 1 tasks that it ended itself (task 'bool': plan_route: Invalid "
+        "value for parameter 'optimize_route'): check that row's ground truth, or the env's "
+        "evaluate() and oracle_action()"]
+
+
+def test_oracle_tool_errors_are_a_problem():
+    """'oracle tool errors 1' next to 'no problems found' was a contradiction."""
+    from toolrl.core.trajectory import Trajectory, TurnRecord
+    from toolrl.rollout.worker import RolloutConfig
+    from toolrl.trainer.dry_run import DryRunReport, _check_oracle
+
+    traj = Trajectory(row={"id": "bool"})
+    traj.turns.append(TurnRecord(action="x", errors=[{
+        "type": "wrong_type", "message": "argument 'optimize_route' must be boolean"}]))
+    traj.finish("terminated", {"success": True})
+    report = DryRunReport(1, 0, 512, 640)
+    _check_oracle([traj], None, RolloutConfig(), report)
+    assert len(report.problems) == 1 and "the oracle made tool errors in 1 of 1 tasks (task " \
+        "'bool': wrong_type: argument 'optimize_route' must be boolean)" in report.problems[0]
