@@ -17,6 +17,7 @@ import statistics
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -602,7 +603,120 @@ def check_memory(ctx: Context) -> Section:
     return sec
 
 
-# --- 4. the tests that need only torch + transformers -----------------------------------------
+# --- 4. LoRA under FSDP2 + PEFT in bf16 -------------------------------------------------------
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def check_lora(ctx: Context) -> Section:
+    """A LoRA actor (`toolrl.workers.lora`: PEFT under FSDP2, bf16 compute, fp32 master
+    weights) in a world of one: the adapter off is the base model, a fresh adapter changes
+    nothing, updates move the policy and not the reference, the merged export scores as the
+    actor does, and a DCP checkpoint resumes the same step."""
+    import tempfile
+
+    from toolrl.batch import ADVANTAGES, OLD_LOG_PROBS, REF_LOG_PROBS
+    from toolrl.workers.actor import ActorConfig, FSDPActor
+    from toolrl.workers.lora import LoraConfig
+
+    sec = Section("LoRA under FSDP2 + PEFT (bf16 compute, fp32 master weights)")
+    shape = "tiny" if ctx.dry else ctx.scoring_shape
+    vocab = SHAPES[shape]["vocab_size"]
+    tmp = tempfile.TemporaryDirectory(prefix="toolrl-gpu-check-lora-")
+    root = Path(tmp.name)
+    ctx.log(f"lora: writing a {shape} checkpoint")
+    base = build_model(shape, ctx.device, torch.float32)
+    base.save_pretrained(root / "base")
+    base = None
+    free_memory(ctx.device)
+    spans = ((4, 24), (2, 20)) if ctx.dry else ((64, 384), (16, 256))
+
+    def batch(seed: int) -> tuple[Rows, Any]:
+        rows = make_rows(8, 2, *spans, vocab, seed=seed)
+        td = rollout_batch(rows, torch.device("cpu"))
+        g = torch.Generator().manual_seed(seed)
+        mask = td["response_mask"].float()
+        td[ADVANTAGES] = torch.randn(len(rows.prompts), 1, generator=g).expand_as(mask) * mask
+        return rows, td
+
+    def scored_by(path: Path, rows: Rows) -> list[torch.Tensor]:
+        from transformers import AutoModelForCausalLM
+
+        hf = AutoModelForCausalLM.from_pretrained(path, attn_implementation="sdpa")
+        hf = hf.to(device=ctx.device, dtype=torch.bfloat16).eval()
+        try:
+            return reference_log_probs(hf, rows, ctx.device)
+        finally:
+            hf = None
+            free_memory(ctx.device)
+
+    cfg = ActorConfig(model_path=str(root / "base"), param_dtype="bfloat16",
+                      reduce_dtype="float32", lr=1e-3, micro_batch_size=4,
+                      lora=LoraConfig(rank=16, alpha=32.0, target_modules=LORA_TARGETS))
+    header = ["property", "measured", "bound", "status"]
+    table: list[list[Any]] = []
+
+    def row(what: str, value: float, bound: float, ok: bool) -> None:
+        sec.check(ok, f"{what}: {value:.3g} (bound {bound:g})")
+        table.append([what, value, bound, "ok" if ok else "FAIL"])
+
+    def on(t: torch.Tensor) -> torch.Tensor:
+        return t.to(ctx.device)
+
+    try:
+        rows, td = batch(3)
+        base_lp = scored_by(root / "base", rows)
+        ctx.log("lora: actor")
+        actor = FSDPActor(cfg)
+        ref0 = actor.compute_ref_log_prob(td)[REF_LOG_PROBS]
+        lp0 = actor.compute_log_prob(td)[OLD_LOG_PROBS]
+        top, mean = gaps(on(ref0), base_lp)
+        row("adapter off vs transformers bf16 on the base: mean gap", mean,
+            BF16_MEAN_TOLERANCE, mean <= BF16_MEAN_TOLERANCE)
+        row("fresh adapter (B = 0) vs adapter off: max gap", float((lp0 - ref0).abs().max()),
+            1e-6, float((lp0 - ref0).abs().max()) <= 1e-6)
+        td[OLD_LOG_PROBS] = lp0
+        ctx.log("lora: two updates")
+        for _ in range(2):
+            actor.update(td)
+        lp1 = actor.compute_log_prob(td)[OLD_LOG_PROBS]
+        ref1 = actor.compute_ref_log_prob(td)[REF_LOG_PROBS]
+        moved = float((lp1 - lp0).abs().max())
+        row("updates move the policy: max change", moved, 1e-3, moved > 1e-3)
+        still = float((ref1 - ref0).abs().max())
+        row("updates leave the reference: max change", still, 1e-6, still <= 1e-6)
+        ctx.log("lora: merged export")
+        actor.export_hf(root / "merged", merged=True)
+        top, mean = gaps(on(lp1), scored_by(root / "merged", rows))
+        row("merged export in transformers bf16 vs the actor: mean gap", mean,
+            BF16_MEAN_TOLERANCE, mean <= BF16_MEAN_TOLERANCE)
+        sec.data["merged_max_gap"] = top
+        ctx.log("lora: DCP checkpoint and resume")
+        actor.save_checkpoint(str(root / "ckpt"))
+        _, td2 = batch(4)
+        td2[OLD_LOG_PROBS] = actor.compute_log_prob(td2)[OLD_LOG_PROBS]
+        straight = actor.update(td2)
+        actor = None
+        free_memory(ctx.device)
+        resumed_actor = FSDPActor(cfg)
+        resumed_actor.load_checkpoint(str(root / "ckpt"))
+        resumed = resumed_actor.update(td2)
+        resumed_actor = None
+        worst = max(abs(straight[k] - resumed[k]) / max(abs(straight[k]), 1e-8)
+                    for k in ("actor/pg_loss", "actor/grad_norm"))
+        row("resumed step vs uninterrupted step: relative gap (pg_loss, grad_norm)", worst,
+            1e-3, worst <= 1e-3)
+    finally:
+        actor = resumed_actor = None
+        free_memory(ctx.device)
+        tmp.cleanup()
+    sec.tables.append((header, table))
+    sec.notes.append(f"model: Qwen2 {shape} (random weights, saved and reloaded), LoRA rank 16 "
+                     f"on {', '.join(LORA_TARGETS)}; one process, FSDP2 world of one; batch of "
+                     f"8 rows in pairs sharing a prompt.")
+    return sec
+
+
+# --- 5. the tests that need only torch + transformers -----------------------------------------
 GPU_BOX_TESTS = ("tests/workers/test_workers_gpu.py",  # FSDP2 actor on NCCL, bf16, spawned
                  "tests/workers/test_fsdp_device.py",  # CPU ranks stay on gloo beside a GPU
                  "tests/workers/test_scoring.py")  # device placement; 2 forked CPU ranks
@@ -677,6 +791,7 @@ CHECKS: dict[str, Callable[[Context], Section]] = {
     "scoring": check_scoring,
     "ipc": check_ipc,
     "memory": check_memory,
+    "lora": check_lora,
     "pytest": check_pytest,
 }
 

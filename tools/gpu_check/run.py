@@ -9,15 +9,17 @@ toolrl's GPU routes rest on and writes ``DIR/gpu_check.md`` (and ``DIR/gpu_check
 - ipc: `IpcPush` with vLLM's packed CUDA IPC producer into a consumer process at the
   Qwen2.5-1.5B shape: checksums, bucket counts, no leak over 20 pushes, the hub-id case;
 - memory: device memory after an actor update, with and without ``torch.cuda.empty_cache``;
+- lora: a LoRA actor (PEFT under FSDP2, bf16): adapter off = base, merged export = actor,
+  DCP resume = the uninterrupted step;
 - pytest: collection of the whole tree and the GPU tests that need neither vLLM nor Ray.
 
 Without CUDA (or with ``--dry``) the same code runs on the CPU at a tiny shape: a test in the
 suite runs it, so the check cannot rot before a GPU is at hand.
 
 toolrl's imports need a few small pure-Python packages the GPU box lacks (tensordict and its
-pyvers and cloudpickle, lazy_loader; pytest-timeout for the suite's marks):
-``python tools/gpu_check/run.py --stage`` copies them from this environment into
-``tools/gpu_check/_carry/site`` (ignored by git, ~4 MiB), which
+pyvers and cloudpickle, lazy_loader; pytest-timeout for the suite's marks; peft and
+accelerate for the LoRA check): ``python tools/gpu_check/run.py --stage`` copies them from
+this environment into ``tools/gpu_check/_carry/site`` (ignored by git, ~12 MiB), which
 travels with the tree; this script puts it on ``sys.path`` when it is there.
 """
 
@@ -36,8 +38,10 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 CARRY = HERE / "_carry" / "site"
 # what toolrl's scoring / weight-transfer imports need beyond torch + transformers
-# (and pytest-timeout: the suite's timeout marks are errors under --strict-markers without it)
-CARRY_PACKAGES = ("tensordict", "pyvers", "cloudpickle", "lazy_loader", "pytest_timeout")
+# (pytest-timeout: the suite's timeout marks are errors under --strict-markers without it;
+# peft and accelerate: the LoRA check)
+CARRY_PACKAGES = ("tensordict", "pyvers", "cloudpickle", "lazy_loader", "pytest_timeout",
+                  "peft", "accelerate")
 BUDGET_S = 450.0  # the whole check stays under 8 minutes on one H100
 
 

@@ -16,7 +16,7 @@ HEADER_END = "# --- end of header ---\n"
 
 def test_the_dry_mode_runs_every_check_and_writes_the_report(tmp_path):
     out = subprocess.run([sys.executable, "tools/gpu_check/run.py", "--dry", "--out",
-                          str(tmp_path), "--only", "scoring,ipc,memory"],
+                          str(tmp_path), "--only", "scoring,ipc,memory,lora"],
                          cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "[" in out.stdout and "== ipc" in out.stdout  # progress is printed as it goes
@@ -24,7 +24,7 @@ def test_the_dry_mode_runs_every_check_and_writes_the_report(tmp_path):
     assert "DRY MODE" in report and "all checks passed" in report
     data = json.loads((tmp_path / "gpu_check.json").read_text())
     titles = [s["title"] for s in data["sections"]]
-    assert len(titles) == 3 and not any(s["failures"] for s in data["sections"])
+    assert len(titles) == 4 and not any(s["failures"] for s in data["sections"])
     ipc = data["sections"][1]
     hub = next(row for row in ipc["tables"][0][1] if row[0].startswith("hub id"))
     assert hub[5] == 1 and hub[6] == "all match"  # the buffer grew for the large embedding
