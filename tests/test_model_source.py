@@ -75,3 +75,15 @@ def test_hub_reachable_asks_once_and_only_when_online(tree, monkeypatch):
     assert len(calls) == 1 and calls[0][1] == source.HUB_TIMEOUT_S
     with pytest.raises(ModelNotFoundError, match="no answer within 3 s"):
         require_model("nobody/no-such-model")
+
+
+def test_the_default_model_is_built_and_a_hub_id_is_not(tree):
+    """A config without a model section builds toolrl's tiny model at models/tiny (a fresh
+    tree has no models/); a hub id, or another path, is never built unless asked."""
+    from toolrl.trainer.config import load_config
+
+    assert load_config(None).model.build_tiny_if_missing is True
+    assert load_config(None, ["model.path=Qwen/Qwen2.5-0.5B"]).model.build_tiny_if_missing \
+        is False
+    assert load_config(None, ["model.path=Qwen/Qwen2.5-0.5B",
+                              "model.build_tiny_if_missing=true"]).model.build_tiny_if_missing

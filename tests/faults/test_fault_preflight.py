@@ -172,8 +172,7 @@ def test_good_configs_pass(tmp_path):
             continue  # refused here by design; tests/trainer/test_paper_config.py runs it on CPU
         check_config(load_config(path))
     check_config(load_config(write_config(tmp_path), [
-        "reward={rewards: [{name: test_preflight_typed, kwargs: {limit: 4, scale: 2}}]}",
-        "model.build_tiny_if_missing=true"]))
+        "reward={rewards: [{name: test_preflight_typed, kwargs: {limit: 4, scale: 2}}]}"]))
 
 
 # --- the prompt budget ------------------------------------------------------------------------

@@ -20,7 +20,7 @@ def test_validate_reports_the_configured_reward_apart_from_success(monkeypatch):
     env.close()
     cfg = load_config(None, ["reward.rewards=[{name: success, weight: 2.0}, "
                              "{name: turn_penalty, kwargs: {penalty: 0.5, free_turns: 0}}]",
-                             "data.val_size=2", "model.build_tiny_if_missing=true"])
+                             "data.val_size=2"])
     trainer = Trainer(cfg)
     try:
         trainer.val_rows = [t.row for t in trajs]

@@ -5,7 +5,8 @@ Every place that resolves ``model.path`` (the trainer, the dry run, the memory p
 a hub id. The rule, first match wins:
 
 1. a path that exists on disk is local;
-2. a path the run builds when it is missing (``model.build_tiny_if_missing``) is local;
+2. a path the run builds when it is missing (``model.build_tiny_if_missing``; by default
+   exactly toolrl's own ``models/tiny``) is local;
 3. a path written as one is local: absolute, ``./``, ``../``, ``~``, a backslash, or more
    than one ``/``;
 4. ``org/name`` whose ``org`` is a local folder is local (that folder claims the name);

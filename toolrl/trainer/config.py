@@ -29,14 +29,18 @@ class ConfigError(ValueError):
     """A config file or override is invalid; the message names the key and the valid choices."""
 
 
+TINY_MODEL_PATH = "models/tiny"
+
+
 @dataclass
 class ModelConfig:
     """The policy to train: a local checkpoint directory or a hub id."""
 
-    path: str = "models/tiny"
+    path: str = TINY_MODEL_PATH
     # build a model with random weights at `path` if absent; `path` is then always a local
-    # folder, never a hub id (toolrl.models.source's rule)
-    build_tiny_if_missing: bool = False
+    # folder, never a hub id (toolrl.models.source's rule). null (the default): true exactly
+    # when `path` is toolrl's own `models/tiny` (a fresh clone has no models/ yet)
+    build_tiny_if_missing: bool | None = None
     tiny_size: str = "small"  # what to build there: a tiny size or a real shape (qwen2.5-0.5b)
 
 
@@ -356,6 +360,8 @@ def validate(cfg: ExperimentConfig) -> None:
                               f"{key}.warmup_steps ({model.warmup_steps})")
     from toolrl.models.source import ModelNotFoundError, locate_model, require_model
 
+    if cfg.model.build_tiny_if_missing is None:
+        cfg.model.build_tiny_if_missing = cfg.model.path == TINY_MODEL_PATH
     if locate_model(cfg.model.path, cfg.model.build_tiny_if_missing).kind == "local":
         try:  # (a hub id is checked by pre-flight: that may ask the hub)
             require_model(cfg.model.path, cfg.model.build_tiny_if_missing)
