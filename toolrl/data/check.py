@@ -119,11 +119,40 @@ def _tool_problems(raw: Any) -> tuple[dict[str, Any], list[tuple[str, str]]]:
         if name in tools:
             problems.append(("duplicate tool name", f"two tools are named {name!r}"))
             continue
+        invalid = _schema_error(name, function.get("parameters"))
+        if invalid:
+            problems.append(("invalid tool schema", invalid))
+            continue
         try:
             tools[name] = Tool.from_schema(dict(schema))
         except (ValueError, TypeError) as exc:
             problems.append(("invalid tool schema", str(exc)))
     return tools, problems
+
+
+def _schema_error(name: str, parameters: Any) -> str | None:
+    """Why ``parameters`` is not valid JSON Schema (jsonschema's metaschema check, after BFCL's
+    type names are read as JSON Schema's), naming the parameter; None when it is valid."""
+    import jsonschema
+    from jsonschema.exceptions import best_match
+
+    from toolrl.core.tools import normalize_parameters
+
+    if parameters is None:
+        return None
+    if not isinstance(parameters, Mapping):
+        return f"tool {name!r}: 'parameters' must be an object"
+    schema = normalize_parameters(dict(parameters))
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    error = best_match(cls(cls.META_SCHEMA).iter_errors(schema))
+    if error is None:
+        return None
+    path = list(error.absolute_path)
+    if path and path[-1] == "type" and isinstance(error.instance, str):
+        where = ".".join(str(p) for p in path[:-1] if p != "properties") or "parameters"
+        return f"tool {name!r}: parameter {where!r} has an unknown type {error.instance!r}"
+    where = "/".join(map(str, path)) or "the root"
+    return f"tool {name!r}: invalid parameters schema at {where}: {error.message}"
 
 
 def _gold_problems(row: Mapping[str, Any], tools: Mapping[str, Any]) -> list[tuple[str, str]]:
@@ -146,7 +175,7 @@ def _gold_problems(row: Mapping[str, Any], tools: Mapping[str, Any]) -> list[tup
     for name, params in expected:
         required = tools[name].parameters.get("required") or []
         for param in required:
-            if param in params and all(v == "" for v in bfcl._alternatives(params[param])):
+            if param in params and all(v == "" for v in params[param]):
                 return [("gold answer", f"{name}: required parameter {param!r} has only '' as "
                                         f"its gold value, BFCL's mark for 'may be omitted', "
                                         f"which a required parameter cannot be (only a call "

@@ -517,7 +517,7 @@ def check_task_rows(train: list[Row], val: list[Row], cfg: ExperimentConfig,
             lengths = prompt_lengths(rows, cfg, tokenizer, where, failures=failures,
                                      skip={p.index for p in report.blocking})
             for i, reason in failures:
-                report.add(i, rows[i], "prompt", reason)
+                report.add(i, rows[i], "prompt does not render", reason)
             report.problems.sort(key=lambda p: p.index)
         if not report.ok:
             messages.append(report.summary())
