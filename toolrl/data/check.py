@@ -23,6 +23,7 @@ one line per offender (the first few), each with the row's index, id and reason.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -98,8 +99,6 @@ def row_problems(row: Mapping[str, Any], default_env: str = FUNCTION_CALLING_ENV
 
 def _tool_problems(raw: Any) -> tuple[dict[str, Any], list[tuple[str, str]]]:
     """The row's tools by name (`toolrl.core.tools.Tool`) and what is wrong with them."""
-    from toolrl.core.tools import Tool
-
     if not isinstance(raw, list):
         return {}, [("invalid tool schema", f"'tools' must be a list, got "
                                             f"{type(raw).__name__}")]
@@ -119,15 +118,26 @@ def _tool_problems(raw: Any) -> tuple[dict[str, Any], list[tuple[str, str]]]:
         if name in tools:
             problems.append(("duplicate tool name", f"two tools are named {name!r}"))
             continue
-        invalid = _schema_error(name, function.get("parameters"))
-        if invalid:
-            problems.append(("invalid tool schema", invalid))
-            continue
-        try:
-            tools[name] = Tool.from_schema(dict(schema))
-        except (ValueError, TypeError) as exc:
-            problems.append(("invalid tool schema", str(exc)))
+        tool, problem = _tool(json.dumps(schema, sort_keys=True, default=str))
+        if problem:
+            problems.append(("invalid tool schema", problem))
+        else:
+            tools[name] = tool
     return tools, problems
+
+
+@functools.lru_cache(maxsize=4096)  # datasets repeat their tools across rows
+def _tool(schema_json: str) -> tuple[Any, str | None]:
+    """(the `Tool` of an OpenAI tool schema, None) or (None, why it is not valid)."""
+    from toolrl.core.tools import Tool
+
+    schema = json.loads(schema_json)
+    try:
+        return Tool.from_schema(schema), None
+    except (ValueError, TypeError) as exc:
+        function = schema.get("function", schema) if schema.get("type") == "function" \
+            else schema
+        return None, _schema_error(function["name"], function.get("parameters")) or str(exc)
 
 
 def _schema_error(name: str, parameters: Any) -> str | None:
