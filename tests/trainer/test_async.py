@@ -100,9 +100,15 @@ def test_async_trains_within_the_staleness_bound_and_counts_every_group(
     finally:
         trainer.close()
 
-    # resumed from the checkpoint at step 3: a fresh stream from the loader's position after
-    # the groups submitted before it; steps 4 and 5 train none of steps 1-3's groups again
+    # resumed from the checkpoint at step 3: the groups outstanding there are generated again
+    # first (their staleness clock restarting), then the stream goes on from the loader's
+    # position; steps 4 and 5 train none of steps 1-3's groups again, and no row is lost
+    from toolrl.trainer.checkpoint import load_trainer_state
+
     before = {d["uid"] for s in (1, 2, 3) for d in dumped(out, s)}
+    state = load_trainer_state(out / "checkpoints" / "step_3", restore_rng=False)
+    outstanding = [job["uid"] for job in state["async_outstanding"]]
+    assert outstanding and not set(outstanding) & before  # it ran ahead of step 3
     resumed = AsyncTrainer(load_config(CONFIG, over))
     try:
         resumed.fit()
@@ -113,6 +119,10 @@ def test_async_trains_within_the_staleness_bound_and_counts_every_group(
     assert rows[4]["async/trained"] == BATCH and rows[4]["async/staleness_max"] == 0
     after = {d["uid"] for s in (4, 5) for d in dumped(out, s)}
     assert len(after) == 2 * BATCH and not after & before
+    # every group outstanding at the checkpoint is trained after the resume or still out there
+    # at the end: none skipped
+    still = set(resumed.buffer.outstanding) if resumed.buffer is not None else set()
+    assert set(outstanding) <= after | still
 
 
 def test_a_rollout_worker_killed_mid_stream_is_restarted_and_nothing_is_lost(

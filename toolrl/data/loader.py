@@ -90,10 +90,11 @@ class TaskLoader:
             random.Random(f"{self.seed}:{epoch}").shuffle(order)
         return order
 
-    def next_batch(self) -> list[Row]:
-        """The next ``batch_size`` rows, crossing epoch boundaries as needed."""
+    def next_batch(self, n: int | None = None) -> list[Row]:
+        """The next ``n`` rows (default ``batch_size``), crossing epoch boundaries as needed."""
+        n = self.batch_size if n is None else n
         batch = []
-        while len(batch) < self.batch_size:
+        while len(batch) < n:
             if self.index >= len(self._order):
                 self.epoch += 1
                 self.index = 0

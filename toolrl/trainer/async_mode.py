@@ -22,13 +22,16 @@ The rest is `PipelineTrainer`'s: the split pools, the weight-sync group, the poo
 pool; finished ones stay in the buffer), and `Trainer.learn` for reward, log-probs, advantage
 and update.
 
-A checkpoint records the loader's position after the groups submitted so far: a resumed run
-starts a fresh stream there (the groups outstanding at the checkpoint are not generated
-again, so none is trained twice).
+A checkpoint records the loader's position after the groups submitted so far and the groups
+still outstanding (submitted, not trained nor dropped): a resumed run submits those again
+first (same uid, row and seed; their staleness clock restarts at the resumed version), then
+goes on from the loader's position, so every row is trained exactly once, as without the
+interruption.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import zlib
 from typing import Any
@@ -57,22 +60,44 @@ class AsyncTrainer(PipelineTrainer):
         super().__init__(cfg, console)
         self.buffer: GroupBuffer | None = None
         self._where: dict[str, int] = {}  # uid -> the rollout worker generating it
+        self._resumed: list[GroupJob] = []  # outstanding at the checkpoint: submitted first
 
     # --- the stream ------------------------------------------------------------------------
     def top_up(self) -> None:
-        """Submit steps' worth of groups while the buffer allows (`GroupBuffer.may_submit`)."""
+        """Submit steps' worth of groups while the buffer allows (`GroupBuffer.may_submit`):
+        the groups outstanding at the checkpoint a run resumed from first, then new ones."""
         buf = self.ensure_buffer()
-        n = self.cfg.algorithm.group_size
+        per_step = self.cfg.data.batch_size
         while buf.may_submit(self.version):
-            at = self.loader.state_dict()  # names the groups uniquely, across resumes too
-            rows = self.loader.next_batch()
-            seed = self._seed(f"train@{at['epoch']}", at["index"])
-            uids = [f"{row.get('id', 'task')}@{at['epoch']}.{at['index'] + i}"
-                    for i, row in enumerate(rows)]
-            jobs = [GroupJob(uid, dict(row), n, None if seed is None else
-                             zlib.crc32(f"{seed}:{i}".encode()) % (2**31 - 1))
-                    for i, (uid, row) in enumerate(zip(uids, rows, strict=True))]
-            self.dispatch(buf.submit(uids, self.version, jobs))
+            jobs, self._resumed = self._resumed[:per_step], self._resumed[per_step:]
+            jobs += self.new_jobs(per_step - len(jobs))
+            self.dispatch(buf.submit([j.uid for j in jobs], self.version, jobs))
+
+    def new_jobs(self, count: int) -> list[GroupJob]:
+        """The next ``count`` groups of the loader, named uniquely (across resumes too)."""
+        if count <= 0:
+            return []
+        at = self.loader.state_dict()
+        rows = self.loader.next_batch(count)
+        seed = self._seed(f"train@{at['epoch']}", at["index"])
+        n = self.cfg.algorithm.group_size
+        return [GroupJob(f"{row.get('id', 'task')}@{at['epoch']}.{at['index'] + i}", dict(row),
+                         n, None if seed is None else
+                         zlib.crc32(f"{seed}:{i}".encode()) % (2**31 - 1))
+                for i, row in enumerate(rows)]
+
+    def trainer_state(self) -> dict[str, Any]:
+        """The base state and the groups outstanding now (generated again on resume)."""
+        outstanding = [] if self.buffer is None else \
+            [dataclasses.asdict(t.job) for t in self.buffer.outstanding.values()]
+        return {**super().trainer_state(), "async_outstanding": outstanding}
+
+    def load_trainer_state(self, state: dict[str, Any]) -> None:
+        super().load_trainer_state(state)
+        self._resumed = [GroupJob(**job) for job in state.get("async_outstanding", [])]
+        if self._resumed:
+            self.console.log(f"async: {len(self._resumed)} groups outstanding at the "
+                             f"checkpoint are generated again")
 
     def dispatch(self, tickets: list[Ticket]) -> None:
         """Send each group to the rollout worker with the fewest outstanding groups."""

@@ -631,8 +631,16 @@ class Trainer:
             self.actor.call(ActorWorker.save_checkpoint, str(d / "actor"))
             if "critic" in self.handles:
                 self.handles["critic"].call(CriticWorker.save_checkpoint, str(d / "critic"))
-            ckpt.save_trainer_state(d, {"step": self.step, "data": self.loader.state_dict()})
+            ckpt.save_trainer_state(d, self.trainer_state())
         return ckpt.checkpoint_dir(root, self.step)
+
+    def trainer_state(self) -> dict[str, Any]:
+        """What a checkpoint holds beside the models: the step and the data position."""
+        return {"step": self.step, "data": self.loader.state_dict()}
+
+    def load_trainer_state(self, state: dict[str, Any]) -> None:
+        self.step = int(state["step"])
+        self.loader.load_state_dict(state["data"])
 
     def find_resume_point(self) -> Path | None:
         mode = self.cfg.trainer.resume
@@ -649,9 +657,7 @@ class Trainer:
         self.actor.call(ActorWorker.load_checkpoint, str(path / "actor"))
         if "critic" in self.handles:
             self.handles["critic"].call(CriticWorker.load_checkpoint, str(path / "critic"))
-        state = ckpt.load_trainer_state(path)
-        self.step = int(state["step"])
-        self.loader.load_state_dict(state["data"])
+        self.load_trainer_state(ckpt.load_trainer_state(path))
         self.actor.call(ActorWorker.set_policy_version, self.step - 1)
         self.sync_weights()  # the engine gets the restored weights, as version `step`
         _truncate_metrics(self.run_dir / "metrics.jsonl", self.step)
