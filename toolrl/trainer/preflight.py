@@ -501,7 +501,7 @@ def check_task_rows(train: list[Row], val: list[Row], cfg: ExperimentConfig,
     ``tokenizer`` None the prompts are not rendered). Returns the rows to run (over-budget
     ones dropped with ``data.overlong_prompts=filter``); one `ConfigError` lists every
     problem otherwise: per source of rows, the counts, then one line per offender."""
-    from toolrl.data.check import check_rows
+    from toolrl.data.check import check_rows as check_row_data  # not this module's check_rows
 
     messages: list[str] = []
     out = []
@@ -509,7 +509,7 @@ def check_task_rows(train: list[Row], val: list[Row], cfg: ExperimentConfig,
         if not rows:
             out.append(rows)
             continue
-        report = check_rows(rows, where, cfg.env.id)
+        report = check_row_data(rows, where, cfg.env.id)
         if report.notes:
             log(report.notes_summary())
         if tokenizer is not None:
