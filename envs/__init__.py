@@ -14,6 +14,7 @@ BUILTIN_ENVS = {
     "toolrl/HttpApi-v0": "toolrl.envs.http_api.env:HttpApiEnv",
     "toolrl/MCP-v0": "toolrl.envs.mcp.env:MCPEnv",
     "toolrl/PythonSandbox-v0": "toolrl.envs.python_sandbox.env:PythonSandboxEnv",
+    "toolrl/Tau2-v0": "toolrl.envs.tau2:Tau2Env",  # needs the tau2 extra
 }
 
 for _id, _entry_point in BUILTIN_ENVS.items():
