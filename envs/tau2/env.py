@@ -55,6 +55,7 @@ from tau2.user.base import is_valid_user_history_message
 
 from toolrl import ParseResult, Tool, ToolCall, ToolEnv, ToolResult, Turn
 
+from .reference import gold_script
 from .users import USER_KINDS, make_user
 
 DOMAINS = ("airline", "retail", "telecom", "mock")
@@ -215,6 +216,7 @@ class Tau2Env(ToolEnv):
         self.num_errors = 0
         self.termination: TerminationReason | None = None
         self.reward_info = None
+        self.eval_error: str | None = None
         self.start_time = _now()
         self._pending: list[tuple[Tau2Call, ToolMessage]] = []
         self._greeting: list[dict[str, Any]] = []
@@ -327,6 +329,9 @@ class Tau2Env(ToolEnv):
             if len(responses) > 1 else responses[0]
 
     def on_turn(self, parse: ParseResult, results: list[ToolResult]) -> Turn:
+        if self.termination is not None:  # tau2 ended the conversation before this turn (the
+            self._pending = []            # user stopped at once): the turn is not part of it
+            return Turn(terminated=True)
         ran = self._pending
         calls: list[Tau2Call] = []
         responses: list[ToolMessage | None] = []
@@ -386,9 +391,17 @@ class Tau2Env(ToolEnv):
                              messages=messages)
 
     def evaluate(self) -> bool:
-        self.reward_info = evaluate_simulation(simulation=self.simulation_run(), task=self.task,
-                                               evaluation_type=EvaluationType.ALL,
-                                               solo_mode=self.solo, domain=self.domain)
+        """tau2's evaluate_simulation. Where it raises (e.g. an env assertion about a record
+        the episode never created), the episode scores 0.0, as tau2's ``run_tasks`` scores a
+        failed sample with ``skip_failed_samples``; the error is in the ``tau2`` info."""
+        self.eval_error = None
+        try:
+            self.reward_info = evaluate_simulation(
+                simulation=self.simulation_run(), task=self.task,
+                evaluation_type=EvaluationType.ALL, solo_mode=self.solo, domain=self.domain)
+        except Exception as exc:
+            self.reward_info = RewardInfo(reward=0.0)
+            self.eval_error = f"{type(exc).__name__}: {exc}"
         return self.reward_info.reward == 1.0
 
     def outcome_reward(self, success: bool) -> float:
@@ -406,29 +419,18 @@ class Tau2Env(ToolEnv):
                 "reward": None if info is None else float(info.reward),
                 "reward_breakdown": {} if info is None or not info.reward_breakdown else
                 {getattr(k, "value", str(k)): float(v)
-                 for k, v in info.reward_breakdown.items()}}
+                 for k, v in info.reward_breakdown.items()},
+                "error": getattr(self, "eval_error", None)}
 
     def state_snapshot(self) -> dict[str, Any]:
         return self.tau2_summary() if self.task is not None else {}
 
     # --- the oracle ------------------------------------------------------------------------
-    def gold_script(self) -> list[Any]:
-        """The oracle's turns: each gold action the agent may call, then the task's
-        communicate info (non-solo) or the ``done`` tool (solo)."""
-        criteria = self.task.evaluation_criteria
-        actions = [a for a in (criteria.actions if criteria else None) or []
-                   if a.requestor == "assistant" or self.solo]
-        script: list[Any] = [[ToolCall(a.name, dict(a.arguments))] for a in actions]
-        if self.solo:
-            script.append([ToolCall(self.agent.STOP_FUNCTION_NAME, {})])
-        else:
-            info = (criteria.communicate_info if criteria else None) or []
-            script.append(" ".join(["Done.", *map(str, info)]))
-        return script
-
     def oracle_action(self) -> str:
-        script = self.gold_script()
+        """The task's gold actions, one call a turn, then its communicate info (solo: the
+        ``done`` tool), as `toolrl.envs.tau2.reference.gold_script` writes them."""
+        script = gold_script(self.task, solo=self.solo)
         step = script[min(self.turn, len(script) - 1)]
         if isinstance(step, str):
             return step
-        return self.render_calls(step)
+        return self.render_calls([ToolCall(name, args) for name, args in step])

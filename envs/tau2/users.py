@@ -26,13 +26,14 @@ class ScriptedUser(BaseUser):
     """States the task's instructions, then stops at the agent's next text message."""
 
     def get_init_state(self, message_history: list[Message] | None = None) -> UserState:
+        self.spoken = False  # (a task's message history may hold earlier user lines)
         return UserState(system_messages=[], messages=list(message_history or []))
 
     def generate_next_message(self, message: Any, state: UserState
                               ) -> tuple[UserMessage, UserState]:
         state.messages.append(message)
-        spoke = any(isinstance(m, UserMessage) for m in state.messages)
-        reply = UserMessage(role="user", content=STOP if spoke else str(self.instructions))
+        reply = UserMessage(role="user", content=STOP if self.spoken else str(self.instructions))
+        self.spoken = True
         state.messages.append(reply)
         return reply, state
 

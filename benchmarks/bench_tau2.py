@@ -1,0 +1,207 @@
+"""toolrl/Tau2-v0 against tau2 itself: the gold-action oracle and reward exactness.
+
+For every (domain, user) pair the env supports — mock (scripted user, solo), airline and retail
+(scripted user), telecom (solo, and the scripted user on its base tasks) — and every task:
+
+- oracle: tau2's reward for the task's gold actions (tau2's own Orchestrator with a replay
+  agent, `toolrl.envs.tau2.reference.tau2_reward`) and the env's reward for its oracle
+  (`Tau2Env.oracle_action`); wherever tau2 gives 1.0 the env must too;
+- exactness: scripts around the gold one (a step dropped, two swapped, two in one message, a
+  wrong argument, no communicate info, random valid calls: `reference.variants`): the env's
+  reward must equal tau2's ``evaluate_simulation`` reward on every one (where tau2's evaluator
+  raises, the env must score 0.0 and report the same error).
+
+Writes benchmarks/results/tau2.md and its section of benchmarks/RESULTS.md.
+
+    .venv/bin/python benchmarks/bench_tau2.py [--quick] [--telecom-tasks N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import re
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import benchlib
+from benchlib import md_table
+
+RESULTS = benchlib.RESULTS_DIR / "tau2.md"
+SECTION = "## tau2-bench: oracle and reward exactness against tau2 itself"
+PAIRS = (("mock", "scripted"), ("mock", "solo"), ("airline", "scripted"),
+         ("retail", "scripted"), ("telecom", "solo"), ("telecom", "scripted"))
+
+
+def tau2_outcome(domain: str, task, script, solo: bool):
+    from toolrl.envs.tau2.reference import tau2_reward
+
+    try:
+        return tau2_reward(domain, task, script, solo=solo).reward
+    except Exception as exc:  # tau2's evaluator raised (the env scores 0.0 and says why)
+        return f"{type(exc).__name__}: {exc}"
+
+
+def env_outcome(traj):
+    info = traj.info["tau2"]
+    return info["error"] or info["reward"]
+
+
+def run_pair(domain: str, user: str, limit: int | None, exact_limit: int | None,
+             seed: int) -> dict:
+    from toolrl.envs.tau2.env import domain_tasks
+    from toolrl.envs.tau2.reference import argument_pool, env_episode, gold_script, variants
+
+    from toolrl import make_env
+    from toolrl.core.env import run_episode
+
+    solo = user == "solo"
+    split = "all"
+    env = make_env("toolrl/Tau2-v0", domain=domain, user=user, split=split)
+    rows = env.unwrapped.make_tasks(0, split=split)
+    if domain == "telecom" and not solo:
+        from toolrl.envs.tau2.env import split_ids
+        base = set(split_ids("telecom", "train")) | set(split_ids("telecom", "test"))
+        rows = [r for r in rows if r["id"] in base]
+    rng = random.Random(f"{seed}:{domain}:{user}")
+    if limit is not None and len(rows) > limit:
+        rows = sorted(rng.sample(rows, limit), key=lambda r: r["id"])
+    tasks = [domain_tasks(domain)[r["id"]] for r in rows]
+    pool = argument_pool(tasks, solo=solo)
+    tool_names = sorted(t["function"]["name"] for t in env.reset(options=rows[0])[1]["tools"])
+    out = {"domain": domain, "user": user, "tasks": len(rows), "tau2_gold_1": 0,
+           "env_oracle_1_where_tau2_1": 0, "tau2_not_1": [], "oracle_misses": [],
+           "sequences": Counter(), "mismatches": [], "tau2_raised": 0}
+    start = time.perf_counter()
+    for index, (row, task) in enumerate(zip(rows, tasks, strict=True)):
+        gold = gold_script(task, solo=solo)
+        ref = tau2_outcome(domain, task, gold, solo)
+        oracle = asyncio.run(run_episode(env, row=row, max_steps=10_000))
+        got = env_outcome(oracle)
+        if ref == 1.0:
+            out["tau2_gold_1"] += 1
+            if got == 1.0:
+                out["env_oracle_1_where_tau2_1"] += 1
+            else:
+                out["oracle_misses"].append((task.id, got))
+        else:
+            out["tau2_not_1"].append((task.id, ref))
+        if ref != got:
+            out["mismatches"].append((task.id, "gold", ref, got))
+        out["sequences"]["gold"] += 1
+        if exact_limit is not None and index >= exact_limit:
+            continue
+        for kind, script in variants(task, pool, rng, solo=solo, tools=tool_names):
+            if kind == "gold":
+                continue
+            ref = tau2_outcome(domain, task, script, solo)
+            got = env_outcome(env_episode(env, row, script))
+            out["sequences"][kind] += 1
+            out["tau2_raised"] += isinstance(ref, str)
+            if ref != got:
+                out["mismatches"].append((task.id, kind, ref, got))
+    out["seconds"] = time.perf_counter() - start
+    env.close()
+    print(f"{domain}/{user}: {out['tasks']} tasks, {sum(out['sequences'].values())} sequences, "
+          f"{len(out['mismatches'])} mismatches, {out['seconds']:.0f} s", flush=True)
+    return out
+
+
+def report(results: list[dict], argv: list[str]) -> str:
+    oracle_rows, exact_rows = [], []
+    kinds = sorted({k for r in results for k in r["sequences"]})
+    for r in results:
+        oracle_rows.append([f"{r['domain']} ({r['user']})", r["tasks"], r["tau2_gold_1"],
+                            r["env_oracle_1_where_tau2_1"], len(r["tau2_not_1"])])
+        exact_rows.append([f"{r['domain']} ({r['user']})",
+                           *[r["sequences"].get(k, 0) for k in kinds],
+                           sum(r["sequences"].values()), r["tau2_raised"],
+                           len(r["mismatches"])])
+    total = sum(sum(r["sequences"].values()) for r in results)
+    bad = sum(len(r["mismatches"]) for r in results)
+    not_one = [f"{r['domain']} ({r['user']}): " + ", ".join(
+        f"`{t}`" for t, _ in r["tau2_not_1"][:12]) + (
+        f" and {len(r['tau2_not_1']) - 12} more" if len(r["tau2_not_1"]) > 12 else "")
+        for r in results if r["tau2_not_1"]]
+    lines = [
+        SECTION, "",
+        f"{total:,} action sequences scored by toolrl/Tau2-v0 and by tau2 alone (tau2's "
+        f"Orchestrator with a replay agent + `evaluate_simulation`): **{bad} differ**. "
+        "Wherever tau2 scores a task's gold actions 1.0, the env's oracle scores 1.0 "
+        f"in {sum(r['env_oracle_1_where_tau2_1'] for r in results)} of "
+        f"{sum(r['tau2_gold_1'] for r in results)} cases.", "",
+        f"Machine: {benchlib.machine_label()}. Command: "
+        f"`{benchlib.command_line('bench_tau2.py', argv)}`.", "",
+        "Oracle (gold actions, one call a message; then the task's communicate info, or "
+        "`done` in solo mode):", "",
+        md_table(["domain (user)", "tasks", "tau2 gold = 1.0", "env oracle = 1.0 there",
+                  "tau2 gold < 1.0"], oracle_rows), "",
+        "Exactness (sequences per kind; `tau2 raised`: tau2's evaluator raised, the env "
+        "scored 0.0 with the same error):", "",
+        md_table(["domain (user)", *kinds, "total", "tau2 raised", "mismatches"], exact_rows),
+        "",
+    ]
+    if not_one:
+        lines += ["Tasks whose gold script tau2 itself scores below 1.0 (the env scores them "
+                  "the same). With the scripted user, telecom's gold actions that the user "
+                  "must do on their phone are not done (the scripted user only states the "
+                  "task), so those tasks need solo mode or an LLM user:", ""]
+        lines += [f"- {x}" for x in not_one]
+        lines.append("")
+    mism = [m for r in results for m in r["mismatches"]][:20]
+    if mism:
+        lines += ["Mismatches (task, kind, tau2, env):", ""]
+        lines += [f"- `{m[0]}` {m[1]}: {m[2]!r} vs {m[3]!r}" for m in mism]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def update_results_md(section: str) -> None:
+    """Replace this benchmark's section of RESULTS.md (or append it), others untouched."""
+    path = benchlib.BENCH_DIR / "RESULTS.md"
+    text = path.read_text() if path.exists() else "# toolrl benchmarks\n"
+    pattern = re.compile(re.escape(SECTION) + r".*?(?=\n## |\Z)", re.S)
+    if pattern.search(text):
+        text = pattern.sub(lambda _: section.rstrip("\n") + "\n", text)
+    else:
+        text = text.rstrip("\n") + "\n\n" + section
+    path.write_text(text if text.endswith("\n") else text + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a few tasks per domain")
+    parser.add_argument("--telecom-tasks", type=int, default=400,
+                        help="telecom solo tasks (of 2,285) for the oracle")
+    parser.add_argument("--telecom-exact", type=int, default=150,
+                        help="of those, tasks whose variants are scored too")
+    parser.add_argument("--pairs", nargs="*", default=None, help="domain/user pairs")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    import toolrl.envs.tau2  # noqa: F401  (sets litellm offline before tau2 loads)
+
+    pairs = [tuple(p.split("/")) for p in args.pairs] if args.pairs else PAIRS
+    results = []
+    for domain, user in pairs:
+        limit = 3 if args.quick else (args.telecom_tasks if (domain, user) == (
+            "telecom", "solo") else None)
+        exact = args.telecom_exact if (domain, user) == ("telecom", "solo") and \
+            not args.quick else None
+        results.append(run_pair(domain, user, limit, exact, args.seed))
+    raw = [{**r, "sequences": dict(r["sequences"])} for r in results]
+    benchlib.save_raw("tau2", raw)
+    text = report(results, argv)
+    benchlib.write_result(RESULTS, text)
+    if not args.quick:
+        update_results_md(text)
+    return 0 if all(not r["mismatches"] and not r["oracle_misses"] for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
