@@ -1,0 +1,159 @@
+"""toolrl/Tau2-v0: tau2's domains, scored exactly as tau2 scores them (a CI sample; the full
+set is benchmarks/bench_tau2.py). No test reaches the network: the users are the scripted one
+and solo mode, and litellm is told to use its bundled price table."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+
+import pytest
+
+pytest.importorskip("tau2", reason="the tau2 extra is not installed")
+
+from toolrl.envs.tau2.env import domain_tasks, split_ids
+from toolrl.envs.tau2.reference import (
+    argument_pool,
+    env_episode,
+    gold_script,
+    tau2_reward,
+    variants,
+)
+
+from toolrl import make_env
+from toolrl.core.checks import check_tool_env
+from toolrl.core.env import run_episode
+
+ENV = "toolrl/Tau2-v0"
+
+
+def tau2_outcome(domain, task, script, solo, **limits):
+    try:
+        return tau2_reward(domain, task, script, solo=solo, **limits).reward
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+
+
+def env_outcome(traj):
+    return traj.info["tau2"]["error"] or traj.info["tau2"]["reward"]
+
+
+def sample_rows(env, n, seed=0):
+    rows = env.unwrapped.make_tasks(0, split="all")
+    return rows if len(rows) <= n else random.Random(seed).sample(rows, n)
+
+
+def test_offline_and_task_files():
+    assert os.environ.get("LITELLM_LOCAL_MODEL_COST_MAP") == "True"
+    assert len(domain_tasks("airline")) == 50 and len(domain_tasks("retail")) == 114
+    assert len(domain_tasks("telecom")) == 2285 and len(domain_tasks("mock")) == 9
+    assert (len(split_ids("airline", "train")), len(split_ids("airline", "test"))) == (30, 20)
+    assert len(split_ids("retail", "val")) == 40  # toolrl's val rows are tau2's test split
+    rows = make_env(ENV, domain="retail").unwrapped.make_tasks(200, seed=3)
+    assert {r["id"] for r in rows} == set(split_ids("retail", "train"))  # cycled
+    assert rows == make_env(ENV, domain="retail").unwrapped.make_tasks(200, seed=3)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"domain": "banking"}, "tau2 has no domain 'banking'; valid: airline, retail"),
+    ({"domain": "airline", "user": "solo"}, "solo mode for telecom, mock only"),
+    ({"user": "robot"}, "unknown tau2 user 'robot'"),
+    ({"split": "dev"}, "unknown tau2 split 'dev'"),
+])
+def test_bad_configuration_is_one_clear_line(kwargs, match):
+    with pytest.raises(ValueError, match=match) as err:
+        make_env(ENV, **kwargs)
+    assert "\n" not in str(err.value)
+
+
+def test_unknown_task_id_is_one_clear_line():
+    env = make_env(ENV, domain="airline")
+    with pytest.raises(ValueError, match="tau2 domain 'airline' has no task 'nope'") as err:
+        env.reset(options={"id": "nope", "domain": "airline"})
+    assert "\n" not in str(err.value)
+    with pytest.raises(ValueError, match="a 'retail' task row in a 'airline' Tau2 env"):
+        env.reset(options={"id": "0", "domain": "retail"})
+
+
+def test_prompt_tools_and_breakdown_are_tau2s():
+    env = make_env(ENV, domain="mock")
+    row = {"id": "create_task_1", "domain": "mock"}
+    messages, info = env.reset(options=row)
+    base = env.unwrapped
+    assert base.environment.get_policy() in messages[0]["content"]
+    assert messages[1] == {"role": "assistant", "content": "Hi! How can I help you today?"}
+    assert messages[2]["role"] == "user" and "Important Meeting" in messages[2]["content"]
+    assert sorted(t["function"]["name"] for t in info["tools"]) == sorted(
+        t.name for t in base.environment.get_tools())
+    traj = asyncio.run(run_episode(env, row=row))
+    assert traj.success and traj.info["tau2"]["reward_breakdown"] == {"DB": 1.0,
+                                                                      "COMMUNICATE": 1.0}
+    assert traj.info["tau2"]["termination_reason"] == "user_stop"
+    assert traj.final_state["reward"] == 1.0
+    row = {"id": "update_task_with_initialization_data", "domain": "mock"}  # has info to say
+    env.reset(options=row)
+    silent = env_episode(env, row, [*gold_script(base.task)[:-1], "Done."])
+    assert silent.info["tau2"]["reward_breakdown"] == {"DB": 1.0, "COMMUNICATE": 0.0}
+    assert silent.turns[-1].env_reward == 0.0 and not silent.success
+
+
+@pytest.mark.parametrize("domain, user, n", [
+    ("mock", "scripted", 9), ("mock", "solo", 9), ("telecom", "solo", 6),
+    ("retail", "scripted", 2), ("airline", "scripted", 1)])
+def test_oracle_scores_one_wherever_tau2_does(domain, user, n):
+    solo = user == "solo"
+    env = make_env(ENV, domain=domain, user=user)
+    checked, rows = 0, sample_rows(env, n)
+    for row in rows:
+        task = domain_tasks(domain)[row["id"]]
+        ref = tau2_outcome(domain, task, gold_script(task, solo=solo), solo)
+        got = env_outcome(asyncio.run(run_episode(env, row=row)))
+        assert got == ref, row["id"]
+        checked += ref == 1.0
+    assert checked >= len(rows) - 2  # (a few mock tasks' gold tau2 itself scores 0.0)
+
+
+@pytest.mark.parametrize("domain, user, n", [
+    ("mock", "scripted", 9), ("mock", "solo", 9), ("telecom", "solo", 4),
+    ("telecom", "scripted", 2), ("retail", "scripted", 1)])
+def test_reward_equals_tau2_evaluate_simulation(domain, user, n):
+    solo = user == "solo"
+    env = make_env(ENV, domain=domain, user=user)
+    rows = sample_rows(env, n, seed=1)
+    tasks = [domain_tasks(domain)[r["id"]] for r in rows]
+    pool = argument_pool(tasks, solo=solo)
+    rng = random.Random(0)
+    kinds = set()
+    for row, task in zip(rows, tasks, strict=True):
+        for kind, script in variants(task, pool, rng, solo=solo):
+            assert env_outcome(env_episode(env, row, script)) == tau2_outcome(
+                domain, task, script, solo), (row["id"], kind, script)
+            kinds.add(kind)
+    assert {"gold", "dropped", "wrong_arg", "random"} <= kinds
+
+
+def test_limits_and_solo_rules_follow_tau2s_orchestrator():
+    env = make_env(ENV, domain="mock", max_steps=3)
+    row = {"id": "create_task_1", "domain": "mock"}
+    task = domain_tasks("mock")["create_task_1"]
+    script = gold_script(task)
+    traj = env_episode(env, row, script * 3)
+    assert traj.info["tau2"]["termination_reason"] == "max_steps"
+    assert env_outcome(traj) == tau2_outcome("mock", task, script * 3, False, max_steps=3) == 0
+    solo = make_env(ENV, domain="telecom", user="solo")
+    row = solo.unwrapped.make_tasks(1)[0]
+    task = domain_tasks("telecom")[row["id"]]
+    talk = ["Let me check that for you."]  # solo: only tool calls, or the stop
+    traj = env_episode(solo, row, talk)
+    assert traj.info["tau2"]["termination_reason"] == "agent_error"
+    assert env_outcome(traj) == tau2_outcome("telecom", task, talk, True) == 0.0
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("kwargs", [{"domain": "airline"}, {"domain": "retail"},
+                                    {"domain": "telecom", "user": "solo"},
+                                    {"domain": "mock", "user": "solo"}])
+def test_check_env_per_domain(kwargs):
+    report = check_tool_env(ENV, env_kwargs=kwargs)
+    assert report.ok, str(report)
