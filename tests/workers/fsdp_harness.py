@@ -56,10 +56,13 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, init: bool = 
     ``device="cpu"``, the default even where a GPU is visible; ``cpu:gloo,cuda:nccl`` on
     ``"cuda"``; none when ``init=False``: ``fn`` sets up its own); return each rank's result
     (rank order). A rank that raises fails the call with its traceback. Ranks are forked on the
-    CPU and spawned on CUDA (a forked child cannot use it)."""
+    CPU and spawned on CUDA (a forked child cannot use it), and spawned on any machine with a
+    GPU: the parent's first backward starts autograd's threads for every device there, and a
+    forked child's backward then refuses to run (seen on an H100 box)."""
     if device not in ("cpu", "cuda"):
         raise ValueError(f"device must be cpu or cuda, got {device!r}")
-    start_method = start_method or ("spawn" if device == "cuda" else "fork")
+    gpu_box = torch.cuda.is_available()
+    start_method = start_method or ("spawn" if device == "cuda" or gpu_box else "fork")
     out_dir = tempfile.mkdtemp(prefix="fsdp-test-")
     ctx = mp.start_processes(_entry, args=(fn, world_size, free_port(), out_dir, init, device,
                                            args),
