@@ -157,3 +157,33 @@ def test_limits_and_solo_rules_follow_tau2s_orchestrator():
 def test_check_env_per_domain(kwargs):
     report = check_tool_env(ENV, env_kwargs=kwargs)
     assert report.ok, str(report)
+
+
+def test_llm_user_is_tau2s_simulator_on_an_openai_compatible_endpoint():
+    """Built, never called (no network in tests): tau2's UserSimulator through litellm."""
+    from tau2.user.user_simulator import UserSimulator
+    from toolrl.envs.tau2.users import make_user
+
+    env = make_env(ENV, domain="telecom", user="llm", user_model="openai/qwen3",
+                   user_base_url="http://127.0.0.1:9/v1", user_api_key="none")
+    base = env.unwrapped
+    task = domain_tasks("telecom")[split_ids("telecom", "test")[0]]
+    base.environment = __import__("tau2.registry").registry.registry.get_env_constructor(
+        "telecom")()
+    user = make_user("llm", task, base.environment, model="openai/qwen3",
+                     base_url="http://127.0.0.1:9/v1", api_key="none")
+    assert isinstance(user, UserSimulator) and user.llm == "openai/qwen3"
+    assert user.llm_args == {"api_base": "http://127.0.0.1:9/v1", "api_key": "none"}
+    assert user.tools  # telecom's user has tools (dual control)
+    assert str(task.user_scenario) in user.system_prompt
+    with pytest.raises(ValueError, match="user='llm' needs user_model"):
+        make_user("llm", task, base.environment)
+
+
+def test_tau2_reward_plugin_has_the_checks_as_components():
+    from toolrl.rewards.tau2 import tau2
+
+    env = make_env(ENV, domain="mock")
+    traj = asyncio.run(run_episode(env, row={"id": "create_task_1", "domain": "mock"}))
+    result = tau2(traj)
+    assert result.score == 1.0 and result.components == {"db": 1.0, "communicate": 1.0}
