@@ -187,3 +187,18 @@ def test_tau2_reward_plugin_has_the_checks_as_components():
     traj = asyncio.run(run_episode(env, row={"id": "create_task_1", "domain": "mock"}))
     result = tau2(traj)
     assert result.score == 1.0 and result.components == {"db": 1.0, "communicate": 1.0}
+
+
+def test_pass_hat_k_is_tau2s():
+    from tau2.metrics.agent_metrics import pass_hat_k
+    from toolrl.envs.tau2.pass_k import pass_k
+
+    env = make_env(ENV, domain="mock")
+    rows = env.unwrapped.make_tasks(27, split="all")  # every task 3 times
+    recs = [asyncio.run(run_episode(env, row=r)).to_dict() for r in rows[:26]]
+    recs[0]["infra_failure"] = "env_exception"
+    out = pass_k(recs)["mock"]
+    assert out["infra_failed"] == 1 and out["trials_per_task"] == 2 and out["tasks"] == 9
+    ones = {r["row"]["id"] for r in recs if r["info"]["tau2"]["reward"] == 1.0}
+    assert out["pass^1"] == pytest.approx(len(ones) / 9) and "pass^3" not in out
+    assert pass_hat_k(3, 2, 2) == pytest.approx(1 / 3)
