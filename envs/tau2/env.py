@@ -255,7 +255,10 @@ class Tau2Env(ToolEnv):
     def _chat(self, message: Any) -> dict[str, Any]:
         """A tau2 message as the agent's chat message."""
         if isinstance(message, ToolMessage):
-            return {"role": "tool", "name": "tool", "content": message.content or ""}
+            names = {c.id: c.name for m in self.trajectory
+                     for c in getattr(m, "tool_calls", None) or []}
+            return {"role": "tool", "name": names.get(message.id, "tool"),
+                    "content": message.content or ""}
         if isinstance(message, AssistantMessage):
             calls = [ToolCall(c.name, c.arguments, c.id) for c in message.tool_calls or []]
             text = message.content or ""
