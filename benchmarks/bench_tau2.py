@@ -14,12 +14,14 @@ For every (domain, user) pair the env supports — mock (scripted user, solo), a
 Writes benchmarks/results/tau2.md and its section of benchmarks/RESULTS.md.
 
     .venv/bin/python benchmarks/bench_tau2.py [--quick] [--telecom-tasks N]
+    (in parallel: --pairs airline/scripted --only, ..., then --report)
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import random
 import re
 import sys
@@ -183,20 +185,32 @@ def main(argv: list[str] | None = None) -> int:
                         help="of those, tasks whose variants are scored too")
     parser.add_argument("--pairs", nargs="*", default=None, help="domain/user pairs")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--only", action="store_true",
+                        help="run --pairs and save their raw results, write no report")
+    parser.add_argument("--report", action="store_true",
+                        help="no runs: the report from the saved raw results of every pair")
     args = parser.parse_args(argv)
     import toolrl.envs.tau2  # noqa: F401  (sets litellm offline before tau2 loads)
 
     pairs = [tuple(p.split("/")) for p in args.pairs] if args.pairs else PAIRS
     results = []
     for domain, user in pairs:
+        if args.report:
+            raw = json.loads((benchlib.SCRATCH / "raw" / f"tau2_{domain}_{user}.json"
+                              ).read_text())
+            results.append({**raw, "sequences": Counter(raw["sequences"])})
+            continue
         limit = 3 if args.quick else (args.telecom_tasks if (domain, user) == (
             "telecom", "solo") else None)
         exact = args.telecom_exact if (domain, user) == ("telecom", "solo") and \
             not args.quick else None
-        results.append(run_pair(domain, user, limit, exact, args.seed))
-    raw = [{**r, "sequences": dict(r["sequences"])} for r in results]
-    benchlib.save_raw("tau2", raw)
-    text = report(results, argv)
+        result = run_pair(domain, user, limit, exact, args.seed)
+        results.append(result)
+        benchlib.save_raw(f"tau2_{domain}_{user}", {**result,
+                                                    "sequences": dict(result["sequences"])})
+    if args.only:
+        return 0
+    text = report(results, [a for a in argv if a != "--report"])
     benchlib.write_result(RESULTS, text)
     if not args.quick:
         update_results_md(text)
