@@ -52,6 +52,7 @@ from tau2.evaluator.evaluator import EvaluationType, evaluate_simulation
 from tau2.orchestrator.orchestrator import DEFAULT_FIRST_AGENT_MESSAGE
 from tau2.registry import registry
 from tau2.user.base import is_valid_user_history_message
+from tau2.user.user_simulator import UserSimulator
 
 from toolrl import ParseResult, Tool, ToolCall, ToolEnv, ToolResult, Turn
 
@@ -219,7 +220,6 @@ class Tau2Env(ToolEnv):
         self.eval_error: str | None = None
         self.start_time = _now()
         self._pending: list[tuple[Tau2Call, ToolMessage]] = []
-        self._greeting: list[dict[str, Any]] = []
         self._to_user: Any = None
         self.user_state = None
         if self.solo:
@@ -310,7 +310,7 @@ class Tau2Env(ToolEnv):
             user_msg, self.user_state = self.user.generate_next_message(message,
                                                                         self.user_state)
             user_msg.validate()
-            stop = type(self.user).is_stop(user_msg)
+            stop = UserSimulator.is_stop(user_msg)  # as the orchestrator checks it
             self.trajectory.append(user_msg)
             self.step_count += 1
             if stop:
