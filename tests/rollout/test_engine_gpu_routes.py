@@ -12,12 +12,8 @@ import torch
 from transformers import Qwen2Config
 
 from toolrl.core.background import BackgroundLoop
-from toolrl.rollout.engine import (
-    BROADCAST_TIMEOUT_S,
-    EngineConfig,
-    EngineError,
-    VLLMEngine,
-)
+from toolrl.rollout.engine import EngineConfig, EngineError, VLLMEngine
+from toolrl.rollout.engine_weights import BROADCAST_TIMEOUT_S
 from toolrl.rollout.weight_transfer import ipc_buffer_bytes, largest_weight_numel
 
 pytest.importorskip("vllm", reason="the routes build vLLM's weight-transfer requests")
