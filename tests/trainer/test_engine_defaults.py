@@ -17,9 +17,13 @@ GPU = ["resources.device=cuda", "rollout.engine.backend=gpu",
 
 
 @pytest.fixture
-def rollout_config(tiny_model_dir):
+def rollout_config(tiny_model_dir, monkeypatch):
     """``(trainer, its rollout config)`` for overrides of a config, on a real model folder
-    (vLLM's engine args resolve the model: a path a fresh clone lacks reads as a hub id)."""
+    (vLLM's engine args resolve the model: a path a fresh clone lacks reads as a hub id). GPU
+    configs are read on this CPU machine: the pre-flight's device check is left out."""
+    from toolrl.trainer import preflight
+
+    monkeypatch.setattr(preflight, "check_devices", lambda cfg: None)
 
     def make(overrides: list[str], config: Path = QUICKSTART):
         trainer = Trainer(load_config(config, [f"model.path={tiny_model_dir}", *overrides]))
@@ -44,7 +48,7 @@ def test_gpu_defaults_fit_a_gpu(rollout_config):
     e = rc.engine
     assert (e.backend, e.dtype, e.kv_cache_gib, e.gpu_memory_utilization, e.enforce_eager) == \
         ("gpu", "bfloat16", None, 0.5, False)  # KV cache sized by gpu_memory_utilization
-    assert e.weight_transfer == "ipc" and e.enable_sleep_mode and trainer.sleep_level == 1
+    assert e.weight_transfer == "ipc" and e.enable_sleep_mode and trainer.sleep_level == 2
     # seeded requests make vLLM's GPU sampler leave its fast kernels: unseeded by default
     assert not rc.seeded and trainer._seed("train") is None
     args = e.engine_args()
@@ -56,6 +60,27 @@ def test_gpu_defaults_fit_a_gpu(rollout_config):
                               "rollout.engine.enforce_eager=true", "actor.weight_bucket_mb=64"])
     assert not own.engine.enable_sleep_mode and own.seeded and own.engine.enforce_eager
     assert own.engine.weight_bucket_mb == 64
+
+
+def test_full_pushes_sleep_at_level_2_adapter_pushes_at_level_1(rollout_config):
+    """Every weight is pushed after a wake-up: level 2 drops them (level 1 copied them to host
+    and back each step for nothing); a LoRA adapter push needs the base weights kept."""
+    assert rollout_config(GPU)[1].engine.sleep_level == 2
+    merged = ["actor.lora.rank=8", "actor.lora.sync=merge"]
+    assert rollout_config([*GPU, *merged])[1].engine.sleep_level == 2
+    adapter = ["actor.lora.rank=8", "actor.lora.sync=adapter"]
+    assert rollout_config([*GPU, *adapter])[1].engine.sleep_level == 1
+    assert rollout_config([*GPU, "rollout.engine.sleep_level=1"])[1].engine.sleep_level == 1
+    assert rollout_config([])[1].engine.sleep_level == 0  # CPU: no sleep mode
+
+
+def test_sleep_level_2_with_adapter_pushes_is_refused():
+    adapter = ["actor.lora.rank=8", "actor.lora.sync=adapter"]
+    with pytest.raises(ConfigError, match=r"sleep_level=2 drops the engine's base weights") \
+            as info:
+        load_config(QUICKSTART, [*GPU, *adapter, "rollout.engine.sleep_level=2"])
+    assert "\n" not in str(info.value)
+    load_config(QUICKSTART, [*GPU, *adapter, "rollout.engine.sleep_level=1"])  # accepted
 
 
 def test_pipeline_engines_receive_over_nccl_and_never_sleep(rollout_config):

@@ -92,15 +92,19 @@ def test_gpu_plan_knows_sleep_mode(half_b):
     gpu = ["resources.device=cuda", "rollout.engine.backend=gpu", "resources.gpu_memory_gib=24"]
     awake = plan_memory(load_config(SCALE, [*gpu, "rollout.engine.sleep_level=0"]), half_b,
                         None, 24 * GiB)
-    asleep = plan_memory(load_config(SCALE, gpu), half_b, None, 24 * GiB)  # default: level 1
-    assert worker_rollout_config(load_config(SCALE, gpu)).engine.sleep_level == 1
+    asleep = plan_memory(load_config(SCALE, gpu), half_b, None, 24 * GiB)  # default: level 2
+    assert worker_rollout_config(load_config(SCALE, gpu)).engine.sleep_level == 2
     assert asleep.gpu_total < awake.gpu_total
     # during the update the engine's share of the GPU (0.5 by default) is free
     update_gap = awake.phase_total("update", gpu=True) - asleep.phase_total("update", gpu=True)
     assert update_gap == pytest.approx(0.5 * 24 * GiB)
     assert asleep.phase_total("rollout", gpu=True) == awake.phase_total("rollout", gpu=True)
-    # level 1 keeps the engine's weights in host memory while it sleeps
+    # level 2 (full pushes) drops the engine's weights; level 1 keeps them in host memory
     core = next(p for p in asleep.processes if p.name == "vLLM engine core")
+    assert "offloaded engine weights" not in core.phases.get("update", {})
+    level1 = plan_memory(load_config(SCALE, [*gpu, "rollout.engine.sleep_level=1"]), half_b,
+                         None, 24 * GiB)
+    core = next(p for p in level1.processes if p.name == "vLLM engine core")
     assert core.phases["update"]["offloaded engine weights"] == pytest.approx(half_b.params * 2)
 
 

@@ -36,7 +36,7 @@ def test_colocated_engine_sleeps_during_the_update(ray_cluster, tiny_model_dir, 
     register_test_rewards()
     cfg = load_config(ROOT / "configs" / "quickstart.yaml", small_run_overrides(
         tiny_model_dir, tmp_path, **GPU, **{"trainer.total_steps": 2, "actor.lr": 1e-3}))
-    assert worker_rollout_config(cfg).engine.sleep_level == 1
+    assert worker_rollout_config(cfg).engine.sleep_level == 2  # full pushes: weights dropped
     trainer = Trainer(cfg)
     try:
         trainer.fit()

@@ -115,8 +115,9 @@ class EngineConfig:
         sleep_level: GPU only: the level of vLLM's sleep mode while a colocated actor trains
             (1: weights offloaded to host, 2: dropped; 0: off, the engine never sleeps). A
             level > 0 builds the engine with vLLM's sleep mode (its CuMem allocator) so that
-            `VLLMEngine.sleep` / ``wake_up`` work. None: 0 (the trainer picks 1 for GPU engines
-            that share the actor's processes). CPU: no sleep mode.
+            `VLLMEngine.sleep` / ``wake_up`` work. None: 0 (the trainer picks 2 for GPU engines
+            that share the actor's processes and receive full pushes, 1 for LoRA adapter
+            pushes: `toolrl.trainer.config.worker_rollout_config`). CPU: no sleep mode.
         max_lora_rank: build the engine with vLLM's LoRA support for adapters up to this rank
             (one of vLLM's allowed ranks: 8, 16, 32, ...), so a LoRA actor can push only its
             adapter (`VLLMEngine.load_adapter_sync`); 0: no LoRA support (full-weight pushes).

@@ -325,6 +325,11 @@ def validate(cfg: ExperimentConfig) -> None:
                           "trainer.mode=sync, or actor.lora.sync=merge")
     if cfg.rollout.agent is not None:
         _check_agent(cfg)
+    if cfg.rollout.engine.sleep_level == 2 and cfg.actor.lora.enabled and \
+            cfg.actor.lora.sync == "adapter":
+        raise ConfigError("rollout.engine.sleep_level=2 drops the engine's base weights while "
+                          "the actor trains and actor.lora.sync=adapter never pushes them "
+                          "again: use sleep_level 1 (the default) or actor.lora.sync=merge")
     if cfg.rollout.engine.sleep_level and split:
         raise ConfigError(f"rollout.engine.sleep_level > 0 needs trainer.mode=sync: in "
                           f"{cfg.trainer.mode} mode the engines generate while the actor trains")
@@ -406,15 +411,20 @@ def worker_rollout_config(cfg: ExperimentConfig, model: str | None = None) -> Ro
     (`FILLED_BY_TRAINER`: the model, seeds, env, the run's weight push) and the engine's
     backend defaults (`EngineConfig.resolved`). GPU engines that share the actor's processes
     (``trainer.mode=sync``) sleep while it trains unless ``rollout.engine.sleep_level`` says
-    otherwise; engines on a pool of their own receive weights over NCCL and never sleep."""
+    otherwise: level 2 (weights dropped) when every weight is pushed after the wake-up anyway,
+    as verl does (level 1 would copy every weight to host memory and back each step for
+    nothing); level 1 (weights offloaded) when a LoRA actor pushes only its adapter
+    (``actor.lora.sync=adapter``: the base weights must survive the sleep). Engines on a pool
+    of their own receive weights over NCCL and never sleep."""
     r, e = cfg.rollout, cfg.rollout.engine
     sync = cfg.trainer.mode == "sync"
-    sleep = e.sleep_level if e.sleep_level is not None else int(e.backend == "gpu" and sync)
     lora = cfg.actor.lora
+    adapter = lora.enabled and lora.sync == "adapter"
+    sleep = e.sleep_level if e.sleep_level is not None else \
+        (1 if adapter else 2) if e.backend == "gpu" and sync else 0
     engine = replace(r.engine_config(), model=model or cfg.model.path, seed=cfg.seed,
                      weight_bucket_mb=cfg.actor.weight_bucket_mb,
-                     max_lora_rank=lora.engine_rank if lora.enabled and lora.sync == "adapter"
-                     else 0,
+                     max_lora_rank=lora.engine_rank if adapter else 0,
                      weight_transfer="ipc" if sync else "nccl", sleep_level=sleep).resolved()
     return replace(r, engine=engine, env_id=cfg.env.id, env_kwargs=dict(cfg.env.kwargs),
                    seed=cfg.seed)
