@@ -165,3 +165,34 @@ def test_local_push_streams_the_full_weights_into_every_local_engine(tiny_model_
     assert got0 == got1 == only0 == both0[0] == both0[1] == want
     assert want == weights_checksum(load_file(str(tiny_model_dir / "model.safetensors")))
     assert none1 == weights_checksum({}) == both1[0] == both1[1]  # rank 1 had no engine
+
+
+def test_the_nccl_route_sends_floats_in_the_engines_dtype(tiny_model_dir, monkeypatch):
+    """GPU split pools: an fp32 actor broadcasts its weights in the engines' dtype (bf16),
+    and the push's metadata (what vLLM's receivers allocate by) says so, tensor by tensor.
+    vLLM's NCCL producer and communicator are stand-ins: what goes on the wire is recorded."""
+    from types import SimpleNamespace
+
+    pytest.importorskip("vllm", reason="the NCCL route calls vLLM's packed producer")
+    from transformers import AutoModelForCausalLM
+    from vllm.distributed.weight_transfer import nccl_common, packed_tensor
+
+    wire: list[tuple[str, str, tuple[int, ...]]] = []
+
+    def producer(iterator, group, src, post_iter_func, **kwargs):
+        for item in iterator:
+            tensor = post_iter_func(item)
+            wire.append((item[0], str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape)))
+
+    monkeypatch.setattr(nccl_common, "trainer_init", lambda info: object())
+    monkeypatch.setattr(packed_tensor, "packed_nccl_broadcast_producer", producer)
+    monkeypatch.setattr(torch.cuda, "current_stream",
+                        lambda: SimpleNamespace(synchronize=lambda: None))
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    assert {d for _, d, _ in WeightSync(model).metadata()} == {"float32"}  # the actor's own
+
+    sync = WeightSync(model)
+    sync.connect("127.0.0.1", free_port(), 2, backend="nccl", wire_dtype="bfloat16")
+    assert sync.push_group() == 1
+    assert wire and wire == sync.metadata()  # the receivers cut the buckets from it
+    assert {d for _, d, _ in wire} == {"bfloat16"}

@@ -100,7 +100,7 @@ class PipelineTrainer(Trainer):
         joins = [rollout.call_async(RolloutWorker.connect_weight_sync, addr, port, world,
                                     backend),
                  self.actor.call_async(ActorWorker.connect_weight_sync, addr, port, world,
-                                       backend)]
+                                       backend, self.rollout_config().engine.dtype)]
         for join in joins:
             join.get()
         self.version = int(self.actor.call(ActorWorker.policy_version))

@@ -297,9 +297,11 @@ class ActorWorker(Worker):
 
     @remote(Dispatch.ONE_TO_ALL)
     def connect_weight_sync(self, master_addr: str, master_port: int, world_size: int,
-                            backend: str | None = None) -> None:
-        """Rank 0 joins the sync group as its rank 0 (call together with the rollout side)."""
-        self.actor.weights.connect(master_addr, master_port, world_size, backend)
+                            backend: str | None = None, wire_dtype: str | None = None) -> None:
+        """Rank 0 joins the sync group as its rank 0 (call together with the rollout side);
+        ``wire_dtype``: the NCCL route sends floating-point weights in it (the engines')."""
+        self.actor.weights.connect(master_addr, master_port, world_size, backend,
+                                   wire_dtype=wire_dtype)
 
     @remote(Dispatch.ONE_TO_ALL, Execute.RANK_ZERO)
     def weight_metadata(self) -> list[tuple[str, str, tuple[int, ...]]]:

@@ -63,6 +63,7 @@ class WeightSync:
         self.version = int(version)
         self.group: WeightSyncGroup | None = None
         self._nccl: Any = None  # GPU split pools: vLLM's trainer-side NCCL communicator
+        self.wire_dtype: torch.dtype | None = None  # NCCL route: floats sent in this dtype
 
     def _state(self) -> dict[str, torch.Tensor]:
         state = self.model.state_dict()
@@ -71,10 +72,16 @@ class WeightSync:
         return state
 
     def metadata(self) -> list[Meta]:
-        """(name, dtype, full shape) of every tensor a push sends, in order; no gather."""
+        """(name, dtype, full shape) of every tensor a push sends, in order; no gather. The
+        dtype is the one on the wire (`wire_dtype` for floating-point tensors when set)."""
         meta = [(name, str(t.dtype).removeprefix("torch."), tuple(t.shape))
                 for name, t in self._state().items()]
-        return self.lora.merged_metadata(meta) if self.lora is not None else meta
+        meta = self.lora.merged_metadata(meta) if self.lora is not None else meta
+        if self.wire_dtype is None:
+            return meta
+        wire = str(self.wire_dtype).removeprefix("torch.")
+        return [(n, wire if getattr(torch, d).is_floating_point else d, shape)
+                for n, d, shape in meta]
 
     def iter_push(self) -> Iterator[Named]:
         """What a full-weights push sends: `iter_full`, with a LoRA adapter merged in."""
@@ -168,10 +175,18 @@ class WeightSync:
         return self.version
 
     def connect(self, master_addr: str, master_port: int, world_size: int,
-                backend: str | None = None, timeout_s: float = 600.0) -> None:
+                backend: str | None = None, timeout_s: float = 600.0,
+                wire_dtype: str | torch.dtype | None = None) -> None:
         """Rank 0 joins the sync group as its rank 0 (other actor ranks do nothing): a gloo
         `WeightSyncGroup`, or with ``backend="nccl"`` vLLM's trainer end of its NCCL weight
-        transfer (the rollout engines join it with ``init_broadcast_receiver``)."""
+        transfer (the rollout engines join it with ``init_broadcast_receiver``). On the NCCL
+        route ``wire_dtype`` (the engines' dtype, bf16 on GPU) is what floating-point weights
+        travel in: the receivers allocate by the push's `metadata` and load into weights of
+        that dtype anyway, so an fp32 actor sends half the bytes. The gloo route keeps the
+        actor's dtype (its receivers can checksum what the actor holds)."""
+        if backend == "nccl" and wire_dtype is not None:
+            self.wire_dtype = wire_dtype if isinstance(wire_dtype, torch.dtype) else \
+                getattr(torch, str(wire_dtype).removeprefix("torch."))
         if rank() != 0:
             return
         if backend == "nccl":
@@ -198,8 +213,10 @@ class WeightSync:
                 packed_nccl_broadcast_producer,
             )
 
+            wire = self.wire_dtype
             packed_nccl_broadcast_producer(
-                iterator=stream, group=self._nccl, src=0, post_iter_func=lambda item: item[1],
+                iterator=stream if wire is None else _cast_floats(stream, wire),
+                group=self._nccl, src=0, post_iter_func=lambda item: item[1],
                 buffer_size_bytes=int(self.bucket_mb * (1 << 20)),
                 num_buffers=DEFAULT_PACKED_NUM_BUFFERS)
             torch.cuda.current_stream().synchronize()
@@ -210,6 +227,11 @@ class WeightSync:
         for _ in stream:  # other ranks (and a short sender) stay in the gathers' step
             pass
         return self.version
+
+
+def _cast_floats(stream: Iterator[Named], dtype: torch.dtype) -> Iterator[Named]:
+    for name, tensor in stream:
+        yield name, tensor.to(dtype) if tensor.is_floating_point() else tensor
 
 
 __all__ = ["WeightSync"]
