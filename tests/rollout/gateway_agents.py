@@ -7,10 +7,14 @@ The tiny model has random weights: the submitting agent forces a ``submit`` call
 from __future__ import annotations
 
 import asyncio
+from typing import Annotated
+
+from pydantic import Field
 
 from toolrl import make_env
 
 MODEL = "policy"
+Small = Annotated[int, Field(ge=0, le=20)]  # bounded, so the random model's digits end
 INFLIGHT = {"now": 0, "max": 0}
 
 
@@ -108,7 +112,8 @@ async def agents_sdk(client, row):
     """The OpenAI Agents SDK (``Agent``, ``function_tool``, ``Runner.run``) on the gateway's
     client: one run forces an ``add`` call and runs the tool (the SDK sends the result with
     ``tool_call_id`` and no ``name``); a second run on that history forces another call with
-    room for 4 tokens, so its reply is cut inside the call and fails to parse."""
+    room for 16 tokens (a whole call takes more), so its reply is cut inside the call and
+    fails to parse."""
     from agents import (
         Agent,
         ModelSettings,
@@ -117,11 +122,10 @@ async def agents_sdk(client, row):
         function_tool,
         set_tracing_disabled,
     )
-
     set_tracing_disabled(True)  # no trace export: nothing leaves the machine
 
     @function_tool
-    def add(a: int, b: int) -> int:
+    def add(a: Small, b: Small) -> int:
         """Add two integers."""
         return a + b
 
@@ -130,7 +134,7 @@ async def agents_sdk(client, row):
                   model_settings=ModelSettings(tool_choice="add", max_tokens=90),
                   tool_use_behavior="stop_on_first_tool")
     done = await Runner.run(first, str(row["question"]), max_turns=2)
-    cut = first.clone(model_settings=ModelSettings(tool_choice="add", max_tokens=4),
+    cut = first.clone(model_settings=ModelSettings(tool_choice="add", max_tokens=16),
                       tool_use_behavior="run_llm_again")
     again = await Runner.run(cut, done.to_input_list(), max_turns=1)
     return {"answer": str(again.final_output)}
