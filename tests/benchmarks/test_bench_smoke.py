@@ -24,7 +24,7 @@ import run_all  # noqa: E402
 
 SCRIPTS = ["bench_trl.py", "bench_weight_sync.py", "bench_env_overhead.py", "bench_scaling.py",
            "bench_scale.py", "bench_update.py", "bench_mcp.py", "bench_lora.py",
-           "bench_gateway.py", "run_all.py"]
+           "bench_gateway.py", "bench_canary.py", "run_all.py"]
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
@@ -265,3 +265,24 @@ def test_lora_report_states_memory_and_sync_ratios():
     assert "the qwen2.5-0.5b shape" in heads[1] and "(56x less)" in heads[1]
     assert "merged push 1.00x, adapter push 0.05x" in heads[1]
     assert "| LoRA rank 16, sync=adapter |" in text and "| full actor: update | 10.90 |" in text
+
+
+def test_canary_report_from_fake_rows():
+    """bench_canary's table: ranges per lr and kind of push, and the reading says which missed
+    pushes the bf16 bound catches."""
+    import bench_canary
+
+    def row(lr, step, push, mean):
+        return {"lr": lr, "step": step, "push": push, "max": 4 * mean, "mean": mean,
+                "p90": 2 * mean, "n": 64}
+
+    rows = [row(1e-6, 0, "correct", 0.03), row(1e-6, 1, "missed (1 step old)", 0.04),
+            row(1e-6, 1, "correct", 0.05), row(1e-6, 1, "missed (1 steps old)", 0.045),
+            row(1e-4, 0, "correct", 0.04), row(1e-4, 1, "missed (1 step old)", 0.3),
+            row(1e-4, 1, "correct", 0.04), row(1e-4, 1, "missed (1 steps old)", 0.3)]
+    text = bench_canary.render(rows, [1e-6, 1e-4], "m", "cmd", "machine")
+    assert "| 1e-06 | correct, 2 pushes | 0.1200 .. 0.2000 | 0.0300 .. 0.0500 |" in text
+    assert "lr 1e-06: 0.0400 .. 0.0450 (1 step / 1 steps behind; inside the band" in text
+    assert "lr 0.0001: 0.3000 (1 step / 1 steps behind; past it)" in text
+    assert "past the bound in this run: missed (1 step old) at lr 0.0001" in text
+    assert text.splitlines()[4].startswith("**bf16 canary")

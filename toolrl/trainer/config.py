@@ -174,8 +174,10 @@ class TrainerConfig:
     # infra-failed episodes are refilled or dropped, never trained on (trainer/failures.py)
     infra_failures: InfraFailureConfig = field(default_factory=InfraFailureConfig)
     # after each weight push, engine and actor score a fixed probe (sync/canary.py)
-    sync_canary: str = "stop"  # stop | warn | off
-    sync_canary_tolerance: float | None = None  # max |log-prob diff|; None: by dtype
+    # auto: stop for fp32 engines, warn for bf16 / fp16 (toolrl/sync/canary.py) | stop | warn | off
+    sync_canary: str = "auto"
+    # bound on the dtype's statistic (fp32: max |log-prob diff|; bf16: mean); None: by dtype
+    sync_canary_tolerance: float | None = None
     # no step finished within the bound: stacks of every process to <run dir>/stalls/, one
     # line, exit 1 (trainer/progress.py)
     watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
@@ -224,7 +226,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "trainer.stale_policy": ("continue", "drop"),
     "trainer.on_rollout_failure": ("stop", "retry"),
     "trainer.infra_failures.rule": INFRA_RULES,
-    "trainer.sync_canary": ("stop", "warn", "off"),
+    "trainer.sync_canary": ("auto", "stop", "warn", "off"),
     "resources.memory_check": ("refuse", "warn", "skip"),
     "data.overlong_prompts": ("refuse", "filter"),
     "trainer.health.on_unhealthy": ("stop", "warn"),

@@ -258,8 +258,10 @@ class Trainer:
 
     def check_sync(self, version: int) -> dict[str, float]:
         """The weight-sync canary (`toolrl.sync.canary`): every engine and the actor score
-        the same probe; a gap past the tolerance stops the run (or warns)."""
-        mode = self.cfg.trainer.sync_canary
+        the same probe; the dtype's statistic of the gaps past its tolerance stops the run
+        (or warns: ``trainer.sync_canary``, ``auto`` by the engine's dtype)."""
+        dtype = self.rollout_config().engine.dtype
+        mode = canary.mode(self.cfg.trainer.sync_canary, dtype)
         if mode == "off":
             return {}
         start = time.perf_counter()
@@ -267,17 +269,18 @@ class Trainer:
             RolloutWorker.probe, canary.PROBE_TEXTS, canary.PROBE_TOKENS, canary.PROBE_SEED,
             self.cfg.rollout.temperature)
         scored = [self.actor.call(ActorWorker.compute_log_prob, p) for p in probes]
-        diffs = [canary.probe_diff(p[B.ROLLOUT_LOG_PROBS], s[B.OLD_LOG_PROBS],
-                                   p[B.RESPONSE_MASK]) for p, s in zip(probes, scored,
-                                                                      strict=True)]
-        bound = canary.tolerance(self.rollout_config().engine.dtype,
-                                 self.cfg.trainer.sync_canary_tolerance)
-        problem = canary.verdict(diffs, bound, version)
+        stats = [canary.probe_stats(p[B.ROLLOUT_LOG_PROBS], s[B.OLD_LOG_PROBS],
+                                    p[B.RESPONSE_MASK]) for p, s in zip(probes, scored,
+                                                                       strict=True)]
+        stat = canary.statistic(dtype)
+        bound = canary.tolerance(dtype, self.cfg.trainer.sync_canary_tolerance)
+        problem = canary.verdict([s[stat] for s in stats], bound, version, stat)
         if problem is not None:
             if mode == "stop":
                 raise canary.SyncCanaryError(problem)
             self.console.log(f"[yellow]warning:[/] {problem}")
-        return {"sync/probe_max_abs_diff": canary.max_diff(diffs),
+        return {"sync/probe_max_abs_diff": canary.max_diff([s["max"] for s in stats]),
+                "sync/probe_mean_abs_diff": canary.max_diff([s["mean"] for s in stats]),
                 "timing/sync_probe_s": time.perf_counter() - start}  # within timing/sync_s
 
     def learn(self, batch: TensorDict, timing: dict[str, float]) -> dict[str, float]:
