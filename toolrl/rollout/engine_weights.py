@@ -7,12 +7,12 @@ cache reset, the weight version bumped):
 - `load_weights_sync`: a full set of checkpoint-named weights, cast to the engine's dtype, one
   bucket of ``weight_bucket_mb`` at a time: shared-memory staging files on CPU
   (`toolrl.rollout.weight_transfer.SharedMemoryPush`), vLLM's packed CUDA IPC transfer on GPU
-  (`~toolrl.rollout.weight_transfer.IpcPush`);
+  (`toolrl.rollout.weight_transfer.IpcPush`);
 - `init_broadcast_receiver` / `receive_broadcast`: GPU with split pools, vLLM's NCCL weight
   transfer (the trainer broadcasts, `toolrl.workers.weights`);
 - `load_adapter_sync`: a LoRA adapter served by vLLM's LoRA support (no base weights move);
-- `begin_staged_push` / `finish_staged_push`: CPU, a push whose buckets the caller fills (the
-  trainer receiving over a broadcast group, `toolrl.workers.weights`);
+- `begin_staged_push` / `finish_staged_push`: CPU, a push whose buckets the caller fills (a
+  rollout worker receiving the actor's broadcast over gloo, `toolrl.rollout.worker`);
 - ``keep_inflight``: requests in flight are frozen for the push instead of refused (async mode).
 
 How each route's bytes travel is `toolrl.rollout.weight_transfer`; this module is the engine's
