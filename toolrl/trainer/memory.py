@@ -527,8 +527,9 @@ def _advice(item: str, cfg: ExperimentConfig) -> str:
     if "KV cache" in item:
         return "lower rollout.engine.kv_cache_gib (or gpu_memory_utilization)"
     if "weights + KV" in item:
-        return ("lower rollout.engine.gpu_memory_utilization or set "
-                "rollout.engine.sleep_level=1 so the engine sleeps while the actor trains")
+        return ("lower rollout.engine.gpu_memory_utilization or let the engine sleep while "
+                "the actor trains (rollout.engine.sleep_level=2, 1 with "
+                "actor.lora.sync=adapter)")
     if "warm start" in item or "SFT" in item:
         return "lower warm_start.batch_size"
     if "bucket" in item:
