@@ -27,7 +27,10 @@ benchmarks/RESULTS.md):
   or six steps, behind) reads 0.033 .. 0.053 at lr <= 1e-5, inside that band: the update moves
   bf16 weights less than the two sides' bf16 kernels disagree, so no statistic of one probe
   can tell it (the engine then samples from nearly the same policy); at lr 1e-4 it reads
-  0.12 .. 0.16 (one step) and 0.73 (six). So in bf16 the canary catches gross failures (wrong
+  0.12 .. 0.16 (one step) and 0.73 (six). A 24-step run at lr 1e-5 (25 more correct pushes:
+  0.032 .. 0.045, single tokens up to 0.32): an engine stale for all 24 steps reads 0.095,
+  still under the bound, so at that rate a route that never lands is caught only after some
+  25 steps or more. So in bf16 the canary catches gross failures (wrong
   or garbage weights, a route that stops landing once the drift adds up), not one missed
   push at a small learning rate. One model on one kind of kernels is no proof that a healthy
   run elsewhere stays under 0.1 (vLLM's CUDA kernels have not run against the actor; the GPU
