@@ -175,7 +175,7 @@ def env_episode(env: Any, row: dict[str, Any], script: list[Step]) -> Any:
     import asyncio
 
     from toolrl import ToolCall as Call
-    from toolrl.core.env import run_episode
+    from toolrl import run_episode
 
     base = env.unwrapped
 

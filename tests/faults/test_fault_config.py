@@ -9,6 +9,8 @@ against the session's real Ray cluster and must leave no placement group or acto
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from toolrl import cli
@@ -96,6 +98,10 @@ def test_a_pool_larger_than_the_machine(tmp_path, capsys, ray_cluster, tiny_mode
     assert err.startswith("toolrl train: ") and err.count("\n") == 1, err
     assert "64 x {CPU: 1}" in err and "must fit on ONE node" in err and "short by" in err
     assert live_groups() == groups_before
+    # (resources an earlier test's killed actors hold come back asynchronously: wait, bounded)
+    deadline = time.monotonic() + 30
+    while ray.available_resources().get("CPU") != free_before and time.monotonic() < deadline:
+        time.sleep(0.5)
     assert ray.available_resources().get("CPU") == free_before
 
 

@@ -144,10 +144,12 @@ def test_rollout_worker_killed_is_retried(ray_cluster, tiny_model_dir, tmp_path)
     engines = _engine_pids(trainer)
     metrics = cfg.run_dir / "metrics.jsonl"
 
-    def kill_in_step_2() -> None:
+    saved = cfg.run_dir / "checkpoints" / "step_1" / "COMPLETE"
+
+    def kill_in_step_2() -> None:  # once step 1 is saved (not between its log and its save)
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
-            if 1 in [r["step"] for r in read_metrics(metrics)]:
+            if saved.exists():
                 os.kill(pid, signal.SIGKILL)
                 return
             time.sleep(0.02)
