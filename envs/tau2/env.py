@@ -319,17 +319,8 @@ class Tau2Env(ToolEnv):
             if not user_msg.is_tool_call():
                 out.append({"role": "user", "content": user_msg.content or ""})
                 return out
-            message = self._env_step_user(user_msg)
+            message = self._env_step(user_msg)
         return out
-
-    def _env_step_user(self, user_msg: UserMessage) -> Any:
-        responses = [self.environment.get_response(c) for c in user_msg.tool_calls]
-        self.num_errors += sum(r.error for r in responses)
-        self.trajectory.extend(responses)
-        self.step_count += 1
-        self._check_limits(False)
-        return MultiToolMessage(role="tool", tool_messages=responses) \
-            if len(responses) > 1 else responses[0]
 
     def on_turn(self, parse: ParseResult, results: list[ToolResult]) -> Turn:
         if self.termination is not None:  # tau2 ended the conversation before this turn (the
