@@ -165,9 +165,12 @@ class PolicyLossConfig:
     * ``tis_cap``: token-level truncated importance sampling: each token's loss is multiplied
       by ``min(exp(old_log_probs - rollout_log_probs), tis_cap)`` (detached), correcting for
       the mismatch between the inference engine and the trainer. None disables.
-    * ``loss_agg_mode``: see `agg_loss`. ``entropy_coeff``: entropy bonus weight.
+    * ``loss_agg_mode``: how token losses become the loss (see `agg_loss`): ``token-mean``,
+      ``seq-mean-token-sum``, ``seq-mean-token-mean`` (original GRPO),
+      ``seq-mean-token-sum-norm`` (Dr.GRPO). ``entropy_coeff``: entropy bonus weight.
       ``kl_loss_coef`` / ``kl_loss_kind``: KL-to-reference loss term (see `toolrl.algo.kl`).
-    * ``policy_loss``: name in `POLICY_LOSSES` used by `actor_loss`.
+    * ``policy_loss``: name in `POLICY_LOSSES` used by `actor_loss` (``ppo_clip``, ``gspo``,
+      ``cispo``, or one registered with `register_policy_loss`).
     * ``log_ratio_clamp``: ``log(new/old)`` is clamped to ``±log_ratio_clamp`` before exp.
     """
 

@@ -81,7 +81,9 @@ class RolloutConfig:
         max_prompt_tokens: most tokens of the first prompt (None: ``min(max_total_tokens //
             2, 512)``); the response gets the rest. Both are the padded widths of the batch.
         val_temperature: validation episodes decode greedily when 0 (the trainer's choice).
-        on_overflow: see `EpisodeConfig`.
+        on_overflow: when an observation does not fit: ``"stop"`` appends none of it,
+            ``"truncate"`` appends the part that fits; either way the episode ends
+            (``context``). See `EpisodeConfig`.
         env_timeout_s: the longest one env step may take (None: no bound); past it the
             episode ends as an infrastructure failure (``env_timeout``).
         engine: the vLLM engine (`EngineConfig`).
@@ -103,7 +105,10 @@ class RolloutConfig:
         agent_timeout_s: each agent episode's deadline (past it: ``agent_timeout``).
         agent_format: the tool-call format gateway replies are parsed with; None: the format
             of ``env_id``'s env.
-        allow_non_prefix_preserving / chat_template_kwargs: see `ChatRenderer`.
+        allow_non_prefix_preserving: keep going (with a warning) when the chat template is not
+            prefix-preserving instead of raising `TemplateError` (see `ChatRenderer`).
+        chat_template_kwargs: extra keyword arguments for every ``apply_chat_template`` call
+            (e.g. ``{"enable_thinking": False}``).
     """
 
     concurrency: int = 64

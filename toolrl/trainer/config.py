@@ -36,6 +36,9 @@ TINY_MODEL_PATH = "models/tiny"
 class ModelConfig:
     """The policy to train: a local checkpoint directory or a hub id."""
 
+    # a local folder or a hub id, told apart by one rule (toolrl.models.source): a path that
+    # exists, is built, is written as a path (./, /, ~, two /) or whose first part is a local
+    # folder is local; any other org/name is a hub id (hub cache, or a hub that answers)
     path: str = TINY_MODEL_PATH
     # build a model with random weights at `path` if absent; `path` is then always a local
     # folder, never a hub id (toolrl.models.source's rule). null (the default): true exactly
@@ -48,8 +51,8 @@ class ModelConfig:
 class EnvConfig:
     """The tool environment (a registered id) and keyword arguments for `make_env`."""
 
-    id: str = "toolrl/Calculator-v0"
-    kwargs: dict[str, Any] = field(default_factory=dict)
+    id: str = "toolrl/Calculator-v0"  # a registered env id (`toolrl envs` lists them)
+    kwargs: dict[str, Any] = field(default_factory=dict)  # the env's constructor arguments
 
 
 @dataclass
@@ -63,10 +66,10 @@ class MixtureSource:
     env: str = ""  # a registered env id (required)
     env_kwargs: dict[str, Any] = field(default_factory=dict)  # make_env kwargs of its rows
     train_file: str | None = None  # None: the env's generator
-    val_file: str | None = None
+    val_file: str | None = None  # validation rows; None: the env's generator
     train_size: int = 1024  # generator rows (with no file)
-    val_size: int = 32
-    task_kwargs: dict[str, Any] = field(default_factory=dict)
+    val_size: int = 32  # validation rows from the generator (with no val_file)
+    task_kwargs: dict[str, Any] = field(default_factory=dict)  # the env's make_tasks kwargs
 
 
 @dataclass
@@ -78,12 +81,12 @@ class DataConfig:
     """
 
     train_file: str | None = None  # .json / .jsonl / .parquet; None: the env's generator
-    val_file: str | None = None
+    val_file: str | None = None  # validation rows; None: the env's generator
     train_size: int = 4096  # rows drawn from the generator
-    val_size: int = 128
+    val_size: int = 128  # validation rows drawn from the generator (with no val_file)
     task_kwargs: dict[str, Any] = field(default_factory=dict)  # e.g. {difficulty: 1}
     batch_size: int = 8  # tasks per step (each sampled `algorithm.group_size` times)
-    shuffle: bool = True
+    shuffle: bool = True  # reshuffle the training rows every epoch (seeded)
     mixture: list[MixtureSource] = field(default_factory=list)  # rows of more envs
     # rows whose first prompt (tools included) exceeds rollout.max_prompt_tokens: refuse the
     # run (naming how many and the longest), or filter them out (the run says how many)
@@ -97,10 +100,10 @@ class AlgorithmConfig:
     name: str = "grpo"  # grpo | ppo
     advantage: str = "grpo"  # any registered advantage estimator
     group_size: int = 8  # samples per task (uid group)
-    gamma: float = 1.0
-    lam: float = 1.0
+    gamma: float = 1.0  # discount over sampled tokens (estimators that look along time)
+    lam: float = 1.0  # GAE's lambda (advantage: gae)
     kl_in_reward_coef: float = 0.0  # > 0: KL to the reference subtracted from the reward
-    kl_in_reward_kind: str = "k1"
+    kl_in_reward_kind: str = "k1"  # KL estimator of the in-reward term: k1 | k2 | k3 | abs
     use_reference: bool = False  # compute reference log-probs (needed by any KL term)
     # drop groups whose samples all got the same reward (zero advantage, no policy gradient)
     # before log-probs and the update, as DAPO's dynamic sampling does
@@ -112,9 +115,11 @@ class ResourcesConfig:
     """Where workers run: one Ray pool of processes; the roles share it (colocated)."""
 
     device: str = "cpu"  # cpu | cuda
-    nodes: int = 1
+    nodes: int = 1  # machines of each pool
     processes_per_node: int = 1  # FSDP ranks per node (actor / reference / critic)
     rollout_processes_per_node: int = 1  # trainer.mode=pipeline: the rollout pool's own processes
+    # Ray CPUs each process asks for; Ray sets its torch threads from it, so a lone colocated
+    # process on CPU should ask for every core (the quickstart asks for 2)
     cpus_per_process: float = 1.0
     ray_num_cpus: int | None = None  # local cluster size; None: Ray's default
     ray_address: str | None = None  # connect to an existing cluster (or set RAY_ADDRESS)
@@ -131,12 +136,12 @@ class ResourcesConfig:
 class WarmStartConfig:
     """Supervised warm start on oracle transcripts of the env, before RL."""
 
-    enabled: bool = False
+    enabled: bool = False  # run the warm start before RL (its checkpoint is the RL start)
     steps: int = 300  # at most; the cosine schedule spans them
     stop_loss: float | None = None  # stop once the mean loss of the last 50 steps is this low
-    lr: float = 3e-3
-    batch_size: int = 16
-    num_transcripts: int = 2048
+    lr: float = 3e-3  # peak AdamW learning rate (linear warmup, then cosine decay)
+    batch_size: int = 16  # transcripts per step
+    num_transcripts: int = 2048  # oracle episodes recorded to train on
     task_kwargs: dict[str, Any] = field(default_factory=dict)  # default: data.task_kwargs
     env_kwargs: dict[str, Any] = field(default_factory=dict)  # over env.kwargs, oracle env only
     output: str | None = None  # where the warm-started HF checkpoint goes (default: run dir)
@@ -146,12 +151,13 @@ class WarmStartConfig:
 class TrainerConfig:
     """The loop: steps, validation, checkpoints, tracking."""
 
-    total_steps: int = 20
+    total_steps: int = 20  # RL steps (each: rollout, reward, update, weight push)
     val_every: int = 5  # 0: only before training and at the end
     save_every: int = 0  # 0: no intermediate checkpoints
-    keep_checkpoints: int = 2
+    keep_checkpoints: int = 2  # newest checkpoints kept in <run dir>/checkpoints/
     resume: str = "auto"  # auto | never | a checkpoint directory
     output_dir: str | None = None  # default: outputs/<experiment_name>
+    # where metrics go: jsonl (metrics.jsonl), tensorboard, wandb, mlflow
     trackers: list[str] = field(default_factory=lambda: ["jsonl", "tensorboard"])
     log_rollouts: int = 8  # trajectories dumped per step
     mode: str = "sync"  # sync | pipeline (one-step off-policy) | async (streaming)
@@ -164,8 +170,8 @@ class TrainerConfig:
     # a rollout worker that died or failed: stop the run naming it, or restart it (and its
     # engine) and redo the batch, at most max_retries times in a row (docs/reliability.md)
     on_rollout_failure: str = "stop"  # stop | retry
-    max_retries: int = 1
-    call_timeout_s: float = 1800.0
+    max_retries: int = 1  # retries in a row (on_rollout_failure: retry) before the run stops
+    call_timeout_s: float = 1800.0  # bound on one worker-group call; past it the call fails
     # Two thresholds, disjoint: infra_failures.max_fraction counts the episodes the
     # infrastructure failed (tool server down, env raised or timed out, episode loop crashed)
     # in the batch as generated; health.max_error_fraction the other errors (template,
@@ -187,8 +193,8 @@ class TrainerConfig:
 class ExperimentConfig:
     """One experiment, exactly as configs/*.yaml spell it."""
 
-    experiment_name: str = "toolrl"
-    seed: int = 0
+    experiment_name: str = "toolrl"  # names the run directory: outputs/<experiment_name>
+    seed: int = 0  # seeds tasks, sampling, shuffles and the warm start (one seed, one run)
     model: ModelConfig = field(default_factory=ModelConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -196,6 +202,7 @@ class ExperimentConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     actor: ActorConfig = field(default_factory=ActorConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)
+    # the reward set: components with weights, gates, clip and scale (toolrl.reward.RewardConfig)
     reward: dict[str, Any] = field(default_factory=lambda: {
         "rewards": [{"name": "success", "weight": 1.0}]})
     env_rewards: dict[str, Any] = field(default_factory=dict)  # env id -> its own reward set

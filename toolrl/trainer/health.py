@@ -40,8 +40,9 @@ class HealthConfig:
     unhealthy (1.0 turns a check off)."""
 
     on_unhealthy: str = "stop"  # stop | warn
-    max_error_fraction: float = 0.2  # episodes that ended with an error that is not an
-    # infrastructure failure (template, observation, empty turn); those are infra_failures
+    # episodes that ended with an error that is not an infrastructure failure (template,
+    # observation, empty turn), among those that train; those are trainer.infra_failures
+    max_error_fraction: float = 0.2
     max_no_token_fraction: float = 0.5  # episodes that sampled no token
     max_context_fraction: float = 0.9  # episodes the context limit ended
     max_reward_error_fraction: float = 0.5  # samples one reward component failed on

@@ -50,12 +50,14 @@ class ActorConfig(FSDPConfig):
     """The actor (and reference): `FSDPConfig` plus the policy loss.
 
     Attributes:
-        temperature: sampling temperature of the rollout; logits are divided by it.
+        temperature: sampling temperature of the rollout; logits are divided by it (in an
+            experiment the trainer sets it from ``rollout.temperature``).
         loss: the policy loss and its hyper-parameters (`toolrl.algo.loss.PolicyLossConfig`:
             ``policy_loss`` name, clip ratios, dual-clip, TIS cap, aggregation, entropy and KL
             coefficients).
         max_response_length: the response budget, needed by the ``seq-mean-token-sum-norm``
-            aggregation (Dr.GRPO).
+            aggregation (Dr.GRPO); in an experiment the trainer sets it from
+            ``rollout.max_total_tokens``.
         weight_bucket_mb: bucket size of weight pushes to the rollout engines.
         share_prompts: rows with identical prompts (a GRPO group) run the prompt once and the
             responses on its KV cache (`toolrl.workers.scoring`); off, or with

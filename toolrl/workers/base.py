@@ -61,7 +61,8 @@ class FSDPConfig:
     """Fields shared by every FSDP2-trained model (actor, critic).
 
     Attributes:
-        model_path: a local Hugging Face checkpoint directory.
+        model_path: a local Hugging Face checkpoint directory (in an experiment the trainer
+            sets it from ``model.path``, or the warm start's checkpoint).
         dtype: dtype the weights are loaded and kept (and optimized) in.
         param_dtype / reduce_dtype: FSDP2 mixed precision: forward/backward compute dtype and
             gradient-reduction dtype (None: keep ``dtype``; fp32 on CPU).
@@ -72,6 +73,8 @@ class FSDPConfig:
         lr / betas / eps / weight_decay: AdamW.
         lr_schedule: ``constant`` or ``cosine`` (to ``min_lr_ratio * lr`` at ``total_steps``),
             both after ``warmup_steps`` of linear warmup; counted in optimizer steps.
+        warmup_steps: optimizer steps of linear warmup from 0 to ``lr``.
+        min_lr_ratio: where the cosine schedule ends, as a fraction of ``lr``.
         total_steps: optimizer steps the schedule spans (0 in a config file: the trainer sets it
             from ``trainer.total_steps``, PPO epochs and mini-batches).
         grad_clip: max global gradient norm (None or 0: no clipping, the norm is still logged).
@@ -85,6 +88,7 @@ class FSDPConfig:
             None: ``micro_batch_size``. The token budget applies to both when set.
         shuffle: shuffle samples before cutting mini-batches (seeded by ``seed`` and the
             optimizer step, so a resumed run shuffles the same way).
+        seed: seed of that shuffle (in an experiment the trainer sets it from ``seed``).
     """
 
     model_path: str = ""

@@ -31,7 +31,8 @@ class CriticConfig(FSDPConfig):
         cliprange_value: clip of the new values around the old ones (None: plain squared
             error).
         loss_agg_mode: aggregation of the per-token value loss (see `toolrl.algo.loss`).
-        max_response_length: the response budget for ``seq-mean-token-sum-norm``.
+        max_response_length: the response budget for ``seq-mean-token-sum-norm`` (in an
+            experiment the trainer sets it from ``rollout.max_total_tokens``).
     """
 
     lr: float = 1e-5
