@@ -35,7 +35,8 @@ def init_ray(num_cpus: int | None = None, num_gpus: int | None = None, *,
     """Connect to ``address`` / ``RAY_ADDRESS``, or start a local cluster; no-op if connected.
 
     Args:
-        num_cpus, num_gpus: size of a local cluster (ignored when connecting).
+        num_cpus: CPUs of a local cluster (ignored when connecting).
+        num_gpus: GPUs of a local cluster (ignored when connecting).
         address: an existing cluster ("auto", "ray://host:port", "host:port").
         temp_dir: session dir of a local cluster (default: `default_temp_dir`).
         log_to_driver: forward worker stdout/stderr to this process.
