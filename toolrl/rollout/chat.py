@@ -15,8 +15,11 @@ checks this once per template on a probe conversation (`check_prefix_preserving`
 to train on the token stream the model actually saw (then the check's report is kept on
 `ChatRenderer.conformance`).
 
-`tool_coverage` reports which parts of a tool schema (descriptions, enums, defaults, nested
-properties...) a template leaves out of the prompt: the model cannot use what it never sees.
+`drops_tools` says whether a template ignores ``tools`` altogether (a prompt renders the same
+with and without them: the model would never see its tools); check-env, the dry run and the
+training pre-flight refuse such a template in one line. `tool_coverage` reports which parts
+of a tool schema (descriptions, enums, defaults, nested properties...) a template leaves out of
+the prompt: the model cannot use what it never sees.
 """
 
 from __future__ import annotations
@@ -278,6 +281,22 @@ def tool_coverage(renderer: ChatRenderer) -> ToolCoverage:
                               if marker not in text))
 
 
+def drops_tools(renderer: ChatRenderer) -> bool:
+    """The template renders a prompt with `PROBE_TOOLS` exactly as without them."""
+    messages = PROBE_MESSAGES[:2]
+    return renderer.render_text(messages, PROBE_TOOLS, add_generation_prompt=True) == \
+        renderer.render_text(messages, None, add_generation_prompt=True)
+
+
+def drops_tools_message(key: str, path: str) -> str:
+    """The one line that refuses a template that drops ``tools`` (``key``: where the model
+    was named, e.g. ``model.path``)."""
+    return (f"{key}={path!r}: its chat template drops `tools` (a prompt renders the same with "
+            f"and without them), so the model would never see its tools; give the checkpoint "
+            f"a tools-aware template (`toolrl model import --chat-template chatml-tools`, or "
+            f"set chat_template in its tokenizer_config.json)")
+
+
 def _dummy_messages() -> list[dict[str, Any]]:
     return [{"role": "user", "content": "hi"}, {"role": "assistant", "content": _MARK}]
 
@@ -305,4 +324,8 @@ __all__ = [
     "ChatRenderer",
     "ConformanceReport",
     "TemplateError",
+    "ToolCoverage",
+    "drops_tools",
+    "drops_tools_message",
+    "tool_coverage",
 ]

@@ -12,7 +12,8 @@ worker starts, each one `ConfigError` whose one line names the key path and the 
   tokenizer for it): every row through `toolrl.data.check_rows` (tools, gold answers), then its
   first prompt rendered with its tools by the model's chat template (`prompt_lengths`) and
   counted against ``rollout.max_prompt_tokens`` (`apply_prompt_budget`); over-long rows refuse
-  the run, or are dropped with ``data.overlong_prompts=filter``.
+  the run, or are dropped with ``data.overlong_prompts=filter``. A chat template that drops
+  ``tools`` refuses it first (`check_template_tools`).
 
 How kwargs are matched: the named parameters of ``__init__`` (and of ``make_tasks``, without
 ``n``, ``seed``, ``split``); a ``**kwargs`` is taken to forward to the parent class's method, so
@@ -36,7 +37,7 @@ from toolrl.trainer.config import ConfigError, ExperimentConfig
 __all__ = ["PromptBudget", "accepted_kwargs", "apply_prompt_budget", "budget_key",
            "check_config", "check_devices", "check_env_kwargs", "check_kwargs", "check_loop",
            "check_reward_section", "check_rows", "check_task_files", "check_task_kwargs",
-           "check_task_rows",
+           "check_task_rows", "check_template_tools",
            "env_creator",
            "fit_prompt_budget", "has_generator", "prompt_lengths", "type_problem"]
 
@@ -503,6 +504,8 @@ def check_task_rows(train: list[Row], val: list[Row], cfg: ExperimentConfig,
     problem otherwise: per source of rows, the counts, then one line per offender."""
     from toolrl.data.check import check_rows as check_row_data  # not this module's check_rows
 
+    if tokenizer is not None:
+        check_template_tools(tokenizer, cfg)
     messages: list[str] = []
     out = []
     for rows, where in ((train, "train rows"), (val, "val rows")):
@@ -539,6 +542,23 @@ def check_task_rows(train: list[Row], val: list[Row], cfg: ExperimentConfig,
     if messages:
         raise ConfigError("\n".join(messages))
     return out[0], out[1]
+
+
+def check_template_tools(tokenizer: Any, cfg: ExperimentConfig) -> None:
+    """The chat template of the run's tokenizer renders ``tools``: one `ConfigError` line
+    naming ``model.path`` (or ``rollout.engine.tokenizer``) when it drops them."""
+    from toolrl.rollout.chat import ChatRenderer, TemplateError, drops_tools, drops_tools_message
+
+    key, path = ("rollout.engine.tokenizer", cfg.rollout.engine.tokenizer) \
+        if cfg.rollout.engine.tokenizer is not None else ("model.path", cfg.model.path)
+    try:
+        renderer = ChatRenderer(tokenizer, check=False,
+                                chat_template_kwargs=cfg.rollout.chat_template_kwargs)
+        dropped = drops_tools(renderer)
+    except TemplateError:
+        return  # a template that cannot render at all is reported where prompts are rendered
+    if dropped:
+        raise ConfigError(drops_tools_message(key, str(path)))
 
 
 def fit_prompt_budget(train: list[Row], val: list[Row], cfg: ExperimentConfig, model: str,
