@@ -7,7 +7,7 @@ STAMP := $(VENV)/.toolrl-installed
 TINY := models/tiny
 SMOLLM2 := models/smollm2-135m-instruct
 
-.PHONY: install demo test lint bench clean smollm2
+.PHONY: install demo test lint docs bench clean smollm2
 
 install: $(STAMP)
 
@@ -52,8 +52,13 @@ lint: $(STAMP)
 test: lint $(SMOLLM2)/toolrl_import.json
 	TOOLRL_TINY_MODEL=$(abspath $(TINY)) TOOLRL_SMOLLM2=$(abspath $(SMOLLM2)) $(VENV)/bin/pytest
 
+# the documentation site, strict (a broken link, a stale config key or any warning fails it);
+# tests/test_docs.py runs the same build. Preview: .venv/bin/mkdocs serve
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+
 bench: $(STAMP) $(TINY)/toolrl_tiny.json
 	$(PY) benchmarks/run_all.py
 
 clean:
-	rm -rf outputs build dist *.egg-info .pytest_cache .ruff_cache
+	rm -rf outputs build dist site *.egg-info .pytest_cache .ruff_cache
