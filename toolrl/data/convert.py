@@ -31,9 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from toolrl.data import glaive, hermes, toolace, toolrl_rows, xlam
+from toolrl.data import glaive, hermes, nestful, toolace, toolrl_rows, xlam
 from toolrl.data.check import check_rows
-from toolrl.data.loader import load_rows
+from toolrl.data.loader import iter_rows
 from toolrl.data.records import SkipRecord
 
 Row = dict[str, Any]
@@ -81,10 +81,10 @@ def formats() -> dict[str, Converter]:
     """Format name -> converter of one record (its index given for ids)."""
     return {"xlam": xlam.convert_record, "toolace": toolace.convert_record,
             "hermes": hermes.convert_record, "glaive": glaive.convert_record,
-            "toolrl": toolrl_rows.convert_record}
+            "nestful": nestful.convert_record, "toolrl": toolrl_rows.convert_record}
 
 
-FORMATS = ("xlam", "toolace", "hermes", "glaive", "bfcl", "toolrl")
+FORMATS = ("xlam", "toolace", "hermes", "glaive", "nestful", "bfcl", "toolrl")
 
 
 def convert(fmt: str, inputs: Sequence[str | os.PathLike], output: str | os.PathLike, *,
@@ -94,7 +94,9 @@ def convert(fmt: str, inputs: Sequence[str | os.PathLike], output: str | os.Path
 
     Errors are collected per record (see `ConversionReport`); they are also written next to the
     output as ``<output>.errors.jsonl``. Raises ValueError for an unknown format or output type
-    and for BFCL files toolrl cannot score.
+    and for BFCL files toolrl cannot score. ``limit``: read at most that many records (JSON
+    lines files are read no further). ``nestful`` without inputs reads the default splits of
+    the ``nestful-wrapper`` wheel (`toolrl.data.nestful`).
     """
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
@@ -103,21 +105,28 @@ def convert(fmt: str, inputs: Sequence[str | os.PathLike], output: str | os.Path
         raise ValueError(f"{output}: the output is JSON lines; name it *.jsonl")
     if answers is not None and fmt != "bfcl":
         raise ValueError("--answers is for BFCL question files only")
+    if not inputs and fmt != "nestful":
+        raise ValueError(f"--from {fmt} needs input files")
     report = ConversionReport(fmt)
     rows: list[Row] = []
     if fmt == "bfcl":
         from toolrl.data.bfcl import load_bfcl
 
         for path in inputs:
-            converted = load_bfcl(path, answers)
+            if limit is not None and report.read >= limit:
+                break
+            converted = load_bfcl(path, answers,
+                                  limit=None if limit is None else limit - report.read)
             report.read += len(converted)
             rows += converted
         indices = list(range(len(rows)))
     else:
         convert_record = formats()[fmt]
         indices: list[int] = []  # the record of each row
-        for path in inputs:
-            for record in load_rows(path, default_ids=False):
+        read = nestful.load_records if fmt == "nestful" else \
+            (lambda path: iter_rows(path, default_ids=False))
+        for path in inputs or [None]:
+            for record in read(path):
                 if limit is not None and report.read >= limit:
                     break
                 index = report.read

@@ -56,6 +56,43 @@ def load_rows(path: str | os.PathLike, *, default_ids: bool = True) -> list[Row]
     return rows
 
 
+def iter_rows(path: str | os.PathLike, *, default_ids: bool = True) -> Iterator[Row]:
+    """`load_rows`, one row at a time: a JSON lines file (``.jsonl``, or a ``.json`` whose
+    first line is a whole row) is read only as far as the rows taken; other files at once."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"task file {path} does not exist")
+    suffix = path.suffix.lower()
+    if suffix == ".json":
+        with path.open(encoding="utf-8") as f:
+            first = f.readline()
+            lazy = bool(first.strip()) and bool(f.readline().strip())  # more than one line
+        try:
+            lazy = lazy and isinstance(json.loads(first), dict)
+        except json.JSONDecodeError:
+            lazy = False
+    else:
+        lazy = suffix == ".jsonl"
+    if not lazy:
+        yield from load_rows(path, default_ids=default_ids)
+        return
+    with path.open(encoding="utf-8") as f:
+        i = 0
+        for n, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{n}: not valid JSON: {exc}") from None
+            if not isinstance(row, dict):
+                raise ValueError(f"{path}: row {i} is {type(row).__name__}, expected an object")
+            if default_ids:
+                row.setdefault("id", f"{path.stem}-{i}")
+            i += 1
+            yield row
+
+
 def _json_lines(path: Path, text: str) -> list[Any]:
     rows = []
     for n, line in enumerate(text.splitlines(), start=1):
