@@ -409,7 +409,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--from", dest="format", required=True,
                    choices=["xlam", "toolace", "hermes", "glaive", "nestful", "bfcl", "toolrl"],
                    help="the input's format; toolrl: your own rows in the FunctionCalling row "
-                   "schema (README: Bring your own format)")
+                   "schema (docs/guides/data.md: Bring your own format)")
     p.add_argument("inputs", nargs="*", help="JSON, JSONL or parquet files (BFCL: question "
                    "files, e.g. BFCL_v4_simple_python.json; NESTFUL: <split>-data.json files "
                    "or a folder, default: the nestful-wrapper wheel's splits)")

@@ -1,6 +1,7 @@
 """Bring your own format: ``--from toolrl`` rows (the FunctionCalling row schema) and a slice of
 NESTFUL, a dataset none of toolrl's converters knows (tests/data/nestful/, Apache-2.0), mapped
-to that schema in a few lines as the README shows, converted, checked and trained one step."""
+to that schema in a few lines as docs/guides/data.md shows, converted, checked and trained one
+step."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from toolrl.data.convert import convert
 
 NESTFUL = Path(__file__).parents[1] / "data" / "nestful"
 
-EXAMPLE = {  # the README's complete example (keep them the same)
+EXAMPLE = {  # docs/guides/data.md's complete example (tests/test_docs.py keeps them the same)
     "id": "weather-1",
     "messages": [{"role": "user", "content": "Weather in Paris in fahrenheit, and book a "
                                              "table for 2 at Sakura at 19:30."}],
@@ -49,7 +50,7 @@ EXAMPLE = {  # the README's complete example (keep them the same)
 
 
 def nestful_records() -> list[dict]:
-    """NESTFUL's records and spec in the toolrl row schema (the README's mapping)."""
+    """NESTFUL's records and spec in the toolrl row schema (docs/guides/data.md's mapping)."""
     data = json.loads((NESTFUL / "non-executable-glaive-data.json").read_text())
     spec = {s["name"]: s for s in
             json.loads((NESTFUL / "non-executable-glaive-spec.json").read_text())}
