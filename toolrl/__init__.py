@@ -6,8 +6,9 @@ rewards and the examples import only from ``toolrl`` (as a third-party plugin do
     import toolrl
     from toolrl import RewardResult, ToolEnv, Trajectory, Turn, reward, tool
 
-- envs: `ToolEnv` (a Gymnasium env whose action is an assistant message), `Turn`, `tool` /
-  `Tool`, `ToolFailure`, `SubmitAnswer` / `submit_tool` (episodes that end with a
+- envs: `ToolEnv` (a Gymnasium env whose action is an assistant message), `Turn`,
+  `ChatModel` (the rollout's own engine, as an env may call it: `ToolEnv.rollout_model`),
+  `tool` / `Tool`, `ToolFailure`, `SubmitAnswer` / `submit_tool` (episodes that end with a
   ``submit(answer)`` call),
   `register_env`, `make_env`, `env_ids`, the wrappers, `run_episode` and `check_tool_env`;
 - what an episode is: `Trajectory` (the one record of a finished episode, what a reward
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
     from toolrl.core.background import BackgroundLoop
     from toolrl.core.checks import check_tool_env
     from toolrl.core.env import (
+        ChatModel,
         OracleUnavailable,
         SubmitAnswer,
         ToolEnv,
@@ -83,8 +85,8 @@ __getattr__, _, _lazy = lazy_loader.attach(__name__, submodules=["data"], submod
     "core": ["bfcl"],
     "core.background": ["BackgroundLoop"],
     "core.checks": ["check_tool_env"],
-    "core.env": ["OracleUnavailable", "SubmitAnswer", "ToolEnv", "Turn", "oracle_policy",
-                 "resolve_astep", "run_episode", "submit_tool"],
+    "core.env": ["ChatModel", "OracleUnavailable", "SubmitAnswer", "ToolEnv", "Turn",
+                 "oracle_policy", "resolve_astep", "run_episode", "submit_tool"],
     "core.mcp_client": ["MCPConnection", "close_mcp_connections", "shared_mcp_connection"],
     "core.parse": ["ToolCallFormat", "get_format"],
     "core.registration": ["env_ids", "make_env", "register_env"],
@@ -100,7 +102,8 @@ __getattr__, _, _lazy = lazy_loader.attach(__name__, submodules=["data"], submod
     "rollout.worker": ["RolloutConfig", "RolloutWorker", "make_rollout_input"],
 })
 __all__ = [
-    "ERROR_TYPES", "FINISH_REASONS", "BackgroundLoop", "BatchedRewardFn", "EngineConfig",
+    "ERROR_TYPES", "FINISH_REASONS", "BackgroundLoop", "BatchedRewardFn", "ChatModel",
+    "EngineConfig",
     "EpisodeConfig", "EpisodeRunner", "EpisodeState", "MCPConnection", "MaxTurns",
     "ObservationBudget",
     "OracleUnavailable", "ParseError", "ParseResult", "Registry", "RegistryError", "RewardError",

@@ -10,11 +10,14 @@ Everything domain-specific is tau2's own code, imported, not copied:
 - the tools are tau2's tools for the domain, with tau2's schemas, executed by tau2's domain
   ``Environment.get_response`` against its database (arguments are checked by tau2's tools, as
   in tau2: a bad call is tau2's ``"Error: ..."`` tool message, not a toolrl validation error);
-- the user is a tau2 ``BaseUser`` (`toolrl.envs.tau2.users`);
+- the user is a tau2 ``BaseUser`` (`toolrl.envs.tau2.users`): scripted, solo, an LLM on an
+  OpenAI-compatible endpoint, or the rollout's own engine (``user="engine"``);
 - turn order and termination follow tau2's ``Orchestrator``: the greeting
   ``DEFAULT_FIRST_AGENT_MESSAGE``, user turns (and the user's own tool calls, telecom's dual
   control) until the user speaks to the agent, ``###STOP###`` / transfer / out-of-scope from
-  the user, ``###STOP###`` (or the ``done`` tool in solo mode) from the agent, ``max_steps``
+  the user, a user message with neither text nor a call (``USER_ERROR``, tau2's
+  communication check), ``###STOP###`` (or the ``done`` tool in solo mode) from the agent,
+  ``max_steps``
   counted as the orchestrator counts them (one per agent, user and environment message),
   ``max_errors`` tool errors;
 - the reward is ``tau2.evaluator.evaluator.evaluate_simulation`` on a tau2 ``SimulationRun``
@@ -122,9 +125,12 @@ class Tau2Env(ToolEnv):
     Args:
         domain: airline | retail | telecom | mock.
         split: train | test | all: the tasks a bare ``reset()`` draws from.
-        user: scripted | solo | llm (`toolrl.envs.tau2.users`); solo needs a domain where tau2
-            defines it (telecom, mock) and a task with a ticket.
-        user_model, user_base_url, user_api_key, user_llm_args: the ``llm`` user (litellm).
+        user: scripted | solo | llm | engine (`toolrl.envs.tau2.users`); solo needs a domain
+            where tau2 defines it (telecom, mock) and a task with a ticket; engine runs inside
+            a toolrl rollout only (the rollout's engine, ``rollout_model``, is the user).
+        user_model, user_base_url, user_api_key: the ``llm`` user (litellm).
+        user_llm_args: the ``llm`` and ``engine`` users' sampling (``temperature``,
+            ``max_tokens``, ...; tau2's default: temperature 0.0).
         max_steps, max_errors: tau2's orchestrator limits (defaults as in tau2).
     """
 
@@ -205,7 +211,8 @@ class Tau2Env(ToolEnv):
         else:
             self.agent = LLMAgent(tools=self.environment.get_tools(),
                                   domain_policy=self.environment.get_policy())
-        self.user = make_user(self.user_kind, task, self.environment, **self.user_options)
+        self.user = make_user(self.user_kind, task, self.environment, **self.user_options,
+                              engine=self.rollout_model, parser=self.parser)
         initial = task.initial_state
         history = copy.deepcopy(initial.message_history or []) if initial else []
         self.environment.set_state(  # as Orchestrator.initialize
@@ -309,7 +316,12 @@ class Tau2Env(ToolEnv):
         while self.termination is None:
             user_msg, self.user_state = self.user.generate_next_message(message,
                                                                         self.user_state)
-            user_msg.validate()
+            if not user_msg.has_text_content() and not user_msg.is_tool_call():
+                # tau2's communication check: a user error ends the conversation
+                self.trajectory.append(user_msg)
+                self.step_count += 1
+                self.termination = TerminationReason.USER_ERROR
+                return out
             stop = UserSimulator.is_stop(user_msg)  # as the orchestrator checks it
             self.trajectory.append(user_msg)
             self.step_count += 1
@@ -414,7 +426,10 @@ class Tau2Env(ToolEnv):
                 "reward_breakdown": {} if info is None or not info.reward_breakdown else
                 {getattr(k, "value", str(k)): float(v)
                  for k, v in info.reward_breakdown.items()},
-                "error": getattr(self, "eval_error", None)}
+                "error": getattr(self, "eval_error", None),
+                **({"user_model": self.rollout_model.usage()}
+                   if self.user_kind == "engine" and hasattr(self.rollout_model, "usage")
+                   else {})}
 
     def state_snapshot(self) -> dict[str, Any]:
         return self.tau2_summary() if self.task is not None else {}

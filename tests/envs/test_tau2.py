@@ -202,3 +202,60 @@ def test_pass_hat_k_is_tau2s():
     ones = {r["row"]["id"] for r in recs if r["info"]["tau2"]["reward"] == 1.0}
     assert out["pass^1"] == pytest.approx(len(ones) / 9) and "pass^3" not in out
     assert pass_hat_k(3, 2, 2) == pytest.approx(1 / 3)
+
+
+class CannedModel:
+    """A `toolrl.ChatModel` that replies from a list (the engine user without an engine)."""
+
+    def __init__(self, *replies: str) -> None:
+        self.replies = list(replies)
+        self.asked: list[tuple] = []
+
+    def chat(self, messages, tools=None, *, temperature=None, max_tokens=None):
+        self.asked.append((messages, tools, temperature, max_tokens))
+        return self.replies.pop(0)
+
+    async def achat(self, messages, tools=None, *, temperature=None, max_tokens=None):
+        return self.chat(messages, tools, temperature=temperature, max_tokens=max_tokens)
+
+
+def test_engine_user_is_tau2s_simulator_prompted_through_the_rollout_model():
+    from tau2.user.user_simulator import UserSimulator
+
+    env = make_env(ENV, domain="mock", user="engine", user_llm_args={"max_tokens": 40})
+    row = {"id": "create_task_1", "domain": "mock"}
+    with pytest.raises(ValueError, match="user='engine' is the rollout's own engine") as err:
+        env.reset(options=row)  # outside a rollout: no engine
+    assert "\n" not in str(err.value)
+    model = CannedModel("Please create a task for me.", "Thanks! ###STOP###")
+    env.unwrapped.rollout_model = model
+    traj = asyncio.run(run_episode(env, row=row))
+    assert traj.info["tau2"]["termination_reason"] == "user_stop"
+    assert traj.info["tau2"]["reward"] == 1.0  # the oracle, with the engine's lines as user
+    assert [m["content"] for m in traj.messages if m["role"] == "user"] == [
+        "Please create a task for me.", "Thanks! ###STOP###"]
+    messages, tools, temperature, max_tokens = model.asked[1]
+    scenario = str(domain_tasks("mock")["create_task_1"].user_scenario)
+    assert messages[0] == {"role": "system", "content": UserSimulator(
+        instructions=scenario).system_prompt}  # tau2's user prompt, roles flipped:
+    assert [m["role"] for m in messages[1:]] == ["user", "assistant", "user"]
+    assert messages[2]["content"] == "Please create a task for me."
+    assert tools is None and (temperature, max_tokens) == (0.0, 40)  # tau2's user default
+
+
+def test_engine_user_tool_calls_and_empty_lines_follow_tau2():
+    env = make_env(ENV, domain="telecom", user="engine")
+    call = '<tool_call>{"name": "check_status_bar", "arguments": {}}</tool_call>'
+    model = CannedModel(call, "My phone has no signal.", "   ")
+    env.unwrapped.rollout_model = model
+    row = env.unwrapped.make_tasks(1, split="test")[0]
+    traj = asyncio.run(run_episode(env, row=row))
+    # the user's call ran in tau2's environment (dual control); the agent saw only the text
+    assert [m["role"] for m in traj.messages[1:3]] == ["assistant", "user"]
+    assert traj.messages[2]["content"] == "My phone has no signal."
+    shown = model.asked[1][0]
+    assert shown[-1]["role"] == "tool" and shown[-1]["name"] == "check_status_bar"
+    assert model.asked[0][1]  # the user's tools are offered
+    # a blank line from the user: tau2's communication check, USER_ERROR, reward 0
+    assert traj.info["tau2"]["termination_reason"] == "user_error"
+    assert traj.info["tau2"]["reward"] == 0.0

@@ -13,6 +13,11 @@ and ``PassiveEnvChecker``, which have no ``astep``. `toolrl.make_env` therefore 
 inside a `toolrl.core.wrappers.ToolWrapper`, whose ``astep`` skips those plain wrappers; with
 ``gymnasium.make`` directly, call ``env.unwrapped.astep`` or `resolve_astep(env)`.
 
+An env may call a model of its own during an episode (a simulated user, a judge): inside a
+rollout, `ToolEnv.rollout_model` is the rollout's own engine as a `ChatModel` (set by the episode
+runner before ``reset``); what it writes reaches the policy only as the env's messages, which
+never train (mask 0).
+
 Subclass hooks: ``@tool`` methods (collected in definition order), `make_tasks` (task rows from a
 seed), `setup` (per-episode state), `on_turn` (what happens after a turn), `evaluate`
 (success), `state_snapshot`, `oracle_action` (a scripted policy). Every piece of episode state
@@ -30,7 +35,7 @@ import string
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
 
 import gymnasium as gym
 import numpy as np
@@ -48,6 +53,7 @@ from toolrl.core.trajectory import Trajectory, TurnRecord
 from toolrl.core.types import ParseResult, ToolCall
 
 __all__ = [
+    "ChatModel",
     "MessagesSpace",
     "OracleUnavailable",
     "SubmitAnswer",
@@ -66,6 +72,26 @@ T = TypeVar("T")
 
 class OracleUnavailable(LookupError):
     """The env (or this task row) has no scripted policy."""
+
+
+@runtime_checkable
+class ChatModel(Protocol):
+    """A chat model an env may call during an episode (`ToolEnv.rollout_model`).
+
+    ``messages`` are chat messages as the env's own (``role``, ``content``; a tool message's
+    ``name``), ``tools`` OpenAI tool schemas; the reply is the model's text, tool calls
+    included as the model writes them (parse them with the env's format). ``temperature`` and
+    ``max_tokens`` default to the model's own (the rollout's). `chat` blocks: an env calls it
+    from a step that runs on a thread of its own (``blocking_step = True``); `achat` is for
+    async code.
+    """
+
+    def chat(self, messages: list[Message], tools: list[dict[str, Any]] | None = None, *,
+             temperature: float | None = None, max_tokens: int | None = None) -> str: ...
+
+    async def achat(self, messages: list[Message], tools: list[dict[str, Any]] | None = None,
+                    *, temperature: float | None = None, max_tokens: int | None = None
+                    ) -> str: ...
 
 
 class MessagesSpace(spaces.Space[list]):
@@ -171,6 +197,9 @@ class ToolEnv(gym.Env[list, str]):
     # then steps the env on a daemon thread, where rollout.env_timeout_s can stop the wait
     blocking_step: ClassVar[bool] = False
     default_max_calls_per_turn: ClassVar[int] = 32
+    # the rollout's own engine as a chat model, set by the episode runner before reset (None
+    # outside a rollout: run_episode, check-env, the warm start's oracle)
+    rollout_model: ChatModel | None = None
     _tool_attrs: ClassVar[tuple[str, ...]] = ()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:

@@ -433,6 +433,15 @@ class VLLMEngine(EngineWeights):
         self._not_on_loop("run_on_loop")
         return self._loop.run_sync(self._scoped(coro))
 
+    async def run_async(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Await ``coro`` on the engine's own event loop, from any loop."""
+        return await self._loop.run(coro)
+
+    def on_loop(self) -> bool:
+        """Whether the calling thread runs the engine's event loop (blocking there
+        deadlocks)."""
+        return self._loop.on_loop()
+
     async def _scoped(self, coro: Coroutine[Any, Any, T]) -> T:
         loop = asyncio.get_running_loop()
         if loop.get_task_factory() is not _owned_task:

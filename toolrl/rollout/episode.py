@@ -23,6 +23,11 @@ The loop is built from small methods meant to be overridden: `EpisodeRunner.gene
 (how a model turn is produced: one engine call by default; several for a two-stage generate),
 `turn_sampling`, `decode`, `step_env`, `observe`. A turn is a `TurnOutput` whose own mask says
 which of its tokens were sampled, so a subclass may insert fixed tokens mid-turn.
+
+The env of each episode gets the engine as a chat model of its own (``env.rollout_model``, an
+`toolrl.rollout.env_model.EngineChatModel`; `env_model`), e.g. for a simulated user: what it
+samples reaches the episode only as the env's messages (mask 0). An env that declares
+``blocking_step`` resets and steps on a thread of its own, so its sync code may call it.
 """
 
 from __future__ import annotations
@@ -34,12 +39,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from toolrl.core.env import ToolEnv
 from toolrl.core.errors import describe_exception
 from toolrl.core.parse import get_format
 from toolrl.core.tools import in_daemon_thread
 from toolrl.core.trajectory import TokenStream, Trajectory, TurnRecord, plain
 from toolrl.rollout.chat import ChatRenderer, TemplateError
 from toolrl.rollout.engine import Completion, SamplingConfig, VLLMEngine
+from toolrl.rollout.env_model import EngineChatModel
 
 logger = logging.getLogger(__name__)
 
@@ -204,9 +211,13 @@ class EpisodeRunner:
         """Reset the env and render the first prompt."""
         row = dict(row or {})
         try:
-            messages, info = env.reset(seed=seed, options=row or None)
+            messages, info = await self.reset_env(env, row, seed)
             tools = list(info.get("tools") or [])
             prompt = self.renderer.render_prompt(messages, tools)
+        except TimeoutError:
+            return self.failed_state(env, row, seed, f"reset: the env did not answer within "
+                                     f"env_timeout_s={self.config.env_timeout_s:g}",
+                                     infra="env_timeout")
         except Exception as e:  # a bad row or template: this episode fails, the batch goes on
             return self.failed_state(env, row, seed, describe_exception(e, "reset"),
                                      infra="env_exception")
@@ -220,6 +231,24 @@ class EpisodeRunner:
             state.end("context", f"the prompt has {len(prompt)} tokens, more than "
                                  f"max_prompt_len={self.max_prompt_len}")
         return state
+
+    async def reset_env(self, env: Any, row: Mapping[str, Any], seed: int | None
+                        ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """Give a `ToolEnv` its `env_model`, then reset it from ``row``. An env that declares
+        ``blocking_step`` resets on a daemon thread (within ``env_timeout_s``), as it steps."""
+        base = getattr(env, "unwrapped", env)
+        if isinstance(base, ToolEnv):
+            base.rollout_model = self.env_model(seed)
+        if getattr(base, "blocking_step", False):
+            return await asyncio.wait_for(in_daemon_thread(env.reset, seed=seed,
+                                                           options=dict(row) or None),
+                                          self.config.env_timeout_s)
+        return env.reset(seed=seed, options=dict(row) or None)
+
+    def env_model(self, seed: int | None) -> EngineChatModel:
+        """The engine as the chat model of one episode's env (`ToolEnv.rollout_model`): the
+        per-turn sampling by default, seeded from the episode's seed."""
+        return EngineChatModel(self.engine, self.renderer, self.config.sampling, seed)
 
     def failed_state(self, env: Any, row: Mapping[str, Any], seed: int | None,
                      error: str, infra: str | None = None) -> EpisodeState:
@@ -334,16 +363,17 @@ class EpisodeRunner:
         """`step_env` within ``limit`` seconds (None: no limit), else `TimeoutError`.
 
         An env that declares ``blocking_step`` (its step runs blocking code: sync evaluation,
-        inline tools) steps on a daemon thread through its sync ``step``, so the wait ends at
-        the limit however long the code blocks (the thread is abandoned with the env). Any
-        other env steps on this event loop; one whose step blocked the loop past the limit
-        (so no timer could fire) is timed out all the same when it returns, with a warning
-        naming ``blocking_step``.
+        inline tools, calls of `ToolEnv.rollout_model`) steps on a daemon thread through its
+        sync ``step`` (with or without a limit), so it never blocks this loop and the wait
+        ends at the limit however long the code blocks (the thread is abandoned with the
+        env). Any other env steps on this event loop; one whose step blocked the loop past
+        the limit (so no timer could fire) is timed out all the same when it returns, with a
+        warning naming ``blocking_step``.
         """
-        if limit is None:
-            return await self.step_env(state, text)
         if getattr(state.env.unwrapped, "blocking_step", False):
             return await asyncio.wait_for(in_daemon_thread(state.env.step, text), limit)
+        if limit is None:
+            return await self.step_env(state, text)
         start = time.monotonic()
         out = await asyncio.wait_for(self.step_env(state, text), limit)
         if time.monotonic() - start > limit:
