@@ -254,8 +254,8 @@ def _cell(text: str) -> str:
     parts = re.split(r"(`[^`]*`)", text)
     for i in range(0, len(parts), 2):
         parts[i] = (parts[i].replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-                    .replace("*", "\\*"))
-    return "".join(parts).replace("|", "\\|")
+                    .replace("*", "\\*").replace("|", "\\|"))
+    return "".join(parts)  # (a table keeps a | inside a code span)
 
 
 def _module_link(cls: type) -> str:
@@ -297,11 +297,12 @@ def render() -> str:
         title = f"`{section.path}`" if section.path else "Top level"
         out += [f"## {title} {{ #{section_anchor(section.path)} }}", ""]
         if section.summary:
-            out += [section.summary, ""]
+            out += [_cell(section.summary), ""]
         out += [f"Declared by {_module_link(section.cls)}.", ""]
         out += ["| key | type | default | what it does |", "| --- | --- | --- | --- |"]
         for key in section.keys:
-            doc = key.doc
+            doc = _cell(key.doc.strip())
+            doc = doc[:1].upper() + doc[1:]  # a sentence (a code span stays as it is)
             if key.choices:
                 doc += " Valid values: " + ", ".join(f"`{c}`" for c in key.choices) + "."
             if key.filled_by:
@@ -309,10 +310,9 @@ def render() -> str:
             default = yaml_value(key.default)
             if dataclasses.is_dataclass(key.default) or _is_list_section(key, section):
                 default = f"[section](#{section_anchor(key.key + _suffix(key, section))})"
-            out.append(f'| <span id="{anchor(key.key)}"></span>`{key.key}` | '
-                       f"`{_cell(key.type)}` | "
-                       + (default if default.startswith("[") else f"`{_cell(default)}`")
-                       + f" | {_cell(doc.strip())} |")
+            out.append(f'| <span id="{anchor(key.key)}"></span>`{key.key}` | `{key.type}` | '
+                       + (default if default.startswith("[") else f"`{default}`")
+                       + f" | {doc} |")
         out.append("")
     return "\n".join(out)
 
