@@ -16,8 +16,9 @@ from toolrl.trainer.dry_run import dry_run
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = sorted([*ROOT.glob("configs/*.yaml"), ROOT / "examples/openai_agent/config.yaml"])
 # toolrl_paper.yaml: GPUs and a hub model; tau2_mock.yaml: tau2 itself scores its own gold
-# actions below 1.0 on one mock task (tests/envs/test_tau2.py, benchmarks/results/tau2.md)
-OWN_TEST = {"toolrl_paper.yaml", "tau2_mock.yaml"}
+# actions below 1.0 on one mock task (tests/envs/test_tau2.py, benchmarks/results/tau2.md);
+# real_fc.yaml: SmolLM2 and converted data files (tests/trainer/test_real_fc_config.py)
+OWN_TEST = {"toolrl_paper.yaml", "tau2_mock.yaml", "real_fc.yaml"}
 
 
 @pytest.mark.parametrize("config", [p for p in SHIPPED if p.name not in OWN_TEST],

@@ -143,6 +143,9 @@ class WarmStartConfig:
     batch_size: int = 16  # transcripts per step
     num_transcripts: int = 2048  # oracle episodes recorded to train on
     task_kwargs: dict[str, Any] = field(default_factory=dict)  # default: data.task_kwargs
+    # rows the oracle plays (e.g. converted gold calls), the first num_transcripts of them;
+    # None: num_transcripts rows from the env's generator
+    train_file: str | None = None
     env_kwargs: dict[str, Any] = field(default_factory=dict)  # over env.kwargs, oracle env only
     output: str | None = None  # where the warm-started HF checkpoint goes (default: run dir)
 

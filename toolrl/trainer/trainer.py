@@ -148,9 +148,12 @@ class Trainer:
         if (out / "config.json").exists():
             self.console.log(f"warm start: reusing {out}")
             return str(out)
-        env_cls = _env_class(self.cfg.env.id)
-        rows = env_cls.make_tasks(ws.num_transcripts, seed=self.cfg.seed, split="warm_start",
-                                  **(ws.task_kwargs or self.cfg.data.task_kwargs))
+        if ws.train_file:  # e.g. a dataset's gold calls: the oracle plays them
+            rows = load_rows(ws.train_file)[: ws.num_transcripts]
+        else:
+            rows = _env_class(self.cfg.env.id).make_tasks(
+                ws.num_transcripts, seed=self.cfg.seed, split="warm_start",
+                **(ws.task_kwargs or self.cfg.data.task_kwargs))
         tokenizer = AutoTokenizer.from_pretrained(base)
         env_kwargs = {**self.cfg.env.kwargs, **ws.env_kwargs}
         transcripts = oracle_transcripts(self.cfg.env.id, rows, tokenizer, env_kwargs,

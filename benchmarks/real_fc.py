@@ -1,0 +1,174 @@
+"""The real-model recipe end to end (issue 34): `make real-fc`.
+
+Phases, each a ``toolrl`` command whose progress shows as it runs, each timed:
+
+1. ``data``: SmolLM2-135M-Instruct into models/ (`toolrl model fetch`), NESTFUL's first turns
+   (`toolrl data convert --from nestful`, the nestful-wrapper wheel) split 9:1 into
+   train/val by a hash of the id, BFCL v4's non-live categories from the bfcl-eval wheel
+   (`--from bfcl`), and the contamination check of the training rows against BFCL (a shared
+   question stops the recipe);
+2. ``eval_base``: `toolrl eval` of the imported model on the BFCL rows;
+3. ``train``: `toolrl train --config configs/real_fc.yaml` (the warm start, then GRPO);
+4. ``eval_warm_start`` and ``eval_rl``: the warm-started and the final checkpoint on BFCL;
+5. ``report``: BFCL's accuracy per category and the non-live average for the three
+   checkpoints (``report.md``, ``bfcl.png``) with the wall time of every phase.
+
+    .venv/bin/python benchmarks/real_fc.py [--only data] [--bfcl-limit N] [--seed S]
+        [--out outputs/real_fc] [-- key=value ...]   # overrides for train and eval
+
+``--bfcl-limit N`` takes the first N questions of each category (a quick look, not BFCL's
+number). Finished phases are not redone: a phase whose output exists is skipped (delete it,
+or the whole ``--out``, to redo).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIG = ROOT / "configs" / "real_fc.yaml"
+MODEL = ROOT / "models" / "smollm2-135m-instruct"
+DATA = ROOT / "data" / "real_fc"
+CATEGORIES = ("simple_python", "multiple", "parallel", "parallel_multiple", "irrelevance")
+CHECKPOINTS = (("base", "eval_base"), ("warm start", "eval_warm_start"), ("RL", "eval_rl"))
+TOOLRL = str(Path(sys.executable).with_name("toolrl"))
+
+
+def run(*args: str) -> str:
+    """A toolrl command, its output shown as it runs; stops the recipe when it fails."""
+    print(f"\n$ toolrl {' '.join(args)}", flush=True)
+    proc = subprocess.run([TOOLRL, *args], cwd=ROOT, stdout=subprocess.PIPE, text=True,
+                          check=False)
+    print(proc.stdout, end="", flush=True)
+    if proc.returncode != 0:
+        sys.exit(f"real_fc: `toolrl {args[0]}` failed (exit {proc.returncode})")
+    return proc.stdout
+
+
+def split_rows(source: Path, train: Path, val: Path, every: int = 10) -> tuple[int, int]:
+    """One row in ``every`` (by a hash of its id) to ``val``, the rest to ``train``."""
+    rows = [json.loads(line) for line in source.read_text().splitlines() if line.strip()]
+    held = [r for r in rows if int(hashlib.sha256(r["id"].encode()).hexdigest(), 16) % every
+            == 0]
+    kept = [r for r in rows if r not in held]
+    for path, part in ((train, kept), (val, held)):
+        path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in part))
+    return len(kept), len(held)
+
+
+def data_phase(bfcl_limit: int | None) -> None:
+    DATA.mkdir(parents=True, exist_ok=True)
+    run("model", "fetch", "smollm2-135m-instruct", "--out", str(MODEL))
+    run("data", "convert", "--from", "nestful", "--out", str(DATA / "nestful.jsonl"))
+    n_train, n_val = split_rows(DATA / "nestful.jsonl", DATA / "nestful_train.jsonl",
+                                DATA / "nestful_val.jsonl")
+    print(f"NESTFUL rows: {n_train} train, {n_val} val")
+    wheel = Path(run("data", "wheel", "bfcl-eval").strip().splitlines()[-1])
+    files = [str(next(wheel.rglob(f"data/BFCL_v4_{c}.json"))) for c in CATEGORIES]
+    limit = ["--limit", str(bfcl_limit)] if bfcl_limit else []
+    bfcl = DATA / "bfcl.jsonl"
+    if bfcl_limit:  # the first N of each category: one conversion per file
+        parts = []
+        for f in files:
+            part = DATA / f"bfcl_{Path(f).stem}.jsonl"
+            run("data", "convert", "--from", "bfcl", f, *limit, "--out", str(part))
+            parts.append(part.read_text())
+        bfcl.write_text("".join(parts))
+    else:
+        run("data", "convert", "--from", "bfcl", *files, "--out", str(bfcl))
+    run("data", "contamination", str(DATA / "nestful.jsonl"), "--eval", str(bfcl))
+
+
+def evaluate(model: Path, out: Path, overrides: list[str]) -> None:
+    if (out / "results.json").exists():
+        print(f"{out}/results.json exists: skipped")
+        return
+    run("eval", "--config", str(CONFIG), "--model", str(model), "--output-dir", str(out),
+        f"data.val_file={DATA / 'bfcl.jsonl'}", *overrides)
+
+
+def report(out: Path, times: dict[str, float]) -> str:
+    """The markdown table (per category and BFCL's non-live average) and ``bfcl.png``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    results: dict[str, Any] = {}
+    for label, name in CHECKPOINTS:
+        path = out / name / "results.json"
+        if path.exists():
+            results[label] = json.loads(path.read_text())["bfcl"]
+    columns = [*CATEGORIES, "Non-Live Overall Acc"]
+    lines = ["| checkpoint | " + " | ".join(columns) + " |",
+             "|---" * (len(columns) + 1) + "|"]
+    for label, board in results.items():
+        cells = [f"{100 * board['per_category'][c]['accuracy']:.1f}"
+                 if c in board["per_category"] else "-" for c in CATEGORIES]
+        overall = board["non_live"]["Non-Live Overall Acc"]
+        cells.append(f"{100 * overall:.1f}" if isinstance(overall, float) else str(overall))
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    lines += ["", "| phase | wall time |", "|---|---|"]
+    lines += [f"| {phase} | {seconds / 60:.1f} min |" for phase, seconds in times.items()]
+    text = "\n".join(lines) + "\n"
+    fig, ax = plt.subplots(figsize=(9, 4))
+    width = 0.8 / max(len(results), 1)
+    for k, (label, board) in enumerate(results.items()):
+        values = [100 * board["per_category"].get(c, {}).get("accuracy", 0.0)
+                  for c in CATEGORIES]
+        ax.bar([i + k * width for i in range(len(CATEGORIES))], values, width, label=label)
+    ax.set_xticks([i + width * (len(results) - 1) / 2 for i in range(len(CATEGORIES))],
+                  CATEGORIES)
+    ax.set_ylabel("BFCL accuracy (%)")
+    ax.set_title("SmolLM2-135M-Instruct on BFCL v4 non-live")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "bfcl.png", dpi=120)
+    (out / "report.md").write_text(text)
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--only", choices=["data"], default=None, help="stop after a phase")
+    parser.add_argument("--bfcl-limit", type=int, default=None,
+                        help="the first N questions of each BFCL category")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=ROOT / "outputs" / "real_fc")
+    parser.add_argument("overrides", nargs="*", help="key=value for train and eval")
+    args = parser.parse_args(argv)
+    out = args.out.resolve()
+    overrides = [f"seed={args.seed}", f"trainer.output_dir={out}",
+                 f"warm_start.output={out / 'warm_start'}", *args.overrides]
+    times: dict[str, float] = {}
+
+    def phase(name: str, fn: Any, *fn_args: Any) -> None:
+        print(f"\n=== real_fc: {name} ===", flush=True)
+        start = time.perf_counter()
+        fn(*fn_args)
+        times[name] = time.perf_counter() - start
+        print(f"=== real_fc: {name} done in {times[name] / 60:.1f} min ===", flush=True)
+
+    phase("data", data_phase, args.bfcl_limit)
+    if args.only == "data":
+        return 0
+    out.mkdir(parents=True, exist_ok=True)
+    phase("eval_base", evaluate, MODEL, out / "eval_base", overrides)
+    if not (out / "final_hf" / "config.json").exists():
+        phase("train", run, "train", "--config", str(CONFIG), *overrides)
+    phase("eval_warm_start", evaluate, out / "warm_start", out / "eval_warm_start", overrides)
+    phase("eval_rl", evaluate, out / "final_hf", out / "eval_rl", overrides)
+    print("\n" + report(out, times))
+    print(f"report: {out / 'report.md'}, plot: {out / 'bfcl.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
