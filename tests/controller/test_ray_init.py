@@ -24,6 +24,9 @@ def recorded_init(monkeypatch):
     for var in ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_USAGE_STATS_ENABLED"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setattr(cluster, "apply_loopback_guard", lambda: {})
+    # init_ray marks the cluster as its own (shutdown_ray then stops it); restored afterwards, or
+    # the next trainer run would stop the session's real cluster as if it had started it
+    monkeypatch.setattr(cluster, "_started_local", False)
     return calls
 
 
