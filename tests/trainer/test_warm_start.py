@@ -11,6 +11,7 @@ from toolrl.envs.calculator import CalculatorEnv
 from trainer_runs import ROOT
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from toolrl.core.types import ToolCall
 from toolrl.trainer.config import load_config
 from toolrl.trainer.trainer import Trainer
 from toolrl.trainer.warm_start import oracle_transcripts, sft, shared_prefix_batch
@@ -138,3 +139,31 @@ def test_a_batch_runs_its_common_prefix_once_with_the_plain_sft_loss(tokenizer, 
     with torch.no_grad():
         plain = model(input_ids=ids, attention_mask=attn, labels=labels).loss
     assert float(ours) == pytest.approx(float(plain), rel=1e-5)
+
+
+def test_tau2_transcripts_start_after_the_agents_greeting(tokenizer):
+    """tau2's conversation opens with the agent's greeting (part of the first prompt, never
+    trained on); the actions trained on are the oracle's, each turn's own."""
+    pytest.importorskip("tau2", reason="the tau2 extra is not installed")
+    from toolrl.envs.tau2.reference import gold_script
+
+    from toolrl import make_env
+
+    env = make_env("toolrl/Tau2-v0", domain="mock")
+    rows = env.unwrapped.make_tasks(0, split="all")
+    transcripts = oracle_transcripts("toolrl/Tau2-v0", rows, tokenizer, {"domain": "mock"},
+                                     max_len=4096)
+    assert len(transcripts) == len(rows)
+    greeted = 0
+    for row, t in zip(rows, transcripts, strict=True):
+        env.reset(options=row)
+        task = env.unwrapped.task
+        script = gold_script(task)
+        expected = [s if isinstance(s, str) else env.unwrapped.render_calls(
+            [ToolCall(name, args) for name, args in s]) for s in script]
+        assert _actions(tokenizer, t) == expected
+        if not (task.initial_state and task.initial_state.message_history):
+            prompt = tokenizer.decode(t.input_ids[:t.loss_mask.index(1)])
+            assert "Hi! How can I help you today?" in prompt  # the greeting: prompt, mask 0
+            greeted += 1
+    assert greeted >= len(rows) - 2

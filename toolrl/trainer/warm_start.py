@@ -63,9 +63,16 @@ def oracle_transcripts(env_id: str, rows: Sequence[Mapping[str, Any]], tokenizer
 
 def transcript_of(traj: Trajectory, renderer: Any) -> Transcript:
     """An episode's token stream as a rollout would produce it (the first prompt, each action's
-    tokens + eos, each observation's template delta but the last); the loss is on actions."""
+    tokens + eos, each observation's template delta but the last); the loss is on actions.
+
+    Each turn added one assistant message, so the assistant messages before the last
+    ``len(traj.turns)`` belong to the first prompt (tau2 opens with the agent's greeting)."""
     eos = renderer.tokenizer.eos_token_id
-    first = next(i for i, m in enumerate(traj.messages) if m.get("role") == "assistant")
+    assistant = [i for i, m in enumerate(traj.messages) if m.get("role") == "assistant"]
+    if not traj.turns or len(assistant) < len(traj.turns):
+        raise ValueError(f"episode {traj.id!r}: {len(traj.turns)} turns and "
+                         f"{len(assistant)} assistant messages; no transcript")
+    first = assistant[len(assistant) - len(traj.turns)]
     ids = list(renderer.render_prompt(traj.messages[:first], traj.tools))
     mask = [0] * len(ids)
     rest = traj.messages[first:]
