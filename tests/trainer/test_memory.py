@@ -184,3 +184,23 @@ def test_gpu_pools_are_planned_apart_and_a_small_gpu_is_refused(half_b):
                               "model.tiny_size=qwen2.5-7b", "model.path=/nonexistent/7b"])
     with pytest.raises(MemoryBudgetError, match="per GPU"):
         check_memory(cfg)
+
+
+def test_the_warm_start_is_planned_while_it_runs_and_after_it_only_without_trim(half_b,
+                                                                               monkeypatch):
+    """The driver hands the SFT model back (`release_memory`) where glibc can trim, so the plan
+    counts it in the warm-start phase only; elsewhere its weights and AdamW state stay."""
+    import toolrl.trainer.memory as memory
+
+    cfg = load_config(SCALE, ["warm_start.enabled=true"])
+    trimmed = plan_memory(cfg, half_b)
+    monkeypatch.setattr(memory, "can_trim", lambda: False)
+    kept = plan_memory(cfg, half_b)
+    driver = next(p for p in kept.processes if p.name == "driver")
+    extra = driver.resident["kept after the warm start (no malloc_trim)"]
+    assert extra == 3 * half_b.params * 4  # fp32 weights + AdamW's two moments
+    for phase in ("rollout", "update", "weight push"):
+        assert kept.phase_total(phase) == trimmed.phase_total(phase) + extra
+    assert any("cannot hand freed memory back" in n for n in kept.notes)
+    assert not any("cannot hand" in n for n in trimmed.notes)
+    assert "kept after" not in str(next(p for p in trimmed.processes if p.name == "driver"))

@@ -14,6 +14,11 @@ The plan is an upper bound in one respect: sequences are taken at their configur
 costs (interpreter, torch, transformers, vLLM, Ray) are constants measured on the CPU machines
 this project runs on; README and benchmarks/RESULTS.md compare the plan with measured peaks.
 
+A model a process deletes and outlives (the driver's warm-start model, rank 0's unsharded copy
+after sharding) is handed back to the OS (`toolrl.workers.host_memory.release_memory`), so the
+plan counts it only while it lives; where the C library cannot trim (not glibc), the warm start's
+weights and AdamW state are planned as resident in the driver for the whole run.
+
 GPU runs: the engine holds ``gpu_memory_utilization`` of its GPU (weights, activations and KV
 cache) unless it sleeps while the actor trains (``rollout.engine.sleep_level``: 1 offloads the
 weights to host memory, 2 drops them), so the GPU plan takes the larger of the rollout phase
@@ -31,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from toolrl.trainer.config import ConfigError, ExperimentConfig, worker_rollout_config
+from toolrl.workers.host_memory import can_trim
 
 GiB = float(1 << 30)
 MiB = float(1 << 20)
@@ -407,6 +413,11 @@ def plan_memory(cfg: ExperimentConfig, shape: ModelShape, host_budget: float | N
             "SFT gradients": shape.params * 4.0,
             "SFT activations": shape.train_activation_bytes(ws_tokens, 4, False),
             "SFT LM-head chunks": 3 * _chunk_bytes(shape, actor, ws_tokens)})
+        if not can_trim():  # freed, but the C library keeps the pages: the rest of the run too
+            driver.resident["kept after the warm start (no malloc_trim)"] = \
+                3.0 * shape.params * 4
+            notes.append("this C library cannot hand freed memory back: the warm start's "
+                         "weights and AdamW state stay resident in the driver")
     ray = ProcessPlan("Ray system processes", count=1)
     ray.resident["gcs, raylet, helpers"] = RAY_SYSTEM
 

@@ -25,6 +25,7 @@ from tensordict import TensorDict
 
 from toolrl.batch import ATTENTION_MASK, PROMPTS, RESPONSE_MASK, build_rollout_batch
 from toolrl.core.trajectory import Trajectory
+from toolrl.workers.host_memory import release_memory
 from toolrl.workers.scoring import enable_scoring, score_responses
 
 
@@ -115,12 +116,28 @@ def sft(model_path: str | Path, transcripts: Sequence[Transcript], out_dir: str 
     ``stop_loss`` the run ends early, once the mean loss of the last ``stop_window`` steps is at
     most ``stop_loss`` (the format is learned; more steps only fit the oracle's noise).
     Returns summary metrics (first / last loss, steps taken, tokens per second).
-    """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    The model, its gradients and AdamW state are freed and handed back to the OS before it
+    returns (`release_memory`): the driver goes on to start the workers, and the memory plan
+    counts the warm start only while it runs.
+    """
     if not transcripts:
         raise ValueError("no oracle transcripts to train on (all too long, or no tasks)")
-    console = console or Console()
+    try:
+        return _train(model_path, transcripts, out_dir, steps=steps, lr=lr,
+                      batch_size=batch_size, seed=seed, warmup_steps=warmup_steps,
+                      stop_loss=stop_loss, stop_window=stop_window,
+                      console=console or Console())
+    finally:  # the model and optimizer died with _train's frame
+        release_memory()
+
+
+def _train(model_path: str | Path, transcripts: Sequence[Transcript], out_dir: str | Path, *,
+           steps: int, lr: float, batch_size: int, seed: int, warmup_steps: int,
+           stop_loss: float | None, stop_window: int, console: Console) -> dict[str, float]:
+    """`sft`'s training loop and checkpoint."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     torch.manual_seed(seed)
     rng = random.Random(seed)
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)

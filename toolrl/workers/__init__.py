@@ -8,4 +8,5 @@
   `WeightSyncGroup`, `weights_checksum`) is in `toolrl.sync`.
 - `base` / `fsdp` / `micro_batch` / `forward`: the shared FSDP2 model, PPO loop, sharding
   helpers, micro-batch planning and input packing.
+- `host_memory`: `release_memory`, a freed model's memory handed back to the OS.
 """

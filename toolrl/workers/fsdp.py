@@ -30,6 +30,8 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+from toolrl.workers.host_memory import release_memory
+
 _DTYPES = {
     "float32": torch.float32, "fp32": torch.float32,
     "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -193,6 +195,8 @@ def build_sharded_model(path: str, mesh: DeviceMesh, auto_cls: Any = None,
     del full
     for _, buf in sorted(model.named_buffers(), key=lambda kv: kv[0]):
         dist.broadcast(buf, src=0)
+    if rank() == 0:  # the unsharded copy is gone: hand its memory back (`release_memory`)
+        release_memory()
     return model
 
 
