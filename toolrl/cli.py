@@ -303,7 +303,8 @@ def _eval(args: argparse.Namespace) -> int:
 
     return _run_experiment("eval", args,
                            lambda cfg: run_evaluation(cfg, args.model, args.output_dir,
-                                                      save_transcripts=args.save_transcripts))
+                                                      save_transcripts=args.save_transcripts,
+                                                      trials=args.trials))
 
 
 def _run_experiment(command: str, args: argparse.Namespace,
@@ -377,6 +378,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-dir", required=True, help="where results.json goes")
     p.add_argument("--save-transcripts", action="store_true", help="also write every episode "
                    "to transcripts.jsonl (toolrl score reads it)")
+    p.add_argument("--trials", type=int, default=1, help="episodes per validation row "
+                   "(tau2's pass^k needs k; sample with rollout.val_temperature > 0)")
     p.add_argument("overrides", nargs="*", help="key=value overrides")
     p.add_argument("--debug", action="store_true", help="show tracebacks of config errors")
     p.set_defaults(func=_eval)

@@ -186,6 +186,14 @@ class Tau2Env(ToolEnv):
             order = order[:n]
         return [{"id": i, "domain": domain, "category": domain} for i in order]
 
+    @classmethod
+    def eval_metrics(cls, trajectories: Any) -> dict[str, Any] | None:
+        """tau2's pass^1..4 per domain (`toolrl.envs.tau2.pass_k`), infrastructure failures
+        left out and counted."""
+        from .pass_k import pass_k
+
+        return pass_k(trajectories) or None
+
     def sample_task(self) -> dict[str, Any]:
         return self.make_tasks(1, seed=int(self.np_random.integers(2**31 - 1)),
                                split=self.split)[0]

@@ -1,11 +1,13 @@
-"""tau2's pass^k from toolrl episodes (``toolrl eval --save-transcripts`` or rollout dumps).
+"""tau2's pass^k from toolrl episodes: ``toolrl eval`` reports it (`Tau2Env.eval_metrics`);
+this module also reads saved episodes (``toolrl eval --save-transcripts``, rollout dumps).
 
 pass^k per domain, k = 1..4, exactly as tau2 computes it (``tau2.metrics.agent_metrics``:
 ``pass_hat_k(trials, successes, k)`` per task, averaged over tasks; success = tau2 reward 1.0,
-``is_successful``). Each task needs at least k trials: run ``toolrl eval`` on rows that repeat
-every task k times (``data.val_size`` = k x the split's size: `Tau2Env.make_tasks` cycles the
-split) with a sampling temperature (``rollout.val_temperature``). Episodes the infrastructure
-failed (``infra_failure``) are left out and counted.
+``is_successful``; k up to the fewest trials any task has). Each task needs k trials:
+``toolrl eval --trials 4`` runs every validation row 4 times, with a sampling temperature
+(``rollout.val_temperature``; at 0 the trials of a scripted user are the same episode).
+Episodes the infrastructure failed (``infra_failure``) are left out and counted
+(``infra_failed``), as tau2 leaves out its failed simulations.
 
     python -m toolrl.envs.tau2.pass_k eval/transcripts.jsonl [--max-k 4]
 """
@@ -21,14 +23,20 @@ from typing import Any
 
 from tau2.metrics.agent_metrics import is_successful, pass_hat_k
 
+from toolrl import Trajectory
+
 from . import env as _env  # noqa: F401  (litellm offline before tau2 loads)
 
 
-def pass_k(records: Iterable[Mapping[str, Any]], max_k: int = 4) -> dict[str, Any]:
-    """``{domain: {"tasks", "trials", "pass^1", ...}}`` plus ``infra_failed`` counts."""
+def pass_k(records: Iterable[Mapping[str, Any] | Trajectory], max_k: int = 4
+           ) -> dict[str, Any]:
+    """``{domain: {"tasks", "trials_per_task", "pass^1", ..., "infra_failed"}}`` over
+    episodes (`Trajectory` objects or their dicts)."""
     trials: dict[str, dict[str, list[bool]]] = defaultdict(lambda: defaultdict(list))
     infra: Counter[str] = Counter()
     for rec in records:
+        if isinstance(rec, Trajectory):
+            rec = {"row": rec.row, "info": rec.info, "infra_failure": rec.infra_failure}
         row = rec.get("row") or {}
         domain = row.get("domain")
         if domain is None:
@@ -39,8 +47,9 @@ def pass_k(records: Iterable[Mapping[str, Any]], max_k: int = 4) -> dict[str, An
         reward = ((rec.get("info") or {}).get("tau2") or {}).get("reward")
         trials[domain][str(row["id"])].append(reward is not None and is_successful(reward))
     out: dict[str, Any] = {}
-    for domain, tasks in sorted(trials.items()):
-        fewest = min(len(t) for t in tasks.values())
+    for domain in sorted({*trials, *infra}):
+        tasks = trials.get(domain, {})
+        fewest = min((len(t) for t in tasks.values()), default=0)
         scores = {f"pass^{k}": sum(pass_hat_k(len(t), sum(t), k) for t in tasks.values())
                   / len(tasks) for k in range(1, min(max_k, fewest) + 1)}
         out[domain] = {"tasks": len(tasks), "trials_per_task": fewest, **scores,

@@ -259,3 +259,54 @@ def test_engine_user_tool_calls_and_empty_lines_follow_tau2():
     # a blank line from the user: tau2's communication check, USER_ERROR, reward 0
     assert traj.info["tau2"]["termination_reason"] == "user_error"
     assert traj.info["tau2"]["reward"] == 0.0
+
+
+def test_eval_reports_tau2s_pass_hat_k_per_domain():
+    """``toolrl eval``'s results (`summarize`) carry pass^1..4 per domain equal to tau2's own
+    ``compute_metrics`` over the same simulations; infrastructure failures are left out (tau2
+    never sees them) and counted; another env's episodes do not enter them."""
+    from tau2.data_model.simulation import AgentInfo, Info, Results, UserInfo
+    from tau2.environment.environment import EnvironmentInfo
+    from tau2.metrics.agent_metrics import compute_metrics
+
+    from toolrl.trainer.evaluate import result_tables, summarize
+
+    env = make_env(ENV, domain="mock")
+    base = env.unwrapped
+    rows = base.make_tasks(0, split="all")
+
+    def policy(trial, i):  # the oracle on some (task, trial) pairs, a wrong stop on others
+        def act(env, messages):
+            return base.oracle_action() if (i + trial) % 3 else "Sorry, bye. ###STOP###"
+        return act
+
+    trajs, sims = [], []
+    for trial in range(4):
+        for i, row in enumerate(rows):
+            traj = asyncio.run(run_episode(env, policy(trial, i), row=row))
+            trajs.append(traj)
+            sim = base.simulation_run()
+            sim.reward_info, sim.trial = base.reward_info, trial
+            sims.append(sim)
+    for traj in trajs[:3]:  # failed by the infrastructure: not in tau2's results
+        traj.infra_failure = "env_exception"
+    other = asyncio.run(run_episode(make_env("toolrl/Calculator-v0"),
+                                    row=make_env("toolrl/Calculator-v0").unwrapped.make_tasks(1)[0]))
+    other.row["env"] = "toolrl/Calculator-v0"
+    results = summarize([*trajs, other], [0.0] * (len(trajs) + 1), ENV)
+    ours = results["env_metrics"][ENV]["mock"]
+    info = Info(git_commit="", num_trials=4, max_steps=100, max_errors=10,
+                user_info=UserInfo(implementation="scripted"),
+                agent_info=AgentInfo(implementation="toolrl"),
+                environment_info=EnvironmentInfo(domain_name="mock", policy=""))
+    tasks = list(domain_tasks("mock").values())
+    kept = [s for s, t in zip(sims, trajs, strict=True) if t.infra_failure is None]
+    theirs = compute_metrics(Results(info=info, tasks=tasks, simulations=kept)).pass_hat_ks
+    assert ours["infra_failed"] == 3 and ours["tasks"] == 9
+    assert ours["trials_per_task"] == 3 == max(theirs)  # tau2 also caps k at the fewest trials
+    for k, value in theirs.items():
+        assert ours[f"pass^{k}"] == pytest.approx(value)
+    assert len({round(ours[f"pass^{k}"], 6) for k in (1, 2, 3)}) == 3  # k matters here
+    assert list(results["env_metrics"]) == [ENV]
+    titles = [t.title for t in result_tables(results)]
+    assert f"eval: {ENV}" in titles

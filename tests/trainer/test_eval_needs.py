@@ -65,3 +65,29 @@ def test_a_gpu_config_on_a_machine_without_gpus_names_the_cpu_overrides(tmp_path
                      "resources.processes_per_node=1"):
         assert override in err
     assert "process_on_nodes" not in err
+
+
+def test_eval_trials_play_every_row_that_many_times(tmp_path, tiny_model_dir, monkeypatch,
+                                                     capsys):
+    """``--trials K`` (tau2's pass^k needs K episodes of each task): K samples of every
+    validation row; below 1 it is one line."""
+    val = tmp_path / "val.jsonl"
+    val.write_text("".join(json.dumps(r) + "\n" for r in FunctionCallingEnv.make_tasks(3)))
+    config = tmp_path / "config.yaml"
+    config.write_text(CONFIG.replace("VAL", str(val)))
+    args = ["eval", "--config", str(config), "--model", str(tiny_model_dir), "--output-dir",
+            str(tmp_path / "eval"), f"trainer.output_dir={tmp_path / 'run'}"]
+    assert main([*args, "--trials", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--trials must be >= 1, got 0" in err, err
+    asked = []
+
+    def rollout(self, rows, n, seed, greedy=False, uids=None):
+        asked.append((len(rows), n))
+        raise ReachedWorkers
+
+    monkeypatch.setattr(Trainer, "start_workers", lambda self, **kwargs: None)
+    monkeypatch.setattr(Trainer, "rollout", rollout)
+    with pytest.raises(ReachedWorkers):
+        main([*args, "--trials", "4"])
+    assert asked == [(3, 4)]

@@ -33,7 +33,7 @@ import dataclasses
 import inspect
 import string
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
 
@@ -295,6 +295,14 @@ class ToolEnv(gym.Env[list, str]):
     def state_snapshot(self) -> dict[str, Any]:
         """JSON-serializable state of the episode's world (``{}`` when stateless)."""
         return {}
+
+    @classmethod
+    def eval_metrics(cls, trajectories: Sequence[Trajectory]) -> dict[str, Any] | None:
+        """This env's benchmark's own figures over evaluation episodes (``toolrl eval`` puts
+        them in ``results.json`` under ``env_metrics``), or None. Episodes the infrastructure
+        failed (``infra_failure``) are among them: leave them out and count them, as toolrl's
+        own figures do."""
+        return None
 
     def oracle_action(self) -> str:
         """The scripted policy's next assistant message (default: ``row["oracle"][turn]``)."""

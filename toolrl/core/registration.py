@@ -15,7 +15,7 @@ import gymnasium as gym
 from toolrl.core.wrappers import ToolWrapper, wrap
 from toolrl.registry import Registry, RegistryError
 
-__all__ = ["ENVS", "ensure_registered", "env_ids", "make_env", "register_env"]
+__all__ = ["ENVS", "ensure_registered", "env_class", "env_ids", "make_env", "register_env"]
 
 # env id -> entry point ("module:Class" or the class itself)
 ENVS: Registry[Any] = Registry("environment", group="toolrl.envs")
@@ -65,6 +65,18 @@ def ensure_registered(id: str) -> None:
     entry_point = ENVS.get(id)  # discovers the plugins; an unknown id raises, listing known ids
     if id not in gym.registry:  # a class-valued entry point: its name is the id
         gym.register(id=id, entry_point=entry_point)
+
+
+def env_class(id: str) -> Any:
+    """What ``id`` makes (its env class, or its creator), without making one; unknown ids raise
+    `RegistryError`."""
+    ensure_registered(id)
+    entry_point = gym.spec(id).entry_point
+    if isinstance(entry_point, str):
+        from gymnasium.envs.registration import load_env_creator
+
+        return load_env_creator(entry_point)
+    return entry_point
 
 
 def make_env(id: str, *, observation_budget: int | None = None, tokenizer: Any = None,

@@ -8,7 +8,9 @@ Writes ``results.json``: overall success and reward, per category, per env (in a
 several envs) and, for BFCL rows (``source: "bfcl"``, as `toolrl data convert --from bfcl`
 writes them), per BFCL category with the summary and overall averages BFCL's leaderboard
 reports (`toolrl.core.bfcl_scores.leaderboard`), so the number can stand beside the
-leaderboard's. Episodes the infrastructure failed (`Trajectory.infra_failure`: a tool server
+leaderboard's; and each env's own benchmark figures (``env_metrics``: `ToolEnv.eval_metrics`,
+e.g. tau2's pass^1..4 per domain; ``--trials K`` plays every row K times for them). Episodes
+the infrastructure failed (`Trajectory.infra_failure`: a tool server
 down, an env that raised) say nothing about the model: as in validation (``val/infra_failed``)
 they are left out of every success and reward figure and counted instead (``infra_failed``,
 overall, per kind and per category).
@@ -34,16 +36,18 @@ from toolrl.trainer.preflight import check_devices, fit_prompt_budget
 
 
 def run_evaluation(cfg: ExperimentConfig, model: str, output_dir: str | os.PathLike,
-                   console: Console | None = None, save_transcripts: bool = False
-                   ) -> dict[str, Any]:
-    """Greedy (``rollout.val_temperature``) episodes of ``model`` on the validation rows;
-    with ``save_transcripts`` every episode also goes to ``transcripts.jsonl`` (a `Trajectory`
-    per line with the ``reward`` it got, as rollout dumps hold them: ``toolrl score`` reads
-    it)."""
+                   console: Console | None = None, save_transcripts: bool = False,
+                   trials: int = 1) -> dict[str, Any]:
+    """``trials`` episodes of ``model`` per validation row (at ``rollout.val_temperature``:
+    greedy at 0); with ``save_transcripts`` every episode also goes to ``transcripts.jsonl``
+    (a `Trajectory` per line with the ``reward`` it got, as rollout dumps hold them:
+    ``toolrl score`` reads it)."""
     from toolrl.models.source import ModelNotFoundError, require_model
     from toolrl.trainer.config import ConfigError
     from toolrl.trainer.trainer import Trainer
 
+    if trials < 1:
+        raise ConfigError(f"--trials must be >= 1, got {trials}")
     check_devices(cfg)  # GPUs asked for on a machine without: say so, name the overrides
     try:
         require_model(model, key="--model")
@@ -60,14 +64,14 @@ def run_evaluation(cfg: ExperimentConfig, model: str, output_dir: str | os.PathL
         _, trainer.val_rows = fit_prompt_budget([], val_rows, cfg, trainer.model_path,
                                                 log=console.log)
         trainer.start_workers(rollout_only=True)
-        batch = trainer.rollout(trainer.val_rows, 1, seed=trainer._seed("val"),
+        batch = trainer.rollout(trainer.val_rows, trials, seed=trainer._seed("val"),
                                 greedy=cfg.rollout.val_temperature == 0.0)
         trainer.score(batch)
     finally:
         trainer.close()
     scores = batch[B.TOKEN_LEVEL_SCORES].sum(-1).tolist()
     results = summarize(B.trajectories(batch), scores, cfg.env.id)
-    results = {"model": model, "env": cfg.env.id, **results}
+    results = {"model": model, "env": cfg.env.id, "trials": trials, **results}
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(results, indent=2))
@@ -134,6 +138,9 @@ def summarize(trajs: Sequence[Trajectory], scores: Sequence[float], default_env:
     }
     if len(by_env) > 1:
         results["per_env"] = {k: stats(v) for k, v in sorted(by_env.items())}
+    figures = env_metrics(trajs, default_env)
+    if figures:
+        results["env_metrics"] = figures
     if bfcl:
         counts = {c: (sum(trajs[i].success for i in v), len(v))
                   for c, v in sorted(bfcl.items())}
@@ -143,8 +150,30 @@ def summarize(trajs: Sequence[Trajectory], scores: Sequence[float], default_env:
     return results
 
 
+def env_metrics(trajs: Sequence[Trajectory], default_env: str) -> dict[str, Any]:
+    """Each env's own figures over its episodes (`ToolEnv.eval_metrics`), by env id; envs
+    without any (or that no longer resolve) are left out."""
+    from toolrl.core.registration import env_class
+    from toolrl.registry import RegistryError
+
+    by_env: dict[str, list[Trajectory]] = {}
+    for t in trajs:
+        by_env.setdefault(env_of(t.row, default_env), []).append(t)
+    out: dict[str, Any] = {}
+    for env_id, group in sorted(by_env.items()):
+        try:
+            figures = getattr(env_class(env_id), "eval_metrics", None)
+        except (RegistryError, ImportError, AttributeError):
+            continue
+        value = figures(group) if callable(figures) else None
+        if value:
+            out[env_id] = value
+    return out
+
+
 def result_tables(results: Mapping[str, Any], title: str = "eval") -> list[Table]:
-    """rich Tables of `summarize`'s results: categories, envs, BFCL's columns."""
+    """rich Tables of `summarize`'s results: categories, envs, BFCL's columns, each env's own
+    figures (one row per group, e.g. tau2's domains)."""
     tables = []
     for key, name in (("per_category", "category"), ("per_env", "env")):
         if key not in results:
@@ -166,7 +195,25 @@ def result_tables(results: Mapping[str, Any], title: str = "eval") -> list[Table
         for k, v in results["bfcl"]["per_category"].items():
             table.add_row(k, str(v["n"]), f"{100 * v['accuracy']:.2f}%")
         tables += [table, *leaderboard_tables(results["bfcl"])]
+    for env_id, figures in results.get("env_metrics", {}).items():
+        groups = {k: v for k, v in figures.items() if isinstance(v, Mapping)}
+        if not groups:
+            continue
+        columns = list(dict.fromkeys(c for v in groups.values() for c in v))
+        table = Table(title=f"{title}: {env_id}")
+        table.add_column("", justify="left")
+        for col in columns:
+            table.add_column(col, justify="right")
+        for k, v in groups.items():
+            table.add_row(k, *(_cell(v.get(c)) for c in columns))
+        tables.append(table)
     return tables
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    return "-" if value is None else str(value)
 
 
 def _fmt(value: float | None) -> str:
