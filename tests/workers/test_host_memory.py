@@ -54,7 +54,7 @@ SFT_SCRIPT = textwrap.dedent("""
 def test_the_warm_start_model_is_released_after_sft(tmp_path: Path, tiny_model_dir: Path):
     """In a fresh process (the driver's situation), after a first SFT of the small model: the
     large tiny model's `sft` leaves the process less than half its fp32 weights bigger (without
-    the release: +0.38 GiB for 45 MiB of weights, growing with every call; at Qwen2.5-0.5B's
+    the release: +342 MiB for 45 MiB of weights, growing with every call; at Qwen2.5-0.5B's
     shape 5.8 GiB after a collection)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 

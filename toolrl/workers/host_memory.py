@@ -3,11 +3,12 @@
 Deleting a model does not shrink a process: CPython keeps objects of a reference cycle until
 the collector runs (the warm start's model, optimizer and schedule form one), and glibc's
 malloc keeps freed heap pages mapped for reuse. Most tensors of a transformer are smaller than
-malloc's (adaptive) mmap threshold, so they live on the heap: measured on Qwen2.5-0.5B's shape
-(494M parameters, fp32), a process still held 5.8 GiB after the warm start's SFT model was
-deleted and collected, and 2.3 GiB after an FSDP2 actor was (one update taken in each case);
-``malloc_trim(0)`` returned all but ~0.05 GiB. `release_memory` does both, where a model is
-dropped and the process goes on (the driver after the warm start, rank 0 after sharding).
+malloc's (adaptive) mmap threshold, so they live on the heap. Measured on Qwen2.5-0.5B's shape
+(494M parameters, fp32, one optimizer step): a process at 0.36 GiB before the warm start's SFT
+held 5.8 GiB after its model was deleted and collected, one at 0.40 GiB before an FSDP2 actor
+2.7 GiB after the actor was; ``malloc_trim(0)`` brought both back to 0.42 GiB. `release_memory`
+does both, where a model is dropped and the process goes on (the driver after the warm start,
+rank 0 after sharding).
 """
 
 from __future__ import annotations
