@@ -213,6 +213,7 @@ def _check_env(args: argparse.Namespace) -> int:
     from toolrl.core.registration import ENVS
 
     count = None
+    coverage = None  # what the model's template shows of the tool schemas (a note, not a check)
     if args.model:
         from transformers import AutoTokenizer
 
@@ -222,6 +223,7 @@ def _check_env(args: argparse.Namespace) -> int:
             TemplateError,
             drops_tools,
             drops_tools_message,
+            tool_coverage,
         )
 
         try:
@@ -234,6 +236,10 @@ def _check_env(args: argparse.Namespace) -> int:
         if dropped:
             print(f"check-env: {drops_tools_message('--model', args.model)}", file=sys.stderr)
             return 1
+        try:
+            coverage = tool_coverage(renderer).describe()
+        except TemplateError as exc:
+            coverage = f"not checked ({exc})"
 
         def count(messages: list, tools: list) -> int:
             return len(renderer.render_prompt(messages, tools))
@@ -247,6 +253,8 @@ def _check_env(args: argparse.Namespace) -> int:
                             max_turns=args.max_turns, count_tokens=count,
                             max_prompt_tokens=budget)
     print(report)
+    if coverage is not None:
+        print(f"  tool schemas: {coverage}")
     if count is None and report.ok:
         print("  (prompt budget not checked: give --model to count prompt tokens)")
     _broken_plugins(ENVS)  # named, but they do not fail the check of another env
@@ -471,7 +479,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--kwargs", default="{}", help="JSON object of env kwargs")
     p.add_argument("--model", default=None, help="a model (or tokenizer) directory: count "
-                   "the first prompts' tokens, tools included, with its chat template")
+                   "the first prompts' tokens, tools included, with its chat template, and "
+                   "say which parts of the tool schemas that template leaves out")
     p.add_argument("--max-prompt-tokens", type=int, default=None,
                    help="the prompt budget checked with --model (rollout.max_prompt_tokens; "
                    "default: the rollout's default)")
