@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import signal
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 
 Command = Callable[[argparse.Namespace], int | None]
 
@@ -268,42 +267,23 @@ def _train(args: argparse.Namespace) -> int:
         return _run_experiment("train", args, lambda cfg: int(not dry_run(
             cfg, tasks=args.dry_run_tasks).ok))
     from toolrl.trainer.run import run_training
+    from toolrl.trainer.stopping import RunStopped, signals_stop_the_run
 
-    with _signals_stop_the_run() as received:
+    with signals_stop_the_run() as stop:
         try:
             return _run_experiment("train", args, run_training)
+        except RunStopped as e:  # at a step's end, with a checkpoint (trainer.stop_grace_s)
+            print(f"toolrl train: {e}; workers and the local Ray cluster shut down "
+                  f"(trainer.resume=auto goes on from step {e.step})", file=sys.stderr)
+            return 128 + e.signum
         except KeyboardInterrupt:
-            if not received:
+            if stop.signal is None:
                 raise
-            sig = signal.Signals(received[0])
+            sig = signal.Signals(stop.signal)
             print(f"toolrl train: stopped by {sig.name}; workers and the local Ray cluster "
                   f"shut down (the step in flight is redone by trainer.resume=auto from the "
                   f"last checkpoint)", file=sys.stderr)
             return 128 + sig.value  # 130 for SIGINT, 143 for SIGTERM
-
-
-@contextlib.contextmanager
-def _signals_stop_the_run() -> Iterator[list[int]]:
-    """SIGTERM and SIGINT raise KeyboardInterrupt in the run (its clean-up runs: workers,
-    engines and the local Ray cluster stop); the signal is recorded for the exit code. A
-    second one during the clean-up is ignored; SIGINT stays ignored where it was (``&``)."""
-    received: list[int] = []
-
-    def stop(signum: int, frame: object) -> None:
-        if received:
-            return
-        received.append(signum)
-        raise KeyboardInterrupt
-
-    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
-    signal.signal(signal.SIGTERM, stop)
-    if before[signal.SIGINT] is not signal.SIG_IGN:
-        signal.signal(signal.SIGINT, stop)
-    try:
-        yield received
-    finally:
-        for s, handler in before.items():
-            signal.signal(s, handler)
 
 
 def _eval(args: argparse.Namespace) -> int:

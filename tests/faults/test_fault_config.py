@@ -32,6 +32,8 @@ BAD = {
     "schedule_shorter_than_warmup": (
         "actor:\n  lr_schedule: cosine\n  warmup_steps: 40\ntrainer:\n  total_steps: 10\n",
         "actor.lr_schedule=cosine needs more optimizer steps (10 in this run)", "warmup_steps"),
+    "negative_stop_grace": ("trainer:\n  stop_grace_s: -1\n  output_dir: {missing}\n",
+                            "trainer.stop_grace_s must be >= 0", "stop_grace_s"),
 }
 
 

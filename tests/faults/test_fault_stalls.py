@@ -1,7 +1,8 @@
 """Issue 32: a run that stops making progress says so. One run per mode with a stall injected
 after step 1 (`stall_plugins`): the watchdog fires within its bound, the stacks of the driver
 and the workers are written, and the run stops with its one line. Signals: SIGTERM and SIGINT
-end a real ``toolrl train`` with one line, 143 / 130, and no process of the run left."""
+end a real ``toolrl train`` with one line, 143 / 130, and no process of the run left
+(SIGTERM after the step in flight, with a checkpoint; a second SIGINT at once)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import psutil
 import pytest
 from trainer_runs import ROOT, register_test_rewards, small_run_overrides
 
+from toolrl.trainer.checkpoint import load_trainer_state
 from toolrl.trainer.config import load_config
 from toolrl.trainer.progress import StallError
 from toolrl.trainer.run import run_training
@@ -89,9 +91,14 @@ def _alive(pids: list[int]) -> list[str]:
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_signal_ends_the_run_cleanly(sig, tiny_model_dir, tmp_path):
+    """SIGTERM (a preemption): the step in flight finishes, a checkpoint of it is written and
+    the run ends with 143. SIGINT twice (Ctrl-C, Ctrl-C): the second one stops the run at once
+    (130), the step in flight lost. Either way one line, and no process of the run is left
+    (Ray's gcs, raylet, agents, workers, the engine)."""
     register_test_rewards()
     out = tmp_path / "run"
     args = small_run_overrides(tiny_model_dir, out, **{"trainer.total_steps": 50,
+                                                       "trainer.save_every": 0,
                                                        "trainer.export_hf": False})
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT)])}
     env.pop("RAY_ADDRESS", None)  # its own local cluster, which it must stop whole
@@ -113,6 +120,9 @@ def test_a_signal_ends_the_run_cleanly(sig, tiny_model_dir, tmp_path):
         names = {psutil.Process(p).name() for p in tree if psutil.pid_exists(p)}
         assert any("raylet" in n for n in names) and any("gcs" in n for n in names), names
         proc.send_signal(sig)
+        if sig == signal.SIGINT:
+            time.sleep(1.0)
+            proc.send_signal(sig)
         _, err = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
@@ -120,7 +130,18 @@ def test_a_signal_ends_the_run_cleanly(sig, tiny_model_dir, tmp_path):
             proc.wait(30)
     assert proc.returncode == 128 + sig.value, err[-3000:]
     lines = [ln for ln in err.splitlines() if ln.startswith("toolrl train:")]
-    assert lines == [f"toolrl train: stopped by {sig.name}; workers and the local Ray cluster "
-                     f"shut down (the step in flight is redone by trainer.resume=auto from the "
-                     f"last checkpoint)"], err[-3000:]
+    steps = [r["step"] for r in read_metrics(out / "metrics.jsonl")]
+    if sig == signal.SIGTERM:
+        last = steps[-1]
+        ckpt = out / "checkpoints" / f"step_{last}"
+        assert lines == [f"toolrl train: stopped by SIGTERM after step {last}: checkpoint "
+                         f"{ckpt} written; workers and the local Ray cluster shut down "
+                         f"(trainer.resume=auto goes on from step {last})"], err[-3000:]
+        assert (ckpt / "COMPLETE").exists()
+        assert load_trainer_state(ckpt)["step"] == last
+    else:
+        assert lines == ["toolrl train: stopped by SIGINT; workers and the local Ray cluster "
+                         "shut down (the step in flight is redone by trainer.resume=auto from "
+                         "the last checkpoint)"], err[-3000:]
+        assert not (out / "checkpoints").exists() or not any((out / "checkpoints").iterdir())
     assert _alive(tree) == []  # Ray's gcs, raylet, agents, workers, the engine: all gone

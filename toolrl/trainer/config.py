@@ -190,6 +190,9 @@ class TrainerConfig:
     # no step finished within the bound: stacks of every process to <run dir>/stalls/, one
     # line, exit 1 (trainer/progress.py)
     watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
+    # SIGTERM / SIGINT: the step in flight may finish within this many seconds, then a
+    # checkpoint of it is written and the run ends (0: stop at once; trainer/stopping.py)
+    stop_grace_s: float = 120.0
 
 
 @dataclass
@@ -324,6 +327,9 @@ def validate(cfg: ExperimentConfig) -> None:
         if not _get(cfg, f"trainer.watchdog.{key}") > 0:
             raise ConfigError(f"trainer.watchdog.{key} must be > 0, got "
                               f"{_get(cfg, f'trainer.watchdog.{key}')}")
+    if not cfg.trainer.stop_grace_s >= 0:
+        raise ConfigError(f"trainer.stop_grace_s must be >= 0 (0: a signal stops the run at "
+                          f"once), got {cfg.trainer.stop_grace_s}")
     tolerance = cfg.trainer.sync_canary_tolerance
     if tolerance is not None and not tolerance > 0:
         raise ConfigError(f"trainer.sync_canary_tolerance must be > 0 or null, got {tolerance}")

@@ -30,6 +30,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from toolrl.trainer.stopping import interrupt_now
+
 EXIT_STALLED = 1
 
 
@@ -183,6 +185,7 @@ class ProgressWatchdog:
         ignored (a background job without ``toolrl train``'s handlers) nothing arrives, and
         the hard stop after ``grace_s`` ends the run."""
         if callable(signal.getsignal(signal.SIGINT)):
+            interrupt_now()  # toolrl train's handler: at once, not at the step's end
             _thread.interrupt_main()
 
     def _safe(self, fn, default):  # type: ignore[no-untyped-def]

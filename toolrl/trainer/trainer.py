@@ -59,6 +59,7 @@ from toolrl.trainer.mixture import RewardSets, env_of, mixture_rows, success_by
 from toolrl.trainer.preflight import check_config, check_rows, fit_prompt_budget
 from toolrl.trainer.progress import ProgressWatchdog, note_phase, watching
 from toolrl.trainer.run_dir import RunDirLock
+from toolrl.trainer.stopping import RunStopped, stop_requested, stoppable
 from toolrl.trainer.tracking import Tracker
 from toolrl.workers.actor import ActorWorker, RefWorker
 from toolrl.workers.critic import CriticWorker
@@ -462,13 +463,16 @@ class Trainer:
                     val = self.validate()
                     first_val = val["val/success"]
                     self.tracker.log(0, val)
-                while self.step < cfg.total_steps:
-                    try:
-                        last = self.run_step()
-                    except (RolloutFailedError, WorkerDiedError) as e:
-                        self.recover(e)  # raises unless trainer.on_rollout_failure retries
-                        if self.watchdog is not None:
-                            self.watchdog.restart_clock()
+                with stoppable(cfg.stop_grace_s):
+                    while self.step < cfg.total_steps:
+                        try:
+                            last = self.run_step()
+                        except (RolloutFailedError, WorkerDiedError) as e:
+                            self.recover(e)  # raises unless trainer.on_rollout_failure retries
+                            if self.watchdog is not None:
+                                self.watchdog.restart_clock()
+                        if (signum := stop_requested()) is not None:
+                            raise RunStopped(signum, self.step, self.save_if_due())
                 if cfg.export_hf:
                     note_phase("export")
                     self.export_final()
@@ -639,6 +643,16 @@ class Trainer:
                 self.handles["critic"].call(CriticWorker.save_checkpoint, str(d / "critic"))
             ckpt.save_trainer_state(d, self.trainer_state())
         return ckpt.checkpoint_dir(root, self.step)
+
+    def save_if_due(self) -> Path | None:
+        """A checkpoint of this step unless it has one (or no step ran): a run stopped by a
+        signal resumes here."""
+        latest = ckpt.latest_checkpoint(self.run_dir / "checkpoints")
+        if self.step == 0 or (latest is not None and latest == ckpt.checkpoint_dir(
+                self.run_dir / "checkpoints", self.step)):
+            return None
+        note_phase("checkpoint")
+        return self.save()
 
     def trainer_state(self) -> dict[str, Any]:
         """What a checkpoint holds beside the models: the step and the data position."""
