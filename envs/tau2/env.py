@@ -126,8 +126,10 @@ class Tau2Env(ToolEnv):
         domain: airline | retail | telecom | mock.
         split: train | test | all: the tasks a bare ``reset()`` draws from.
         user: scripted | solo | llm | engine (`toolrl.envs.tau2.users`); solo needs a domain
-            where tau2 defines it (telecom, mock) and a task with a ticket; engine runs inside
-            a toolrl rollout only (the rollout's engine, ``rollout_model``, is the user).
+            where tau2 defines it (telecom, mock) and a task with a ticket; engine: the
+            rollout's engine (``rollout_model``) is the user; outside a rollout (the trainer's
+            prompt-budget check, the dry run, check-env, the warm start's oracle) there is no
+            engine and the scripted user stands in (``tau2_summary()["user"]`` says which).
         user_model, user_base_url, user_api_key: the ``llm`` user (litellm).
         user_llm_args: the ``llm`` and ``engine`` users' sampling (``temperature``,
             ``max_tokens``, ...; tau2's default: temperature 0.0).
@@ -219,7 +221,10 @@ class Tau2Env(ToolEnv):
         else:
             self.agent = LLMAgent(tools=self.environment.get_tools(),
                                   domain_policy=self.environment.get_policy())
-        self.user = make_user(self.user_kind, task, self.environment, **self.user_options,
+        self.user_used = self.user_kind
+        if self.user_kind == "engine" and self.rollout_model is None:
+            self.user_used = "scripted"  # outside a rollout: no engine to speak for the user
+        self.user = make_user(self.user_used, task, self.environment, **self.user_options,
                               engine=self.rollout_model, parser=self.parser)
         initial = task.initial_state
         history = copy.deepcopy(initial.message_history or []) if initial else []
@@ -429,6 +434,7 @@ class Tau2Env(ToolEnv):
     def tau2_summary(self) -> dict[str, Any]:
         info = self.reward_info
         return {"task_id": self.task.id if self.task else None, "domain": self.domain,
+                "user": getattr(self, "user_used", self.user_kind),
                 "termination_reason": (self.termination or TerminationReason.MAX_STEPS).value,
                 "reward": None if info is None else float(info.reward),
                 "reward_breakdown": {} if info is None or not info.reward_breakdown else
@@ -436,8 +442,8 @@ class Tau2Env(ToolEnv):
                  for k, v in info.reward_breakdown.items()},
                 "error": getattr(self, "eval_error", None),
                 **({"user_model": self.rollout_model.usage()}
-                   if self.user_kind == "engine" and hasattr(self.rollout_model, "usage")
-                   else {})}
+                   if getattr(self, "user_used", None) == "engine"
+                   and hasattr(self.rollout_model, "usage") else {})}
 
     def state_snapshot(self) -> dict[str, Any]:
         return self.tau2_summary() if self.task is not None else {}

@@ -11,7 +11,8 @@
   guidelines and the task's scenario; its state, role flip and user tool calls) whose model is
   the rollout's own engine (``env.rollout_model``, the policy's current weights): no endpoint,
   no second model. Its text reaches the agent as the user's message, an observation: its tokens
-  never train (mask 0). Inside a toolrl rollout only.
+  never train (mask 0). Inside a toolrl rollout only (`Tau2Env` lets the scripted user stand
+  in elsewhere).
 
 ``user_llm_args`` (``temperature``, ``max_tokens``, ...) go to the ``llm`` and ``engine`` users;
 tau2's default is temperature 0.0 (``DEFAULT_LLM_ARGS_USER``).

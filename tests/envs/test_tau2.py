@@ -221,16 +221,21 @@ class CannedModel:
 
 def test_engine_user_is_tau2s_simulator_prompted_through_the_rollout_model():
     from tau2.user.user_simulator import UserSimulator
+    from toolrl.envs.tau2.users import make_user
 
     env = make_env(ENV, domain="mock", user="engine", user_llm_args={"max_tokens": 40})
     row = {"id": "create_task_1", "domain": "mock"}
+    # outside a rollout (budget check, dry run, oracle) there is no engine: the scripted user
+    stand_in = asyncio.run(run_episode(env, row=row))
+    assert stand_in.info["tau2"]["user"] == "scripted" and stand_in.info["tau2"]["reward"] == 1
     with pytest.raises(ValueError, match="user='engine' is the rollout's own engine") as err:
-        env.reset(options=row)  # outside a rollout: no engine
+        make_user("engine", env.unwrapped.task, env.unwrapped.environment)
     assert "\n" not in str(err.value)
     model = CannedModel("Please create a task for me.", "Thanks! ###STOP###")
     env.unwrapped.rollout_model = model
     traj = asyncio.run(run_episode(env, row=row))
     assert traj.info["tau2"]["termination_reason"] == "user_stop"
+    assert traj.info["tau2"]["user"] == "engine"
     assert traj.info["tau2"]["reward"] == 1.0  # the oracle, with the engine's lines as user
     assert [m["content"] for m in traj.messages if m["role"] == "user"] == [
         "Please create a task for me.", "Thanks! ###STOP###"]
