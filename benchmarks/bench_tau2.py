@@ -15,6 +15,15 @@ Writes benchmarks/results/tau2.md and its section of benchmarks/RESULTS.md.
 
     .venv/bin/python benchmarks/bench_tau2.py [--quick] [--telecom-tasks N]
     (in parallel: --pairs airline/scripted --only, ..., then --report)
+
+``--throughput``: rollout throughput instead, in episodes/s, with the rollout's own engine as
+tau2's user (``user: engine``): one `RolloutWorker` (the tiny model unless ``--model``, vLLM's
+CPU engine) runs ``--episodes`` episodes of ``--domain``'s train tasks, ``--concurrency`` (64)
+at a time, after one warm-up round; per episode it also reports the agent's turns and sampled
+tokens and what the user cost (engine calls, prompt and sampled tokens, none of them trained).
+Writes benchmarks/results/tau2_throughput.md and its section of RESULTS.md.
+
+    .venv/bin/python benchmarks/bench_tau2.py --throughput [--domain airline] [--episodes 128]
 """
 
 from __future__ import annotations
@@ -36,6 +45,8 @@ from benchlib import md_table
 
 RESULTS = benchlib.RESULTS_DIR / "tau2.md"
 SECTION = "## tau2-bench: oracle and reward exactness against tau2 itself"
+THROUGHPUT_RESULTS = benchlib.RESULTS_DIR / "tau2_throughput.md"
+THROUGHPUT_SECTION = "## tau2-bench: rollout episodes/s with the engine as the user"
 PAIRS = (("mock", "scripted"), ("mock", "solo"), ("airline", "scripted"),
          ("retail", "scripted"), ("telecom", "solo"), ("telecom", "scripted"))
 
@@ -163,11 +174,89 @@ def report(results: list[dict], argv: list[str]) -> str:
     return "\n".join(lines)
 
 
-def update_results_md(section: str) -> None:
+def throughput(args: argparse.Namespace, argv: list[str]) -> str:
+    """Episodes/s of a rollout worker whose engine is also tau2's user (module docstring)."""
+    import os
+    import statistics
+
+    benchlib.set_bench_env()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from toolrl.envs.tau2.env import Tau2Env
+    from transformers import AutoConfig
+
+    from toolrl import batch as B
+    from toolrl.rollout.engine import EngineConfig
+    from toolrl.rollout.worker import RolloutConfig, RolloutWorker, make_rollout_input
+
+    model = args.model or str(benchlib.tiny_model())
+    length = args.max_model_len
+    engine_kwargs = {}
+    if AutoConfig.from_pretrained(model).max_position_embeddings < length:
+        # the tiny model's 4,096 positions: its RoPE runs past them (configs/tau2_airline.yaml)
+        engine_kwargs["hf_overrides"] = {"max_position_embeddings": length}
+    user_args = {"temperature": 1.0, "max_tokens": args.user_tokens}
+    config = RolloutConfig(
+        engine=EngineConfig(model=model, max_model_len=length, kv_cache_gib=args.kv_cache_gib,
+                            multiprocessing=False, engine_kwargs=engine_kwargs),
+        max_tokens_per_turn=args.turn_tokens, max_prompt_tokens=args.max_prompt_tokens,
+        max_total_tokens=length, max_turns=args.turns, env_id="toolrl/Tau2-v0",
+        env_kwargs={"domain": args.domain, "user": "engine", "user_llm_args": user_args},
+        concurrency=args.concurrency, seed=0, pad_to_max=False)
+    rows = Tau2Env.make_tasks(args.episodes, seed=args.seed, split="train", domain=args.domain)
+    worker = RolloutWorker(config)
+    runs = []
+    try:
+        worker.rollout(make_rollout_input(rows[:args.concurrency]))  # warm-up
+        for _ in range(args.reps):
+            start = time.perf_counter()
+            td = worker.rollout(make_rollout_input(rows))
+            runs.append((time.perf_counter() - start, B.trajectories(td)))
+        load = os.getloadavg()[0]
+    finally:
+        worker.shutdown()
+    walls = [w for w, _ in runs]
+    trajs = [t for _, ts in runs for t in ts]
+    n = len(trajs)
+    users = [(t.final_state or {}).get("user_model") or {} for t in trajs]
+
+    def mean(xs: list[float]) -> float:
+        return sum(xs) / max(len(xs), 1)
+
+    ends = Counter((t.final_state or {}).get("termination_reason") or t.finish_reason
+                   for t in trajs)
+    rows_out = [[args.domain, args.concurrency, args.episodes, args.reps,
+                 f"{args.episodes / statistics.median(walls):.2f}",
+                 f"{statistics.median(walls):.1f}",
+                 f"{mean([t.num_turns for t in trajs]):.2f}",
+                 f"{mean([t.sampled_tokens for t in trajs]):.0f}",
+                 f"{mean([u.get('calls', 0) for u in users]):.2f}",
+                 f"{mean([u.get('prompt_tokens', 0) for u in users]):.0f}",
+                 f"{mean([u.get('sampled_tokens', 0) for u in users]):.0f}",
+                 sum(t.infra_failure is not None for t in trajs)]]
+    return "\n".join([
+        THROUGHPUT_SECTION, "",
+        f"One rollout worker, its vLLM engine both the agent and tau2's user (`user: engine`: "
+        f"tau2's user prompt, the user's sampled tokens never train). Agent turns of at most "
+        f"{args.turn_tokens} tokens, user lines of at most {args.user_tokens} (temperature 1), "
+        f"at most {args.turns} agent turns; the median of {args.reps} rounds after a "
+        f"warm-up round.", "",
+        f"Machine: {benchlib.machine_label()}, load average at the end {load:.1f}. Model: "
+        f"`{Path(model).name}`. Command: "
+        f"`{benchlib.command_line('bench_tau2.py', argv)}`.", "",
+        md_table(["domain", "concurrent", "episodes", "rounds", "episodes/s", "round s",
+                  "agent turns / ep", "agent tokens / ep", "user calls / ep",
+                  "user prompt tokens / ep", "user tokens / ep", "infra failed"], rows_out),
+        "",
+        "Episode ends (tau2's termination reason, else the rollout's finish reason), over "
+        f"all {n} episodes: " + ", ".join(f"{k} {v}" for k, v in sorted(ends.items())) + ".",
+        ""])
+
+
+def update_results_md(section: str, title: str = SECTION) -> None:
     """Replace this benchmark's section of RESULTS.md (or append it), others untouched."""
     path = benchlib.BENCH_DIR / "RESULTS.md"
     text = path.read_text() if path.exists() else "# toolrl benchmarks\n"
-    pattern = re.compile(re.escape(SECTION) + r".*?(?=\n## |\Z)", re.S)
+    pattern = re.compile(re.escape(title) + r".*?(?=\n## |\Z)", re.S)
     if pattern.search(text):
         text = pattern.sub(lambda _: section.rstrip("\n") + "\n", text)
     else:
@@ -189,8 +278,34 @@ def main(argv: list[str] | None = None) -> int:
                         help="run --pairs and save their raw results, write no report")
     parser.add_argument("--report", action="store_true",
                         help="no runs: the report from the saved raw results of every pair")
+    parser.add_argument("--throughput", action="store_true",
+                        help="rollout episodes/s with the engine as the user instead")
+    parser.add_argument("--domain", default="airline", help="--throughput: the domain")
+    parser.add_argument("--episodes", type=int, default=128, help="--throughput: per round")
+    parser.add_argument("--concurrency", type=int, default=64,
+                        help="--throughput: episodes in flight")
+    parser.add_argument("--reps", type=int, default=3, help="--throughput: timed rounds")
+    parser.add_argument("--turns", type=int, default=4, help="--throughput: most agent turns")
+    parser.add_argument("--turn-tokens", type=int, default=64,
+                        help="--throughput: most tokens of an agent turn")
+    parser.add_argument("--user-tokens", type=int, default=64,
+                        help="--throughput: most tokens of a user line")
+    parser.add_argument("--max-model-len", type=int, default=8192)
+    parser.add_argument("--max-prompt-tokens", type=int, default=5632,
+                        help="the longest airline / retail prompt is ~5.6k tokens (tiny model)")
+    parser.add_argument("--kv-cache-gib", type=float, default=2.0)
+    parser.add_argument("--model", default=None, help="--throughput: default the tiny model")
     args = parser.parse_args(argv)
     import toolrl.envs.tau2  # noqa: F401  (sets litellm offline before tau2 loads)
+
+    if args.throughput:
+        if args.quick:
+            args.episodes, args.concurrency, args.reps, args.turns = 8, 8, 1, 2
+        text = throughput(args, argv)
+        benchlib.write_result(THROUGHPUT_RESULTS, text)
+        if not args.quick:
+            update_results_md(text, THROUGHPUT_SECTION)
+        return 0
 
     pairs = [tuple(p.split("/")) for p in args.pairs] if args.pairs else PAIRS
     results = []
