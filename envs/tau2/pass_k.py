@@ -21,11 +21,10 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+# (the package's __init__, run before this module, has set litellm offline)
 from tau2.metrics.agent_metrics import is_successful, pass_hat_k
 
 from toolrl import Trajectory
-
-from . import env as _env  # noqa: F401  (litellm offline before tau2 loads)
 
 
 def pass_k(records: Iterable[Mapping[str, Any] | Trajectory], max_k: int = 4
