@@ -31,7 +31,9 @@ CAP = 2000  # ToolEnv.default_max_output_chars
 
 def play(rows, **env_kwargs):
     """Run the batch on a fresh event loop; asyncio.run returning proves nothing waits on a
-    hung tool thread at shutdown."""
+    hung tool thread at shutdown. Tools get 10 s unless a test times them out on purpose (the
+    env's 0.5 s default timed a raising tool out once on a loaded machine)."""
+    env_kwargs.setdefault("tool_timeout", 10.0)
     return asyncio.run(play_batch(lambda: make_env(FAULT_ENV, **env_kwargs), rows, timeout=60))
 
 
