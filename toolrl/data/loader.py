@@ -15,6 +15,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from toolrl.core.jsonl import json_objects
+
 Row = dict[str, Any]
 
 
@@ -76,21 +78,10 @@ def iter_rows(path: str | os.PathLike, *, default_ids: bool = True) -> Iterator[
     if not lazy:
         yield from load_rows(path, default_ids=default_ids)
         return
-    with path.open(encoding="utf-8") as f:
-        i = 0
-        for n, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{n}: not valid JSON: {exc}") from None
-            if not isinstance(row, dict):
-                raise ValueError(f"{path}: row {i} is {type(row).__name__}, expected an object")
-            if default_ids:
-                row.setdefault("id", f"{path.stem}-{i}")
-            i += 1
-            yield row
+    for i, (_, row) in enumerate(json_objects(path, "a task row (a JSON object)")):
+        if default_ids:
+            row.setdefault("id", f"{path.stem}-{i}")
+        yield row
 
 
 def _json_lines(path: Path, text: str) -> list[Any]:

@@ -19,6 +19,8 @@ closed when the next message is not a tool result), so the template is prefix-pr
 
 from __future__ import annotations
 
+from toolrl.models.tiny import ASSISTANT_TURN
+
 CHATML_DEFAULT_SYSTEM = "You are a helpful assistant."
 SMOLLM2_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 
@@ -49,20 +51,7 @@ def chatml_tools(default_system: str = CHATML_DEFAULT_SYSTEM) -> str:
         "{%- endif -%}"
         "{{- '<|im_end|>\\n' -}}"
         "{%- for m in rest -%}"
-        "{%- if m['role'] == 'assistant' -%}"
-        "{{- '<|im_start|>assistant\\n' -}}"
-        "{%- if m['content'] -%}{{- m['content'] -}}{%- endif -%}"
-        "{%- if m['tool_calls'] -%}"
-        "{%- for tc in m['tool_calls'] -%}"
-        "{%- if tc['function'] is defined -%}{%- set f = tc['function'] -%}"
-        "{%- else -%}{%- set f = tc -%}{%- endif -%}"
-        "{{- '<tool_call>{\"name\": \"' + f['name'] + '\", \"arguments\": ' -}}"
-        "{%- if f['arguments'] is string -%}{{- f['arguments'] -}}"
-        "{%- else -%}{{- f['arguments'] | tojson -}}{%- endif -%}"
-        "{{- '}</tool_call>' -}}"
-        "{%- endfor -%}"
-        "{%- endif -%}"
-        "{{- '<|im_end|>\\n' -}}"
+        + ASSISTANT_TURN +
         "{%- elif m['role'] == 'tool' -%}"
         "{%- if loop.first or rest[loop.index0 - 1]['role'] != 'tool' -%}"
         "{{- '<|im_start|>user' -}}{%- endif -%}"

@@ -44,6 +44,25 @@ DEFAULT_SYSTEM = "You are a helpful assistant."
 STAMP = "toolrl_tiny.json"
 FORMAT_VERSION = 2  # bump when the tokenizer corpus, template or architecture changes
 
+# An assistant turn (``m``): its text, then each call as <tool_call>{"name", "arguments"}
+# </tool_call> (toolrl's hermes format); shared with toolrl.models.templates
+ASSISTANT_TURN = (
+    "{%- if m['role'] == 'assistant' -%}"
+    "{{- '<|im_start|>assistant\\n' -}}"
+    "{%- if m['content'] -%}{{- m['content'] -}}{%- endif -%}"
+    "{%- if m['tool_calls'] -%}"
+    "{%- for tc in m['tool_calls'] -%}"
+    "{%- if tc['function'] is defined -%}{%- set f = tc['function'] -%}"
+    "{%- else -%}{%- set f = tc -%}{%- endif -%}"
+    "{{- '<tool_call>{\"name\": \"' + f['name'] + '\", \"arguments\": ' -}}"
+    "{%- if f['arguments'] is string -%}{{- f['arguments'] -}}"
+    "{%- else -%}{{- f['arguments'] | tojson -}}{%- endif -%}"
+    "{{- '}</tool_call>' -}}"
+    "{%- endfor -%}"
+    "{%- endif -%}"
+    "{{- '<|im_end|>\\n' -}}"
+)
+
 CHAT_TEMPLATE = (
     "{%- if messages and messages[0]['role'] == 'system' -%}"
     "{%- set system = messages[0]['content'] -%}{%- set rest = messages[1:] -%}"
@@ -77,20 +96,7 @@ CHAT_TEMPLATE = (
     "{%- endif -%}"
     "{{- '<|im_end|>\\n' -}}"
     "{%- for m in rest -%}"
-    "{%- if m['role'] == 'assistant' -%}"
-    "{{- '<|im_start|>assistant\\n' -}}"
-    "{%- if m['content'] -%}{{- m['content'] -}}{%- endif -%}"
-    "{%- if m['tool_calls'] -%}"
-    "{%- for tc in m['tool_calls'] -%}"
-    "{%- if tc['function'] is defined -%}{%- set f = tc['function'] -%}"
-    "{%- else -%}{%- set f = tc -%}{%- endif -%}"
-    "{{- '<tool_call>{\"name\": \"' + f['name'] + '\", \"arguments\": ' -}}"
-    "{%- if f['arguments'] is string -%}{{- f['arguments'] -}}"
-    "{%- else -%}{{- f['arguments'] | tojson -}}{%- endif -%}"
-    "{{- '}</tool_call>' -}}"
-    "{%- endfor -%}"
-    "{%- endif -%}"
-    "{{- '<|im_end|>\\n' -}}"
+    + ASSISTANT_TURN +
     "{%- elif m['role'] == 'tool' -%}"
     "{{- '<|im_start|>tool\\n<tool_response>' + m['content'] + '</tool_response><|im_end|>\\n' -}}"
     "{%- else -%}"
