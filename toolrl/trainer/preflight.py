@@ -440,6 +440,7 @@ def prompt_lengths(rows: Sequence[Mapping[str, Any]], cfg: ExperimentConfig, tok
     renderer = ChatRenderer(tokenizer, check=False,
                             chat_template_kwargs=cfg.rollout.chat_template_kwargs)
     envs: dict[str, Any] = {}
+    seen: dict[str, int | str] = {}  # a row repeated (a split cycled) is rendered once
     lengths: list[int | None] = []
     skip = set(skip)
     try:
@@ -449,18 +450,23 @@ def prompt_lengths(rows: Sequence[Mapping[str, Any]], cfg: ExperimentConfig, tok
                 continue
             env_id, kwargs = row_env(row, cfg.env.id, cfg.env.kwargs)
             key = json.dumps([env_id, kwargs], sort_keys=True, default=str)
-            try:
-                if key not in envs:
-                    envs[key] = make_env(env_id, **kwargs)
-                messages, info = envs[key].reset(seed=cfg.seed, options=dict(row))
-                lengths.append(len(renderer.render_prompt(messages, info.get("tools"))))
-            except Exception as exc:
-                reason = f"cannot be rendered in {env_id}: {type(exc).__name__}: " \
-                         f"{_first_line(exc)}"
-                if failures is None:
-                    raise ConfigError(f"{where}: row {i} ({_row_id(row)}) {reason}") from None
-                failures.append((i, reason))
-                lengths.append(None)
+            same = json.dumps([key, row], sort_keys=True, default=str)
+            if same not in seen:
+                try:
+                    if key not in envs:
+                        envs[key] = make_env(env_id, **kwargs)
+                    messages, info = envs[key].reset(seed=cfg.seed, options=dict(row))
+                    seen[same] = len(renderer.render_prompt(messages, info.get("tools")))
+                except Exception as exc:
+                    seen[same] = f"cannot be rendered in {env_id}: {type(exc).__name__}: " \
+                                 f"{_first_line(exc)}"
+            if isinstance(seen[same], int):
+                lengths.append(seen[same])
+                continue
+            if failures is None:
+                raise ConfigError(f"{where}: row {i} ({_row_id(row)}) {seen[same]}")
+            failures.append((i, str(seen[same])))
+            lengths.append(None)
     finally:
         for env in envs.values():
             with contextlib.suppress(Exception):  # the lengths are known already
