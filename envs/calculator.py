@@ -189,52 +189,27 @@ class CalculatorEnv(SubmitAnswer):
     # --- tools -----------------------------------------------------------------------------
     @tool(inline=True)
     def add(self, a: float, b: float) -> float:
-        """a + b
-
-        Args:
-            a: a number
-            b: a number
-        """
+        """a + b"""
         return _num(a + b)
 
     @tool(inline=True)
     def sub(self, a: float, b: float) -> float:
-        """a - b
-
-        Args:
-            a: a number
-            b: a number
-        """
+        """a - b"""
         return _num(a - b)
 
     @tool(inline=True)
     def mul(self, a: float, b: float) -> float:
-        """a * b
-
-        Args:
-            a: a number
-            b: a number
-        """
+        """a * b"""
         return _num(a * b)
 
     @tool(inline=True)
     def div(self, a: float, b: float) -> float:
-        """a / b
-
-        Args:
-            a: a number
-            b: a number
-        """
+        """a / b"""
         return _num(a / b)
 
     @tool(inline=True)
     def pow(self, a: float, b: float) -> float:
-        """a ** b
-
-        Args:
-            a: a number
-            b: a number
-        """
+        """a ** b"""
         if abs(b) > 64 or abs(a) > 1e9:
             raise ValueError("operands too large for pow")
         return _num(float(a) ** b)

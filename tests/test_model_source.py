@@ -87,3 +87,22 @@ def test_the_default_model_is_built_and_a_hub_id_is_not(tree):
         is False
     assert load_config(None, ["model.path=Qwen/Qwen2.5-0.5B",
                               "model.build_tiny_if_missing=true"]).model.build_tiny_if_missing
+
+
+@pytest.mark.parametrize("config", ["quickstart.yaml", "quickstart_async.yaml",
+                                    "quickstart_pipeline.yaml", "tau2_airline.yaml",
+                                    "function_calling_mixed.yaml", "ppo_calculator.yaml"])
+def test_a_shipped_config_builds_only_its_own_tiny_model(tree, config):
+    """Overriding model.path on a shipped tiny-model config loads that path: a hub id stays a
+    hub id and a missing folder is an error, never a random model built in its place."""
+    from pathlib import Path
+
+    from toolrl.trainer.config import ConfigError, load_config
+
+    shipped = Path(__file__).resolve().parents[1] / "configs" / config
+    assert load_config(shipped).model.build_tiny_if_missing is True
+    hub = load_config(shipped, ["model.path=acme/no-such-model"]).model
+    assert locate_model(hub.path, hub.build_tiny_if_missing).kind == "hub"
+    with pytest.raises(ConfigError, match=r"model\.path='\./nothere' does not exist"):
+        load_config(shipped, ["model.path=./nothere"])
+    assert not (tree / "nothere").exists() and not (tree / "acme").exists()

@@ -123,6 +123,28 @@ def test_deterministic_cached_and_guarded(tmp_path):
     assert not list(tmp_path.glob(".tiny-*"))  # no temp dirs left behind
 
 
+
+def test_a_build_of_an_older_format_is_rebuilt_and_a_users_folder_is_not(tmp_path):
+    """A run that builds its model (``model.build_tiny_if_missing``) rebuilds a tiny folder
+    an older toolrl wrote (its template may be another), keeps a current one of any seed,
+    and never touches a folder without the stamp."""
+    import json
+
+    from toolrl.models.tiny import STAMP, is_current, needs_build
+
+    a = build_tiny_model(tmp_path / "a", seed=3)
+    assert is_current(a) and not needs_build(a) and not needs_build(a, "small")
+    assert needs_build(a, "medium") and needs_build(tmp_path / "missing")
+    stamp = json.loads((a / STAMP).read_text())
+    (a / STAMP).write_text(json.dumps({**stamp, "format": stamp["format"] - 1}))
+    assert not is_current(a) and needs_build(a)
+    assert _digest(build_tiny_model(a, seed=3)) == _digest(build_tiny_model(tmp_path / "b",
+                                                                            seed=3))
+    assert is_current(a)
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "config.json").write_text("{}")
+    assert not needs_build(tmp_path / "mine")  # a user's checkpoint: loaded as it is
+
 SMALL_REAL_VOCAB = {"model_type": "qwen2", "vocab_size": 151936, "hidden_size": 64,
                     "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
                     "num_key_value_heads": 2, "tie_word_embeddings": True}

@@ -17,7 +17,7 @@ import time
 import pytest
 
 from toolrl import cli
-from toolrl.trainer.run_dir import RunDirInUse, RunDirLock
+from toolrl.trainer.run_dir import RunDirInUse, RunDirLock, RunDirMismatch, check_same_run
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -77,3 +77,47 @@ def test_the_lock_dies_with_its_process(holder):
     with RunDirLock(run) as lock:  # no stale lock to clean up
         assert f'"pid": {os.getpid()}' in lock.path.read_text()
     RunDirLock(run).acquire().release()  # released on exit: free again
+
+
+def test_another_models_run_dir_is_not_resumed(tmp_path, capsys, tiny_model_dir):
+    """A run dir holding checkpoints of ``model.path=A`` is refused by a config saying B (one
+    line, exit 2, before Ray and before its config.yaml is overwritten)."""
+    import ray
+
+    run = tmp_path / "run"
+    (run / "checkpoints" / "step_2").mkdir(parents=True)
+    earlier = "model:\n  path: models/tiny\n  tiny_size: small\nenv:\n  id: toolrl/Calculator-v0\n"
+    (run / "config.yaml").write_text(earlier)
+    config = tmp_path / "exp.yaml"
+    config.write_text(f"model:\n  path: {tiny_model_dir}\ntrainer:\n  output_dir: {run}\n"
+                      f"  total_steps: 1\ndata:\n  train_size: 16\n  val_size: 4\n"
+                      f"warm_start:\n  enabled: false\n")
+    ray_was_up = ray.is_initialized()
+    code = cli.main(["train", "--config", str(config)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"toolrl train: run dir {run} holds the checkpoints of a run with "
+                          f"model.path='models/tiny', and this config says model.path="
+                          f"'{tiny_model_dir}': set trainer.output_dir to another directory")
+    assert (run / "config.yaml").read_text() == earlier
+    assert ray.is_initialized() == ray_was_up
+
+
+def test_what_a_run_dir_holds_decides_the_check(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    mine = {"model": {"path": "models/tiny", "tiny_size": "small"},
+            "env": {"id": "toolrl/Calculator-v0"}}
+    other = {**mine, "env": {"id": "toolrl/Tau2-v0"}}
+    (run / "config.yaml").write_text("model:\n  path: models/tiny\n  tiny_size: small\n"
+                                     "env:\n  id: toolrl/Calculator-v0\n")
+    check_same_run(run, other, "auto")  # nothing to reuse yet: a config may change freely
+    (run / "checkpoints" / "step_1").mkdir(parents=True)
+    check_same_run(run, mine, "auto")
+    check_same_run(run, other, "never")  # a fresh start reuses no checkpoint
+    with pytest.raises(RunDirMismatch, match=r"checkpoints of a run with env\.id="):
+        check_same_run(run, other, "auto")
+    (run / "warm_start").mkdir()
+    (run / "warm_start" / "config.json").write_text("{}")
+    with pytest.raises(RunDirMismatch, match=r"warm_start of a run with env\.id="):
+        check_same_run(run, other, "never")  # the warm start would still be reused

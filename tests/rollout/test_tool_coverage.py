@@ -15,12 +15,27 @@ JSON_TOOLS = (  # a Qwen2.5-style template: every tool as its JSON
     "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}")
 
 
-def test_the_tiny_template_reports_what_it_leaves_out():
+def test_the_tiny_template_renders_every_part_of_a_schema():
     tokenizer = build_tokenizer(seed=0)
     coverage = tool_coverage(ChatRenderer(tokenizer, check=False))
-    assert coverage.missing == ("parameter descriptions", "defaults", "nested object properties")
-    assert "leaves parameter descriptions, defaults, nested object properties out of the " \
-           "tools" in coverage.describe()
+    assert coverage.ok, coverage.describe()
+    tool = {"type": "function", "function": {
+        "name": "book", "description": "Book a flight.", "parameters": {
+            "type": "object", "required": ["legs", "passenger"], "properties": {
+                "legs": {"type": "array", "description": "the flights, in order",
+                         "items": {"type": "object", "required": ["from"], "properties": {
+                             "from": {"type": "string"}, "date": {"type": "string"}}}},
+                "passenger": {"type": "object", "properties": {"name": {"type": "string"}}},
+                "cabin": {"type": "string", "enum": ["economy", "business"],
+                          "description": "the cabin", "default": "economy"},
+                "bags": {"type": ["integer", "null"], "default": 0},
+                "note": {"type": "string"}}}}}
+    text = ChatRenderer(tokenizer, check=False).render_text(
+        [{"role": "user", "content": "hi"}], [tool], add_generation_prompt=True)
+    assert ("\nbook(legs: array[{from: string, date?: string}], passenger: {name?: string}, "
+            'cabin?: "economy"|"business", bags?: integer|null, note?: string) - Book a '
+            'flight.\n  legs: the flights, in order\n  cabin: the cabin (default "economy")\n'
+            "  bags: (default 0)\n</tools>") in text  # `note` has neither: no line of its own
 
 
 def test_a_template_that_renders_the_whole_schema_is_complete():

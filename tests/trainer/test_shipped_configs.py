@@ -29,6 +29,7 @@ TASKS = {"tau2_airline.yaml": 3}
 def test_a_shipped_config_passes_its_dry_run(config, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # (models/ and outputs/ of the run are not built there)
     cfg = load_config(config, [f"trainer.output_dir={tmp_path / 'run'}",
-                               f"model.path={tmp_path / 'models' / 'tiny'}"])
+                               f"model.path={tmp_path / 'models' / 'tiny'}",
+                               "model.build_tiny_if_missing=true"])
     report = dry_run(cfg, tasks=TASKS.get(config.name, 12))
     assert report.ok, report.problems

@@ -12,7 +12,7 @@ from trainer_runs import ROOT
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from toolrl.core.types import ToolCall
-from toolrl.trainer.config import load_config
+from toolrl.trainer.config import ConfigError, load_config
 from toolrl.trainer.trainer import Trainer
 from toolrl.trainer.warm_start import oracle_transcripts, sft, shared_prefix_batch
 from toolrl.workers.scoring import enable_scoring, score_responses
@@ -106,6 +106,13 @@ def test_the_trainer_warm_starts_from_config_and_reuses_the_result(tiny_model_di
     stamp = (out / "model.safetensors").stat().st_mtime_ns
     assert Trainer(cfg).prepare_model() == str(out)  # reused, not retrained
     assert (out / "model.safetensors").stat().st_mtime_ns == stamp
+    assert metrics["base_model"] == str(tiny_model_dir)
+    other = load_config(ROOT / "configs" / "quickstart.yaml", [
+        f"model.path={tmp_path / 'other'}", "model.build_tiny_if_missing=true",
+        f"trainer.output_dir={tmp_path / 'run'}", f"warm_start.output={out}"])
+    with pytest.raises(ConfigError, match=r"warm start .*ws was trained from model\.path="
+                       r".*and this config says model\.path=.*other.*warm_start\.output"):
+        Trainer(other).prepare_model()  # another base model never reuses this warm start
     bad = load_config(ROOT / "configs" / "quickstart.yaml", [
         f"model.path={tiny_model_dir}", f"trainer.output_dir={tmp_path / 'run2'}",
         f"warm_start.output={tmp_path / 'ws2'}", "warm_start.env_kwargs={oracle: psychic}"])

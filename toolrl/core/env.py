@@ -459,11 +459,7 @@ def submit_tool(answer_type: type = float) -> Tool:
     """
 
     def submit(self: Any, answer: Any) -> str:
-        """Submit the final answer.
-
-        Args:
-            answer: the answer
-        """
+        """Submit the final answer."""
         self.submitted = answer
         return "submitted"
 

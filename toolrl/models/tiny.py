@@ -7,8 +7,10 @@ Tests and the CPU demo need a model without a hub. `build_tiny_model` writes a d
   every digit its own token (tiny models learn arithmetic formats far sooner that way);
 - a tools-aware chat template in the Qwen2.5/Hermes style: the tool list rendered into the
   system prompt (one compact signature per tool, ``add(a: number, b: number) - Add.``, with
-  ``?`` after optional parameters: a tiny model learns faster from short prompts than from raw
-  JSON schemas), assistant calls as ``<tool_call>{json}</tool_call>`` (several per turn), tool
+  ``?`` after optional parameters, enum values as ``"c"|"f"``, objects as ``{key: type}``,
+  arrays as ``array[type]``; then a line per parameter with a description or a default,
+  ``  unit: the unit (default "c")``: everything the schema says, shorter than raw JSON
+  schemas, which a tiny model learns from faster), assistant calls as ``<tool_call>{json}</tool_call>`` (several per turn), tool
   results as role ``tool``. Each message renders independently of the ones after it, so the
   template is prefix-preserving (what token-in/token-out rollouts need);
 - ``Qwen2ForCausalLM`` with random weights (seeded), tied embeddings, fp32 safetensors.
@@ -42,7 +44,7 @@ MARKUP_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_respo
                  "<think>", "</think>"]
 DEFAULT_SYSTEM = "You are a helpful assistant."
 STAMP = "toolrl_tiny.json"
-FORMAT_VERSION = 2  # bump when the tokenizer corpus, template or architecture changes
+FORMAT_VERSION = 3  # bump when the tokenizer corpus, template or architecture changes
 
 # An assistant turn (``m``): its text, then each call as <tool_call>{"name", "arguments"}
 # </tool_call> (toolrl's hermes format); shared with toolrl.models.templates
@@ -63,7 +65,26 @@ ASSISTANT_TURN = (
     "{{- '<|im_end|>\\n' -}}"
 )
 
+# A parameter's type as the signature shows it: enum values, ``{key: type, ...}`` for an object
+# with properties (``?`` after optional keys), ``array[type]``, or the JSON type.
+_PARAM_TYPE = (
+    "{%- macro ptype(p) -%}"
+    "{%- if p['enum'] is defined -%}{{- p['enum'] | map('tojson') | join('|') -}}"
+    "{%- elif p['type'] is defined and p['type'] == 'object' and p['properties'] is defined -%}"
+    "{%- set r = p['required'] if p['required'] is defined else [] -%}{{- '{' -}}"
+    "{%- for k, v in p['properties'].items() -%}"
+    "{{- (', ' if not loop.first else '') + k + ('' if k in r else '?') + ': ' + ptype(v) -}}"
+    "{%- endfor -%}{{- '}' -}}"
+    "{%- elif p['type'] is defined and p['type'] == 'array' and p['items'] is defined -%}"
+    "{{- 'array[' + ptype(p['items']) + ']' -}}"
+    "{%- elif p['type'] is defined and p['type'] is string -%}{{- p['type'] -}}"
+    "{%- elif p['type'] is defined -%}{{- p['type'] | join('|') -}}"
+    "{%- else -%}{{- 'any' -}}{%- endif -%}"
+    "{%- endmacro -%}"
+)
+
 CHAT_TEMPLATE = (
+    _PARAM_TYPE +
     "{%- if messages and messages[0]['role'] == 'system' -%}"
     "{%- set system = messages[0]['content'] -%}{%- set rest = messages[1:] -%}"
     "{%- else -%}"
@@ -80,16 +101,21 @@ CHAT_TEMPLATE = (
     "{%- set req = params['required'] if params['required'] is defined else [] -%}"
     "{{- '\\n' + f['name'] + '(' -}}"
     "{%- for pname, p in props.items() -%}"
-    "{%- if p['enum'] is defined -%}{%- set ptype = p['enum'] | map('tojson') | join('|') -%}"
-    "{%- elif p['type'] is defined and p['type'] is string -%}{%- set ptype = p['type'] -%}"
-    "{%- elif p['type'] is defined -%}{%- set ptype = p['type'] | join('|') -%}"
-    "{%- else -%}{%- set ptype = 'any' -%}{%- endif -%}"
     "{{- (', ' if not loop.first else '') + pname -}}"
-    "{{- ('' if pname in req else '?') + ': ' + ptype -}}"
+    "{{- ('' if pname in req else '?') + ': ' + ptype(p) -}}"
     "{%- endfor -%}"
     "{{- ')' -}}"
     "{%- if f['description'] is defined and f['description'] -%}"
     "{{- ' - ' + f['description'] -}}{%- endif -%}"
+    # one line per parameter with a description or a default
+    "{%- for pname, p in props.items() -%}"
+    "{%- set pdesc = p['description'] if p['description'] is defined else '' -%}"
+    "{%- if pdesc or p['default'] is defined -%}"
+    "{{- '\\n  ' + pname + ':' -}}{%- if pdesc -%}{{- ' ' + pdesc -}}{%- endif -%}"
+    "{%- if p['default'] is defined -%}{{- ' (default ' + (p['default'] | tojson) + ')' -}}"
+    "{%- endif -%}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
     "{%- endfor -%}"
     "{{- '\\n</tools>\\nCall tools as "
     "<tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>' -}}"
@@ -179,15 +205,7 @@ def build_tiny_model(out: str | os.PathLike, seed: int = 0, size: str = "small",
     shape = config if config is not None else REAL_SHAPES.get(size)
     dtype = dtype or ("float32" if shape is None else "bfloat16")
     out = Path(out)
-    stamp: dict[str, Any] = {"seed": seed, "size": size, "vocab_size": vocab_size,
-                             "format": FORMAT_VERSION}
-    if shape is None:
-        stamp["spec"] = asdict(SIZES[size])
-        if dtype != "float32":
-            stamp["dtype"] = dtype
-    else:
-        stamp["config"] = hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()
-        stamp["dtype"] = dtype
+    stamp = _stamp(seed, size, vocab_size, shape, dtype)
     if (out / STAMP).exists():
         try:
             if json.loads((out / STAMP).read_text()) == stamp:
@@ -215,6 +233,44 @@ def build_tiny_model(out: str | os.PathLike, seed: int = 0, size: str = "small",
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def _stamp(seed: int, size: str, vocab_size: int, shape: dict[str, Any] | None,
+           dtype: str) -> dict[str, Any]:
+    """What a build is made of (``toolrl_tiny.json``): the same stamp, the same files."""
+    stamp: dict[str, Any] = {"seed": seed, "size": size, "vocab_size": vocab_size,
+                             "format": FORMAT_VERSION}
+    if shape is None:
+        stamp["spec"] = asdict(SIZES[size])
+        if dtype != "float32":
+            stamp["dtype"] = dtype
+    else:
+        stamp["config"] = hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()
+        stamp["dtype"] = dtype
+    return stamp
+
+
+def is_current(out: str | os.PathLike, size: str = "small") -> bool:
+    """Whether ``out`` holds a build of ``size`` by this toolrl (its template, tokenizer and
+    architecture; any seed): False for a missing folder or an older format, which
+    `build_tiny_model` then replaces."""
+    try:
+        built = json.loads((Path(out) / STAMP).read_text())
+    except (OSError, json.JSONDecodeError):
+        return False
+    if size not in SIZES and size not in REAL_SHAPES:
+        return False
+    shape = REAL_SHAPES.get(size)
+    dtype = built.get("dtype") or ("float32" if shape is None else "bfloat16")
+    return built == _stamp(built.get("seed", 0), size, built.get("vocab_size", VOCAB_SIZE),
+                           shape, dtype)
+
+
+def needs_build(out: str | os.PathLike, size: str = "small") -> bool:
+    """Whether a run that builds its model at ``out`` builds it now: the folder is missing, or
+    holds a tiny build of an older format (a folder without the stamp is a user's: kept)."""
+    out = Path(out).expanduser()
+    return not out.exists() or ((out / STAMP).exists() and not is_current(out, size))
 
 
 def build_tokenizer(seed: int = 0, vocab_size: int = VOCAB_SIZE):
@@ -338,8 +394,7 @@ _WORDS = (
 _TOOLS: list[dict[str, Any]] = [
     {"name": op, "description": desc, "parameters": {
         "type": "object",
-        "properties": {"a": {"type": "number", "description": "first operand"},
-                       "b": {"type": "number", "description": "second operand"}},
+        "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
         "required": ["a", "b"]}}
     for op, desc in [("add", "Add two numbers."), ("sub", "Subtract b from a."),
                      ("mul", "Multiply two numbers."), ("div", "Divide a by b."),

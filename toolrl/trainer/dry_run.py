@@ -23,7 +23,6 @@ import string
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -258,12 +257,12 @@ def _renderer(cfg: ExperimentConfig, rollout: RolloutConfig, report: DryRunRepor
 
 
 def _tokenizer(cfg: ExperimentConfig, rollout: RolloutConfig) -> Any:
-    from toolrl.models.source import locate_model, require_model
+    from toolrl.models.source import require_model
+    from toolrl.models.tiny import needs_build
 
     if rollout.engine.tokenizer is not None:
         path = require_model(rollout.engine.tokenizer, key="rollout.engine.tokenizer")
-    elif locate_model(cfg.model.path, cfg.model.build_tiny_if_missing).kind == "build" and \
-            not Path(cfg.model.path).expanduser().exists():
+    elif cfg.model.build_tiny_if_missing and needs_build(cfg.model.path, cfg.model.tiny_size):
         from toolrl.models.tiny import build_tokenizer
 
         return build_tokenizer(seed=cfg.seed)  # the tokenizer of the model the run would build

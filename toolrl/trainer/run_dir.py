@@ -1,9 +1,15 @@
-"""The run directory's lock: one training run writes into a run directory at a time.
+"""The run directory's lock and identity: one run writes into a run directory at a time, and
+a run never resumes from (or reuses the warm start of) another model's or env's run.
 
 `RunDirLock.acquire` takes an exclusive ``flock`` on ``<run dir>/.lock`` without waiting; a
 second run into the same directory fails at once with `RunDirInUse`, naming the holder (pid,
 host, start time). The kernel drops the lock when its process exits, however it exits, so a
 killed run never leaves a stale lock behind.
+
+`check_same_run` compares the keys that make a run's state (`IDENTITY_KEYS`) with the
+``config.yaml`` an earlier run left in the directory, before anything of that run is reused:
+a run dir holding checkpoints or a warm start of ``model.path=models/tiny`` is not resumed by
+a config that now says ``model.path=org/other`` (one line naming both and what to change).
 """
 
 from __future__ import annotations
@@ -14,14 +20,51 @@ import os
 import socket
 import time
 from pathlib import Path
+from typing import Any
 
-__all__ = ["LOCK_FILE", "RunDirInUse", "RunDirLock"]
+from toolrl.trainer.config import ConfigError
+
+__all__ = ["IDENTITY_KEYS", "LOCK_FILE", "RunDirInUse", "RunDirLock", "RunDirMismatch",
+           "check_same_run"]
 
 LOCK_FILE = ".lock"
+# what a run's checkpoints and warm start were made of: another value is another run
+IDENTITY_KEYS = ("model.path", "model.tiny_size", "env.id")
 
 
 class RunDirInUse(RuntimeError):
     """Another live run holds the run directory."""
+
+
+class RunDirMismatch(ConfigError):
+    """The run directory holds the state of a run with another model or env."""
+
+
+def check_same_run(run_dir: str | os.PathLike, config: dict[str, Any], resume: str) -> None:
+    """Raise `RunDirMismatch` when ``run_dir`` holds checkpoints (``resume: auto``) or a warm
+    start of a run whose `IDENTITY_KEYS` differ from ``config``'s (plain data, as saved)."""
+    run_dir = Path(run_dir)
+    saved = run_dir / "config.yaml"
+    reused = [name for name, used in (("checkpoints", resume == "auto"), ("warm_start", True))
+              if used and any((run_dir / name).glob("*"))]
+    if not reused or not saved.exists():
+        return
+    from omegaconf import OmegaConf
+
+    before = OmegaConf.to_container(OmegaConf.load(saved))
+    for key in IDENTITY_KEYS:
+        old, new = _get(before, key), _get(config, key)
+        if old != new:
+            raise RunDirMismatch(
+                f"run dir {run_dir} holds the {' and '.join(reused)} of a run with {key}="
+                f"{old!r}, and this config says {key}={new!r}: set trainer.output_dir to "
+                f"another directory (or delete {run_dir})")
+
+
+def _get(tree: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        tree = tree.get(part) if isinstance(tree, dict) else None
+    return tree
 
 
 class RunDirLock:

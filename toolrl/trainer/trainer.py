@@ -50,6 +50,7 @@ from toolrl.trainer.config import (
     ExperimentConfig,
     optimizer_steps,
     save_config,
+    to_dict,
     worker_rollout_config,
 )
 from toolrl.trainer.failures import RolloutFailedError, describe, settle
@@ -58,7 +59,7 @@ from toolrl.trainer.memory import check_memory
 from toolrl.trainer.mixture import RewardSets, env_of, mixture_rows, success_by
 from toolrl.trainer.preflight import check_config, check_rows, fit_prompt_budget
 from toolrl.trainer.progress import ProgressWatchdog, note_phase, watching
-from toolrl.trainer.run_dir import RunDirLock
+from toolrl.trainer.run_dir import RunDirLock, check_same_run
 from toolrl.trainer.stopping import RunStopped, stop_requested, stoppable
 from toolrl.trainer.tracking import Tracker
 from toolrl.workers.actor import ActorWorker, RefWorker
@@ -96,6 +97,7 @@ class Trainer:
         self.train_rows, self.val_rows = fit_prompt_budget(
             self.train_rows, self.val_rows, cfg, base, log=self.console.log)
         self.lock = RunDirLock(self.run_dir).acquire()  # a second run here stops now
+        check_same_run(self.run_dir, to_dict(cfg), cfg.trainer.resume)  # another run's state
         save_config(cfg, self.run_dir / "config.yaml")
         torch.manual_seed(cfg.seed)
         self.model_path = self.warm_start(base) if cfg.warm_start.enabled else base
@@ -125,14 +127,15 @@ class Trainer:
         allowed), a hub id, or a cached hub id's snapshot folder (`require_model`)."""
         cfg = self.cfg
         source = locate_model(cfg.model.path, cfg.model.build_tiny_if_missing)
-        if source.kind == "build" and not Path(source.path).expanduser().exists():
-            from toolrl.models.tiny import build_tiny_model
+        if cfg.model.build_tiny_if_missing:
+            from toolrl.models.tiny import build_tiny_model, needs_build
 
-            self.console.log(f"building a {cfg.model.tiny_size} model (random weights) at "
-                             f"{source.path}")
-            build_tiny_model(Path(source.path).expanduser(), seed=cfg.seed,
-                             size=cfg.model.tiny_size)
-            return source.path
+            if needs_build(source.path, cfg.model.tiny_size):  # missing, or an older build
+                self.console.log(f"building a {cfg.model.tiny_size} model (random weights) at "
+                                 f"{source.path}")
+                build_tiny_model(Path(source.path).expanduser(), seed=cfg.seed,
+                                 size=cfg.model.tiny_size)
+                return source.path
         try:
             return require_model(cfg.model.path, cfg.model.build_tiny_if_missing)
         except ModelNotFoundError as exc:
@@ -147,6 +150,12 @@ class Trainer:
         ws = self.cfg.warm_start
         out = Path(ws.output or self.run_dir / "warm_start")
         if (out / "config.json").exists():
+            made_from = json.loads((out / "warm_start_metrics.json").read_text()).get(
+                "base_model") if (out / "warm_start_metrics.json").exists() else None
+            if made_from not in (None, self.cfg.model.path):
+                raise ConfigError(f"warm start {out} was trained from model.path={made_from!r}, "
+                                  f"and this config says model.path={self.cfg.model.path!r}: "
+                                  f"set warm_start.output to another directory")
             self.console.log(f"warm start: reusing {out}")
             return str(out)
         if ws.train_file:  # e.g. a dataset's gold calls: the oracle plays them
@@ -163,6 +172,7 @@ class Trainer:
         metrics = sft(base, transcripts, out, steps=ws.steps, lr=ws.lr,
                       batch_size=ws.batch_size, seed=self.cfg.seed, stop_loss=ws.stop_loss,
                       console=self.console)
+        metrics = {"base_model": self.cfg.model.path, **metrics}
         (out / "warm_start_metrics.json").write_text(json.dumps(metrics, indent=2))
         return str(out)
 
