@@ -13,8 +13,15 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from toolrl.core.types import ToolCall
 from toolrl.trainer.config import ConfigError, load_config
+from toolrl.trainer.preflight import check_task_files
 from toolrl.trainer.trainer import Trainer
-from toolrl.trainer.warm_start import oracle_transcripts, sft, shared_prefix_batch
+from toolrl.trainer.warm_start import (
+    held_out_loss,
+    hold_out,
+    oracle_transcripts,
+    sft,
+    shared_prefix_batch,
+)
 from toolrl.workers.scoring import enable_scoring, score_responses
 
 ROWS = CalculatorEnv.make_tasks(24, seed=3, difficulty=1, style="plain")
@@ -174,3 +181,103 @@ def test_tau2_transcripts_start_after_the_agents_greeting(tokenizer):
             assert "Hi! How can I help you today?" in prompt  # the greeting: prompt, mask 0
             greeted += 1
     assert greeted >= len(rows) - 2
+
+
+def test_sft_stops_by_patience_and_keeps_the_best_held_out_checkpoint(tiny_model_dir,
+                                                                      tokenizer, tmp_path):
+    """A learning rate this high overshoots after two steps: the held-out loss stops improving,
+    the run ends by patience before the cap, and the checkpoint kept is the best one."""
+    train = oracle_transcripts("toolrl/Calculator-v0", ROWS[:8], tokenizer)
+    val = oracle_transcripts("toolrl/Calculator-v0", ROWS[8:12], tokenizer)
+    metrics = sft(tiny_model_dir, train, tmp_path / "ws", steps=10, lr=0.05, batch_size=2,
+                  warmup_steps=1, val_transcripts=val, eval_every=1, patience=2)
+    curve = metrics["warm_start/val_curve"]
+    assert metrics["warm_start/stopped"] == "patience" and metrics["warm_start/steps"] < 10
+    assert [step for step, _ in curve] == list(range(1, len(curve) + 1))
+    best = min(curve, key=lambda point: point[1])
+    assert [metrics["warm_start/best_step"], metrics["warm_start/val_loss_best"]] == best
+    assert len(curve) == best[0] + 2  # two evaluations without a new best
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "ws")
+    assert held_out_loss(model, val, 2, tokenizer.pad_token_id) == pytest.approx(best[1],
+                                                                                rel=1e-6)
+    assert curve[-1][1] != pytest.approx(best[1], rel=1e-3)  # not the last state
+    assert not (tmp_path / "ws" / ".best").exists()
+    assert (tmp_path / "ws" / "tokenizer_config.json").exists()
+
+
+def test_evaluating_does_not_change_what_is_trained(tiny_model_dir, tokenizer, tmp_path):
+    """Held-out evaluations consume no randomness and leave the model in training mode: a run
+    evaluated at its last step only trains exactly the weights of a run without them."""
+    train = oracle_transcripts("toolrl/Calculator-v0", ROWS[:4], tokenizer)
+    val = oracle_transcripts("toolrl/Calculator-v0", ROWS[4:6], tokenizer)
+    plain = sft(tiny_model_dir, train, tmp_path / "a", steps=2, batch_size=2, warmup_steps=1)
+    assert plain["warm_start/stopped"] == "steps" and "warm_start/val_curve" not in plain
+    held = sft(tiny_model_dir, train, tmp_path / "b", steps=2, batch_size=2, warmup_steps=1,
+               val_transcripts=val, eval_every=2, patience=1)
+    assert held["warm_start/loss_last"] == plain["warm_start/loss_last"]
+    assert [step for step, _ in held["warm_start/val_curve"]] == [2]
+    assert (tmp_path / "a" / "model.safetensors").read_bytes() == \
+        (tmp_path / "b" / "model.safetensors").read_bytes()
+    with pytest.raises(ValueError, match="needs held-out transcripts"):
+        sft(tiny_model_dir, train, tmp_path / "c", eval_every=2)
+    with pytest.raises(ValueError, match="need eval_every >= 1"):
+        sft(tiny_model_dir, train, tmp_path / "c", val_transcripts=val)
+
+
+def test_hold_out_is_by_seed_and_disjoint(tokenizer):
+    transcripts = oracle_transcripts("toolrl/Calculator-v0", ROWS[:8], tokenizer)
+    train, val = hold_out(transcripts, 0.25, seed=1)
+    assert len(train) == 6 and len(val) == 2
+    assert sorted(map(id, train + val)) == sorted(map(id, transcripts))
+    assert [t.input_ids for t in hold_out(transcripts, 0.25, seed=1)[1]] == \
+        [t.input_ids for t in val]
+    assert len(hold_out(transcripts, 0.01, seed=1)[1]) == 1  # at least one
+
+
+@pytest.mark.parametrize("held_out", ["val_file", "val_fraction"])
+def test_the_trainer_holds_out_transcripts_from_config(held_out, tiny_model_dir, tmp_path):
+    out = tmp_path / "ws"
+    rows = tmp_path / "val.jsonl"
+    rows.write_text("".join(json.dumps(row) + "\n" for row in ROWS[:3]))
+    key = f"warm_start.val_file={rows}" if held_out == "val_file" else \
+        "warm_start.val_fraction=0.25"
+    cfg = load_config(ROOT / "configs" / "quickstart.yaml", [
+        f"model.path={tiny_model_dir}", f"trainer.output_dir={tmp_path / 'run'}",
+        "warm_start.steps=2", "warm_start.num_transcripts=8", "warm_start.batch_size=2",
+        f"warm_start.output={out}", key, "warm_start.eval_every=1", "warm_start.patience=3"])
+    assert Trainer(cfg).prepare_model() == str(out)
+    metrics = json.loads((out / "warm_start_metrics.json").read_text())
+    trained, val = (8, 3) if held_out == "val_file" else (6, 2)
+    assert metrics["warm_start/transcripts"] == trained
+    assert metrics["warm_start/val_transcripts"] == val
+    assert metrics["warm_start/stopped"] == "steps"
+    assert [step for step, _ in metrics["warm_start/val_curve"]] == [1, 2]
+    assert metrics["warm_start/val_loss_best"] == min(
+        loss for _, loss in metrics["warm_start/val_curve"])
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["warm_start.eval_every=5"], r"warm_start\.eval_every=5 evaluates the held-out loss: set "
+                                  r"warm_start\.val_file or warm_start\.val_fraction"),
+    (["warm_start.val_fraction=0.2"], r"set warm_start\.eval_every > 0"),
+    (["warm_start.val_fraction=1.0", "warm_start.eval_every=1"],
+     r"warm_start\.val_fraction must be in \[0, 1\), got 1\.0"),
+    (["warm_start.val_fraction=-0.1", "warm_start.eval_every=1"],
+     r"warm_start\.val_fraction must be in \[0, 1\), got -0\.1"),
+    (["warm_start.val_fraction=0.2", "warm_start.val_file=v.jsonl", "warm_start.eval_every=1"],
+     r"both hold out transcripts: set one of them"),
+    (["warm_start.val_fraction=0.2", "warm_start.eval_every=1", "warm_start.patience=0"],
+     r"warm_start\.patience >= 1, got 1 and 0"),
+])
+def test_held_out_keys_that_do_not_fit_are_one_line_config_errors(overrides, message):
+    with pytest.raises(ConfigError, match=message) as exc:
+        load_config(ROOT / "configs" / "quickstart.yaml", overrides)
+    assert "\n" not in str(exc.value)
+
+
+def test_a_missing_held_out_file_is_named_before_anything_runs(tmp_path):
+    cfg = load_config(ROOT / "configs" / "quickstart.yaml", [
+        f"warm_start.val_file={tmp_path / 'none.jsonl'}", "warm_start.eval_every=1"])
+    with pytest.raises(ConfigError, match=r"^warm_start\.val_file=.*none\.jsonl'?: the task "
+                       r"file does not exist"):
+        check_task_files(cfg)

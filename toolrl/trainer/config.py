@@ -146,6 +146,15 @@ class WarmStartConfig:
     # rows the oracle plays (e.g. converted gold calls), the first num_transcripts of them;
     # None: num_transcripts rows from the env's generator
     train_file: str | None = None
+    # rows (train_file's format) whose oracle transcripts are held out: their loss picks the
+    # checkpoint and stops the run (needs eval_every > 0)
+    val_file: str | None = None
+    # instead of val_file: hold out this fraction of the transcripts (by seed; not trained on)
+    val_fraction: float = 0.0
+    eval_every: int = 0  # steps between held-out loss evaluations (0: never; > 0 needs held-out)
+    # evaluations without a new best held-out loss before it stops; the checkpoint kept is the
+    # best one (saved to disk at each new best, no copy in memory)
+    patience: int = 3
     env_kwargs: dict[str, Any] = field(default_factory=dict)  # over env.kwargs, oracle env only
     output: str | None = None  # where the warm-started HF checkpoint goes (default: run dir)
 
@@ -352,6 +361,7 @@ def validate(cfg: ExperimentConfig) -> None:
         raise ConfigError(f"rollout.engine.sleep_level > 0 needs trainer.mode=sync: in "
                           f"{cfg.trainer.mode} mode the engines generate while the actor trains")
     _check_async(cfg)
+    _check_warm_start(cfg.warm_start)
     from toolrl.models.tiny import size_names
 
     if cfg.model.tiny_size not in size_names():
@@ -407,6 +417,26 @@ def _check_async(cfg: ExperimentConfig) -> None:
         raise ConfigError(f"trainer.max_staleness must be an integer >= 0 (policy versions a "
                           f"sample may lag the actor that trains on it), got "
                           f"{t.max_staleness!r}")
+
+
+def _check_warm_start(ws: WarmStartConfig) -> None:
+    """The warm start's held-out keys: held-out transcripts and evaluations go together."""
+    if not 0.0 <= ws.val_fraction < 1.0:
+        raise ConfigError(f"warm_start.val_fraction must be in [0, 1), got {ws.val_fraction}")
+    if ws.val_file and ws.val_fraction > 0:
+        raise ConfigError("warm_start.val_file and warm_start.val_fraction both hold out "
+                          "transcripts: set one of them")
+    if ws.eval_every < 0 or ws.patience < 1:
+        raise ConfigError(f"warm_start.eval_every must be >= 0 and warm_start.patience >= 1, "
+                          f"got {ws.eval_every} and {ws.patience}")
+    held_out = bool(ws.val_file) or ws.val_fraction > 0
+    if ws.eval_every > 0 and not held_out:
+        raise ConfigError(f"warm_start.eval_every={ws.eval_every} evaluates the held-out loss: "
+                          f"set warm_start.val_file or warm_start.val_fraction")
+    if held_out and ws.eval_every == 0:
+        raise ConfigError("warm_start.val_file / val_fraction hold out transcripts for the "
+                          "held-out loss: set warm_start.eval_every > 0 (steps between "
+                          "evaluations)")
 
 
 def _check_agent(cfg: ExperimentConfig) -> None:

@@ -282,7 +282,8 @@ def check_task_files(cfg: ExperimentConfig) -> None:
 
     keys = [("data.train_file", cfg.data.train_file), ("data.val_file", cfg.data.val_file),
             ("warm_start.train_file", cfg.warm_start.train_file if cfg.warm_start.enabled
-             else None)]
+             else None),
+            ("warm_start.val_file", cfg.warm_start.val_file if cfg.warm_start.enabled else None)]
     for i, source in enumerate(cfg.data.mixture):
         keys += [(f"data.mixture[{i}].train_file", source.train_file),
                  (f"data.mixture[{i}].val_file", source.val_file)]

@@ -143,9 +143,7 @@ class Trainer:
 
     def warm_start(self, base: str) -> str:
         """SFT on the env's oracle transcripts (cached in the run dir)."""
-        from transformers import AutoTokenizer
-
-        from toolrl.trainer.warm_start import oracle_transcripts, sft
+        from toolrl.trainer.warm_start import sft
 
         ws = self.cfg.warm_start
         out = Path(ws.output or self.run_dir / "warm_start")
@@ -158,6 +156,29 @@ class Trainer:
                                   f"set warm_start.output to another directory")
             self.console.log(f"warm start: reusing {out}")
             return str(out)
+        transcripts, held_out = self._warm_start_transcripts(base)
+        self.console.log(f"warm start: {len(transcripts)} oracle transcripts, {ws.steps} steps"
+                         + (f" at most, {len(held_out)} held out" if held_out else ""))
+        metrics = sft(base, transcripts, out, steps=ws.steps, lr=ws.lr,
+                      batch_size=ws.batch_size, seed=self.cfg.seed, stop_loss=ws.stop_loss,
+                      val_transcripts=held_out, eval_every=ws.eval_every,
+                      patience=ws.patience, console=self.console)
+        if held_out:
+            self.console.log(f"warm start: best held-out loss "
+                             f"{metrics['warm_start/val_loss_best']:.4f} after "
+                             f"{metrics['warm_start/best_step']} steps (stopped: "
+                             f"{metrics['warm_start/stopped']}), its checkpoint kept")
+        metrics = {"base_model": self.cfg.model.path, **metrics}
+        (out / "warm_start_metrics.json").write_text(json.dumps(metrics, indent=2))
+        return str(out)
+
+    def _warm_start_transcripts(self, base: str) -> tuple[list[Any], list[Any]]:
+        """The warm start's oracle transcripts: (to train on, held out for the held-out loss)."""
+        from transformers import AutoTokenizer
+
+        from toolrl.trainer.warm_start import hold_out, oracle_transcripts
+
+        ws = self.cfg.warm_start
         if ws.train_file:  # e.g. a dataset's gold calls: the oracle plays them
             rows = load_rows(ws.train_file)[: ws.num_transcripts]
         else:
@@ -168,13 +189,13 @@ class Trainer:
         env_kwargs = {**self.cfg.env.kwargs, **ws.env_kwargs}
         transcripts = oracle_transcripts(self.cfg.env.id, rows, tokenizer, env_kwargs,
                                          max_len=self.cfg.rollout.max_total_tokens)
-        self.console.log(f"warm start: {len(transcripts)} oracle transcripts, {ws.steps} steps")
-        metrics = sft(base, transcripts, out, steps=ws.steps, lr=ws.lr,
-                      batch_size=ws.batch_size, seed=self.cfg.seed, stop_loss=ws.stop_loss,
-                      console=self.console)
-        metrics = {"base_model": self.cfg.model.path, **metrics}
-        (out / "warm_start_metrics.json").write_text(json.dumps(metrics, indent=2))
-        return str(out)
+        if ws.val_file:  # held-out rows, played by the same oracle
+            return transcripts, oracle_transcripts(
+                self.cfg.env.id, load_rows(ws.val_file), tokenizer, env_kwargs,
+                max_len=self.cfg.rollout.max_total_tokens)
+        if ws.val_fraction > 0:
+            return hold_out(transcripts, ws.val_fraction, self.cfg.seed)
+        return transcripts, []
 
     def load_tasks(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """Train and val rows: ``env.id``'s (files or generator), then ``data.mixture``'s."""

@@ -6,15 +6,20 @@ token stream a rollout would produce (the first prompt from the chat template, t
 action tokens + eos, then the template delta of each observation: token-in/token-out, as in
 `toolrl.rollout.episode`), and trains on the action tokens only. The result is an HF
 checkpoint that emits the format but is often wrong: where RL starts.
+
+With held-out transcripts (`sft`'s ``val_transcripts``, or `hold_out`) it evaluates their loss
+every ``eval_every`` steps, stops once ``patience`` evaluations bring no new best, and keeps the
+checkpoint of the best one.
 """
 
 from __future__ import annotations
 
 import math
 import random
+import shutil
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -105,17 +110,103 @@ def shared_prefix_batch(transcripts: Sequence[Transcript], pad_token_id: int) ->
                                [t.loss_mask[lcp:] for t in transcripts], pad_token_id)
 
 
+def hold_out(transcripts: Sequence[Transcript], fraction: float,
+             seed: int) -> tuple[list[Transcript], list[Transcript]]:
+    """Split ``transcripts`` into (train, held out): ``fraction`` of them (at least one, drawn
+    with ``seed``) held out, the rest in their order."""
+    if not 0.0 < fraction < 1.0:
+        raise ValueError(f"the held-out fraction must be in (0, 1), got {fraction}")
+    k = max(1, round(len(transcripts) * fraction))
+    if k >= len(transcripts):
+        raise ValueError(f"holding out {fraction} of {len(transcripts)} oracle transcripts "
+                         f"leaves none to train on")
+    held = set(random.Random(seed).sample(range(len(transcripts)), k))
+    return ([t for i, t in enumerate(transcripts) if i not in held],
+            [t for i, t in enumerate(transcripts) if i in held])
+
+
+def action_nll(model: Any, batch: TensorDict) -> tuple[torch.Tensor, torch.Tensor]:
+    """The summed cross-entropy of ``batch``'s action tokens (``RESPONSE_MASK``) under ``model``
+    (`enable_scoring`'d), and how many there are."""
+    log_probs, _ = score_responses(model, batch)
+    mask = batch[RESPONSE_MASK].float()
+    return -(log_probs * mask).sum(), mask.sum()
+
+
+def held_out_loss(model: Any, transcripts: Sequence[Transcript], batch_size: int,
+                  pad_token_id: int) -> float:
+    """Mean cross-entropy over the action tokens of all ``transcripts``, batched as in training
+    (`shared_prefix_batch`, ``batch_size`` at a time, in order); ``model`` runs in eval mode
+    without gradients and goes back to the mode it was in."""
+    was_training = model.training
+    enable_scoring(model).eval()
+    nll, count = 0.0, 0.0
+    with torch.no_grad():
+        for i in range(0, len(transcripts), batch_size):
+            total, n = action_nll(model, shared_prefix_batch(transcripts[i:i + batch_size],
+                                                             pad_token_id))
+            nll, count = nll + float(total), count + float(n)
+    model.train(was_training)
+    return nll / max(count, 1.0)
+
+
+@dataclass
+class _HeldOut:
+    """Early stopping on the held-out loss. Each new best is saved to ``best_dir`` at once (no
+    second copy of the weights in memory) and moved into the output at the end."""
+
+    transcripts: Sequence[Transcript]
+    every: int
+    patience: int
+    best_dir: Path
+    curve: list[list[float]] = field(default_factory=list)
+    best: float = math.inf
+    best_step: int = 0
+    since_best: int = 0
+
+    def evaluate(self, model: Any, trained: int, batch_size: int, pad: int,
+                 console: Console) -> bool:
+        """Record the loss after ``trained`` steps (saving a new best); True: patience ran out."""
+        loss = held_out_loss(model, self.transcripts, batch_size, pad)
+        self.curve.append([trained, loss])
+        if loss < self.best:
+            self.best, self.best_step, self.since_best = loss, trained, 0
+            model.save_pretrained(self.best_dir, safe_serialization=True)
+        else:
+            self.since_best += 1
+        console.log(f"warm start after {trained} steps: held-out loss {loss:.4f} (best "
+                    f"{self.best:.4f}, after {self.best_step} steps)")
+        return self.since_best >= self.patience
+
+    def publish(self, out_dir: Path) -> None:
+        """Move the best checkpoint's files into ``out_dir``."""
+        for path in self.best_dir.iterdir():
+            path.replace(out_dir / path.name)
+        self.best_dir.rmdir()
+
+    def metrics(self) -> dict[str, Any]:
+        """`sft`'s held-out metrics."""
+        return {"warm_start/val_loss_best": self.best, "warm_start/best_step": self.best_step,
+                "warm_start/val_curve": self.curve,
+                "warm_start/val_transcripts": len(self.transcripts)}
+
+
 def sft(model_path: str | Path, transcripts: Sequence[Transcript], out_dir: str | Path, *,
         steps: int = 300, lr: float = 3e-3, batch_size: int = 16, seed: int = 0,
         warmup_steps: int = 20, stop_loss: float | None = None, stop_window: int = 50,
-        console: Console | None = None) -> dict[str, float]:
+        val_transcripts: Sequence[Transcript] = (), eval_every: int = 0, patience: int = 3,
+        console: Console | None = None) -> dict[str, Any]:
     """Train on the action tokens of ``transcripts`` and save an HF checkpoint to ``out_dir``.
 
     AdamW with linear warmup and cosine decay over ``steps``; loss = mean cross-entropy over
     action tokens. Each batch runs its common prefix once (`shared_prefix_batch`). With
     ``stop_loss`` the run ends early, once the mean loss of the last ``stop_window`` steps is at
-    most ``stop_loss`` (the format is learned; more steps only fit the oracle's noise).
-    Returns summary metrics (first / last loss, steps taken, tokens per second).
+    most ``stop_loss`` (the format is learned; more steps only fit the oracle's noise). With
+    ``val_transcripts`` (and ``eval_every`` > 0) their loss (`held_out_loss`) is measured every
+    ``eval_every`` steps and after the last; the run ends once ``patience`` evaluations in a
+    row bring no new best, and the checkpoint saved is the best one (``steps`` stays the cap).
+    Returns summary metrics (first / last loss, steps taken, tokens per second, why it stopped;
+    with held-out transcripts the best held-out loss, its step and the held-out curve).
 
     The model, its gradients and AdamW state are freed and handed back to the OS before it
     returns (`release_memory`): the driver goes on to start the workers, and the memory plan
@@ -123,18 +214,29 @@ def sft(model_path: str | Path, transcripts: Sequence[Transcript], out_dir: str 
     """
     if not transcripts:
         raise ValueError("no oracle transcripts to train on (all too long, or no tasks)")
+    if eval_every > 0 and not val_transcripts:
+        raise ValueError("eval_every > 0 needs held-out transcripts (none given, or all too "
+                         "long)")
+    if val_transcripts and eval_every < 1:
+        raise ValueError("held-out transcripts need eval_every >= 1 (steps between evaluations)")
+    if patience < 1:
+        raise ValueError(f"patience must be >= 1, got {patience}")
+    out_dir = Path(out_dir)
+    held = _HeldOut(val_transcripts, eval_every, patience, out_dir / ".best") \
+        if val_transcripts else None
     try:
         return _train(model_path, transcripts, out_dir, steps=steps, lr=lr,
                       batch_size=batch_size, seed=seed, warmup_steps=warmup_steps,
-                      stop_loss=stop_loss, stop_window=stop_window,
+                      stop_loss=stop_loss, stop_window=stop_window, held=held,
                       console=console or Console())
     finally:  # the model and optimizer died with _train's frame
         release_memory()
 
 
-def _train(model_path: str | Path, transcripts: Sequence[Transcript], out_dir: str | Path, *,
+def _train(model_path: str | Path, transcripts: Sequence[Transcript], out_dir: Path, *,
            steps: int, lr: float, batch_size: int, seed: int, warmup_steps: int,
-           stop_loss: float | None, stop_window: int, console: Console) -> dict[str, float]:
+           stop_loss: float | None, stop_window: int, held: _HeldOut | None,
+           console: Console) -> dict[str, Any]:
     """`sft`'s training loop and checkpoint."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -154,8 +256,11 @@ def _train(model_path: str | Path, transcripts: Sequence[Transcript], out_dir: s
 
     sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
     enable_scoring(model)
+    if held is not None:
+        shutil.rmtree(held.best_dir, ignore_errors=True)  # a crashed run's
     losses: list[float] = []
     tokens = 0
+    stopped = "steps"
     start = time.perf_counter()
     progress = Progress(TextColumn("[bold]warm start"), BarColumn(),
                         TextColumn("{task.completed}/{task.total} loss {task.fields[loss]}"),
@@ -166,9 +271,8 @@ def _train(model_path: str | Path, transcripts: Sequence[Transcript], out_dir: s
         for step in range(steps):
             batch = shared_prefix_batch(
                 [transcripts[rng.randrange(len(transcripts))] for _ in range(batch_size)], pad)
-            log_probs, _ = score_responses(model, batch)
-            mask = batch[RESPONSE_MASK].float()
-            loss = -(log_probs * mask).sum() / mask.sum().clamp(min=1)
+            nll, count = action_nll(model, batch)
+            loss = nll / count.clamp(min=1)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -186,12 +290,24 @@ def _train(model_path: str | Path, transcripts: Sequence[Transcript], out_dir: s
             if done:
                 console.log(f"warm start: mean loss <= {stop_loss} after {step + 1} steps, "
                             f"stopping")
+                stopped = "stop_loss"
+            last = done or step == steps - 1
+            if held is not None and ((step + 1) % held.every == 0 or last) and \
+                    held.evaluate(model, step + 1, batch_size, pad, console) and not last:
+                console.log(f"warm start: no new best held-out loss in {held.patience} "
+                            f"evaluations, stopping after {step + 1} steps; keeping the "
+                            f"checkpoint of step {held.best_step}")
+                stopped, done = "patience", True
+            if done:
                 break
     elapsed = time.perf_counter() - start
-    out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out_dir, safe_serialization=True)
+    if held is None:
+        model.save_pretrained(out_dir, safe_serialization=True)
+    else:
+        held.publish(out_dir)
     tokenizer.save_pretrained(out_dir)
     return {"warm_start/loss_first": losses[0], "warm_start/loss_last": losses[-1],
             "warm_start/steps": float(len(losses)), "warm_start/tokens_per_s": tokens / elapsed,
-            "warm_start/seconds": elapsed, "warm_start/transcripts": float(len(transcripts))}
+            "warm_start/seconds": elapsed, "warm_start/transcripts": float(len(transcripts)),
+            "warm_start/stopped": stopped, **(held.metrics() if held is not None else {})}
