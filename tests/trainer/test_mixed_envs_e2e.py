@@ -48,8 +48,8 @@ def test_mixed_run_logs_per_env_metrics_and_eval_writes_bfcl_table(
     overrides = small_run_overrides(tiny_model_dir, run, **{
         "trainer.total_steps": 2, "data.train_size": 6, "data.val_size": 2,
         "data.batch_size": 6, "algorithm.group_size": 2, "data.mixture": MIXTURE,
-        "rollout.max_total_tokens": 512, "rollout.max_prompt_tokens": 448,
-        "rollout.engine.max_model_len": 512})
+        "rollout.max_total_tokens": 768, "rollout.max_prompt_tokens": 640,
+        "rollout.engine.max_model_len": 768})
     rows = run_training_in_process(overrides, config="configs/function_calling_mixed.yaml")
     assert [r["step"] for r in rows] == [0, 1, 2]
     for row in (rows[0], rows[-1]):  # validation before RL and at the end, per env
@@ -82,7 +82,12 @@ def test_mixed_run_logs_per_env_metrics_and_eval_writes_bfcl_table(
     eval_overrides = [o for o in overrides if not o.startswith("model.path=")]
     assert main(["eval", "--config", "configs/function_calling_mixed.yaml", "--model",
                  str(run / "final_hf"), "--output-dir", str(out), *eval_overrides,
-                 f"data.val_file={val}", "--save-transcripts"]) == 0
+                 f"data.val_file={val}", "rollout.concurrency=1", "--save-transcripts"]) == 0
+    # one episode at a time: chunks of 8 episodes, a progress line after each
+    printed = capsys.readouterr().out
+    progress = [line for line in printed.splitlines() if "eval: " in line
+                and "episodes, success so far" in line]
+    assert [line.split("eval: ")[1].split(" ")[0] for line in progress] == ["8/9", "9/9"]
     # the transcripts are trajectories with their rewards: `toolrl score` with the config's
     # reward sets gives every one the reward the eval gave it
     saved = [json.loads(line) for line in (out / "transcripts.jsonl").read_text().splitlines()]
@@ -107,6 +112,5 @@ def test_mixed_run_logs_per_env_metrics_and_eval_writes_bfcl_table(
         "accuracy"]
     assert bfcl["non_live"]["AST Summary"] == "N/A" and "multiple" in bfcl["missing"]
     assert 0.0 <= bfcl["overall"]["Overall Acc"] <= 0.3  # only 30% of BFCL's weight evaluated
-    printed = capsys.readouterr().out
     assert "BFCL categories" in printed and "Non-Live Overall Acc" in printed
     assert "eval: " in printed and "by env" in printed

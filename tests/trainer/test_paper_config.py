@@ -29,8 +29,8 @@ def test_paper_config_dry_run_on_cpu(ray_cluster, tiny_model_dir, tmp_path):
         "resources.ray_num_cpus": 8, "rollout.engine.backend": "cpu",
         "rollout.engine.dtype": "float32", "rollout.engine.gpu_memory_utilization": 0.1,
         "actor.param_dtype": "null", "data.train_file": train,
-        "data.val_file": data / "xlam.jsonl", "rollout.engine.max_model_len": 512,
-        "rollout.max_total_tokens": 512, "rollout.max_prompt_tokens": 448,
+        "data.val_file": data / "xlam.jsonl", "rollout.engine.max_model_len": 768,
+        "rollout.max_total_tokens": 768, "rollout.max_prompt_tokens": 640,
         "rollout.max_tokens_per_turn": 32, "rollout.concurrency": 16,
         "data.batch_size": 2, "actor.ppo_mini_batch_size": 4, "trainer.total_steps": 1,
     }

@@ -13,13 +13,15 @@ e.g. tau2's pass^1..4 per domain; ``--trials K`` plays every row K times for the
 the infrastructure failed (`Trajectory.infra_failure`: a tool server
 down, an env that raised) say nothing about the model: as in validation (``val/infra_failed``)
 they are left out of every success and reward figure and counted instead (``infra_failed``,
-overall, per kind and per category).
+overall, per kind and per category). The episodes run in chunks with a progress line after
+each (episodes done, success so far, minutes).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -33,6 +35,10 @@ from toolrl.core.trajectory import Trajectory
 from toolrl.trainer.config import ExperimentConfig
 from toolrl.trainer.mixture import env_of
 from toolrl.trainer.preflight import check_devices, fit_prompt_budget
+
+# episodes per chunk, per concurrent episode (rollout.concurrency): the engine stays full, and a
+# progress line comes after each chunk
+CHUNK_PER_SLOT = 8
 
 
 def run_evaluation(cfg: ExperimentConfig, model: str, output_dir: str | os.PathLike,
@@ -64,13 +70,10 @@ def run_evaluation(cfg: ExperimentConfig, model: str, output_dir: str | os.PathL
         _, trainer.val_rows = fit_prompt_budget([], val_rows, cfg, trainer.model_path,
                                                 log=console.log)
         trainer.start_workers(rollout_only=True)
-        batch = trainer.rollout(trainer.val_rows, trials, seed=trainer._seed("val"),
-                                greedy=cfg.rollout.val_temperature == 0.0)
-        trainer.score(batch)
+        trajs, scores = _play(trainer, trials, console)
     finally:
         trainer.close()
-    scores = batch[B.TOKEN_LEVEL_SCORES].sum(-1).tolist()
-    results = summarize(B.trajectories(batch), scores, cfg.env.id)
+    results = summarize(trajs, scores, cfg.env.id)
     results = {"model": model, "env": cfg.env.id, "trials": trials, **results}
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -80,7 +83,7 @@ def run_evaluation(cfg: ExperimentConfig, model: str, output_dir: str | os.PathL
 
         secrets = secret_values()
         with (out / "transcripts.jsonl").open("w", encoding="utf-8") as f:
-            for traj, score in zip(B.trajectories(batch), scores, strict=True):
+            for traj, score in zip(trajs, scores, strict=True):
                 f.write(json.dumps(redact({"reward": score, **traj.to_dict()}, secrets))
                         + "\n")
     for table in result_tables(results, title=f"eval: {model}"):
@@ -90,6 +93,31 @@ def run_evaluation(cfg: ExperimentConfig, model: str, output_dir: str | os.PathL
                       f"failed for infrastructure reasons {results['infra_failed_by_kind']}: "
                       f"left out of success and reward[/]")
     return results
+
+
+def _play(trainer: Any, trials: int, console: Console) -> tuple[list[Trajectory], list[float]]:
+    """Every val row ``trials`` times, scored: in chunks of `CHUNK_PER_SLOT` x
+    ``rollout.concurrency`` episodes, a progress line after each (a long eval is never
+    silent). Chunk ``k`` samples with the seed of ``val`` + ``k`` (the first: the run's)."""
+    cfg = trainer.cfg
+    rows = trainer.val_rows
+    per_chunk = max(1, CHUNK_PER_SLOT * cfg.rollout.concurrency // trials)
+    trajs: list[Trajectory] = []
+    scores: list[float] = []
+    start = time.monotonic()
+    for k, at in enumerate(range(0, len(rows), per_chunk)):
+        batch = trainer.rollout(rows[at: at + per_chunk], trials,
+                                seed=trainer._seed("val" if k == 0 else f"val{k}"),
+                                greedy=cfg.rollout.val_temperature == 0.0)
+        trainer.score(batch)
+        trajs += B.trajectories(batch)
+        scores += batch[B.TOKEN_LEVEL_SCORES].sum(-1).tolist()
+        done = [t for t in trajs if t.infra_failure is None]
+        if len(rows) > per_chunk:
+            console.log(f"eval: {len(trajs)}/{len(rows) * trials} episodes, success so far "
+                        f"{sum(t.success for t in done) / max(len(done), 1):.3f}, "
+                        f"{(time.monotonic() - start) / 60:.1f} min")
+    return trajs, scores
 
 
 def _validation_only(cfg: ExperimentConfig) -> None:
