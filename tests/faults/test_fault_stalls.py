@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 PLUGINS = "tests.faults.stall_plugins"
 WATCHDOG = {"trainer.watchdog.first_step_s": 600, "trainer.watchdog.after_steps": 1,
             "trainer.watchdog.multiple": 3, "trainer.watchdog.floor_s": 10,
-            "trainer.watchdog.grace_s": 120}
+            "trainer.watchdog.grace_s": 600}  # its hard exit would end pytest itself
 MODES = {
     "sync": ("configs/quickstart.yaml", {"rollout.runner": f"{PLUGINS}:UnansweringRunner"}),
     "pipeline": ("configs/quickstart_pipeline.yaml",
