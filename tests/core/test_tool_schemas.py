@@ -195,3 +195,30 @@ def test_async_tools_and_method_binding():
 
     assert json.loads(run(Tool.from_function(fetch).acall({"url": "u"})).content) == {
         "url": "u", "ok": True}
+
+
+def test_a_schema_from_type_hints_alone_keeps_the_documented_key_order():
+    """Without an Args section the schema comes from pydantic; its keys follow the order
+    get_json_schema gives (type, properties, required), so jsonschema reports a call that is
+    both missing and unknown arguments as ``missing_required`` either way."""
+    from toolrl.core.tools import Tool
+
+    def plain(a: float, b: float) -> float:
+        """a + b"""
+        return a + b
+
+    def documented(a: float, b: float) -> float:
+        """a + b
+
+        Args:
+            a: a
+            b: b
+        """
+        return a + b
+
+    bare, doc = Tool.from_function(plain), Tool.from_function(documented)
+    assert list(bare.parameters)[:3] == list(doc.parameters)[:3] == ["type", "properties",
+                                                                     "required"]
+    plain_error, doc_error = bare.validate({"c": 1}), doc.validate({"c": 1})
+    assert plain_error["type"] == doc_error["type"] == "missing_required"
+    assert plain_error["message"] == doc_error["message"]

@@ -183,6 +183,11 @@ def _schema_from_function(fn: Callable[..., Any]) -> tuple[str, dict[str, Any]]:
     except Exception as exc:  # a type pydantic cannot express: fail loudly, naming the function
         raise TypeError(f"cannot build a JSON schema for {fn.__qualname__}: {exc}") from exc
     doc = inspect.getdoc(fn) or ""
+    # get_json_schema's key order (type, properties, required): jsonschema reports a call's
+    # errors in the schema's order, and the first error names the observation's error kind
+    order = ("type", "properties", "required")
+    parameters = {**{k: parameters[k] for k in order if k in parameters},
+                  **{k: v for k, v in parameters.items() if k not in order}}
     return doc.split("\n\n", 1)[0].strip(), parameters
 
 
