@@ -10,8 +10,8 @@ Tests and the CPU demo need a model without a hub. `build_tiny_model` writes a d
   ``?`` after optional parameters, enum values as ``"c"|"f"``, objects as ``{key: type}``,
   arrays as ``array[type]``; then a line per parameter with a description or a default,
   ``  unit: the unit (default "c")``: everything the schema says, shorter than raw JSON
-  schemas, which a tiny model learns from faster), assistant calls as ``<tool_call>{json}</tool_call>`` (several per turn), tool
-  results as role ``tool``. Each message renders independently of the ones after it, so the
+  schemas, which a tiny model learns from faster), assistant calls as
+  ``<tool_call>{json}</tool_call>`` (several per turn), tool results as role ``tool``. Each message renders independently of the ones after it, so the
   template is prefix-preserving (what token-in/token-out rollouts need);
 - ``Qwen2ForCausalLM`` with random weights (seeded), tied embeddings, fp32 safetensors.
 
@@ -251,19 +251,13 @@ def _stamp(seed: int, size: str, vocab_size: int, shape: dict[str, Any] | None,
 
 
 def is_current(out: str | os.PathLike, size: str = "small") -> bool:
-    """Whether ``out`` holds a build of ``size`` by this toolrl (its template, tokenizer and
-    architecture; any seed): False for a missing folder or an older format, which
-    `build_tiny_model` then replaces."""
+    """Whether ``out`` holds a build of ``size`` in this toolrl's format (its template,
+    tokenizer and architecture; any seed): False for a missing folder or an older format."""
     try:
         built = json.loads((Path(out) / STAMP).read_text())
     except (OSError, json.JSONDecodeError):
         return False
-    if size not in SIZES and size not in REAL_SHAPES:
-        return False
-    shape = REAL_SHAPES.get(size)
-    dtype = built.get("dtype") or ("float32" if shape is None else "bfloat16")
-    return built == _stamp(built.get("seed", 0), size, built.get("vocab_size", VOCAB_SIZE),
-                           shape, dtype)
+    return built.get("format") == FORMAT_VERSION and built.get("size") == size
 
 
 def needs_build(out: str | os.PathLike, size: str = "small") -> bool:
