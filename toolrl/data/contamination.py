@@ -60,6 +60,7 @@ class ContaminationReport:
     shared_questions: list[tuple[Any, Any, str]] = field(default_factory=list)  # train, eval id
     ngram_overlaps: list[tuple[Any, Any, str]] = field(default_factory=list)  # the shared span
     shared_functions: Counter[str] = field(default_factory=Counter)  # name -> train rows
+    flagged: set[int] = field(default_factory=set)  # training rows (by position) in either list
 
     @property
     def clean(self) -> bool:
@@ -97,21 +98,32 @@ def check_contamination(train: Iterable[Mapping[str, Any]], evaluation: Iterable
         for i in range(len(words) - ngram + 1):
             grams.setdefault(tuple(words[i:i + ngram]), row.get("id"))
         eval_names |= function_names(row)
-    for row in train:
+    for index, row in enumerate(train):
         text = normalize(question_of(row))
         if text and text in questions:
             report.shared_questions.append((row.get("id"), questions[text], text))
+            report.flagged.add(index)
         else:
             words = text.split()
             for i in range(len(words) - ngram + 1):
                 gram = tuple(words[i:i + ngram])
                 if gram in grams:
                     report.ngram_overlaps.append((row.get("id"), grams[gram], " ".join(gram)))
+                    report.flagged.add(index)
                     break
         for name in function_names(row) & eval_names:
             report.shared_functions[name] += 1
     return report
 
 
-__all__ = ["NGRAM", "ContaminationReport", "check_contamination", "function_names", "normalize",
-           "question_of"]
+def decontaminate(train: Iterable[Mapping[str, Any]], evaluation: Iterable[Mapping[str, Any]],
+                  ngram: int = NGRAM) -> tuple[list[Mapping[str, Any]], ContaminationReport]:
+    """The training rows that share no question and no ``ngram``-word run with the evaluation
+    rows, and the report of what was dropped."""
+    train = list(train)
+    report = check_contamination(train, evaluation, ngram=ngram)
+    return [row for i, row in enumerate(train) if i not in report.flagged], report
+
+
+__all__ = ["NGRAM", "ContaminationReport", "check_contamination", "decontaminate",
+           "function_names", "normalize", "question_of"]
