@@ -8,5 +8,7 @@
   `WeightSyncGroup`, `weights_checksum`) is in `toolrl.sync`.
 - `base` / `fsdp` / `micro_batch` / `forward`: the shared FSDP2 model, PPO loop, sharding
   helpers, micro-batch planning and input packing.
+- `scoring` / `varlen`: log-probs and entropy of response tokens (layouts, chunked LM head);
+  the packed layout's variable-length attention with torch's own kernel on CUDA.
 - `host_memory`: `release_memory`, a freed model's memory handed back to the OS.
 """

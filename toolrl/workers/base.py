@@ -69,7 +69,9 @@ class FSDPConfig:
         reshard_after_forward: free the gathered parameters after each forward (ZeRO-3 style).
         gradient_checkpointing: recompute activations in backward (less memory, more compute).
         use_remove_padding: pack the real tokens of a micro-batch into one row (no compute on
-            padding; transformers builds a block-diagonal causal mask from the position ids).
+            padding). The actor's scoring attends with torch's varlen kernel on CUDA in
+            bf16/fp16 (`toolrl.workers.varlen`); elsewhere, and the critic, through the
+            block-diagonal causal mask transformers builds from the position ids.
         lr / betas / eps / weight_decay: AdamW.
         lr_schedule: ``constant`` or ``cosine`` (to ``min_lr_ratio * lr`` at ``total_steps``),
             both after ``warmup_steps`` of linear warmup; counted in optimizer steps.

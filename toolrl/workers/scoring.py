@@ -18,10 +18,16 @@ response tokens in the rollout layout (`toolrl.batch`). Two things make it lean:
 
 Layouts of the trunk (`LAYOUTS`): ``padded`` (rows run whole with the attention mask, in
 runs of similar length each cropped to its own longest row: `length_buckets`), ``packed``
-(real tokens of all rows in one row, position ids restarting per sample; transformers builds a
-block-diagonal mask), ``shared_prefix`` (above), and ``auto`` (``shared_prefix`` when some rows
-share a prompt and the cache can carry gradients, i.e. no gradient checkpointing while
-training; else ``padded``).
+(real tokens of all rows in one row, position ids restarting per sample), ``shared_prefix``
+(above), and ``auto`` (``shared_prefix`` when some rows share a prompt and the cache can carry
+gradients, i.e. no gradient checkpointing while training; else ``padded``).
+
+The packed row attends in one of two ways (``packed_attention``, `toolrl.workers.varlen`):
+``varlen``, torch's own variable-length FlashAttention kernel given each sample's cumulative
+length (what ``auto`` takes on CUDA in float16/bfloat16 for an sdpa model with full-attention
+layers; the model then stays on ``toolrl_varlen``, which is sdpa for every other call), or
+``mask``, the model's own attention with the block-diagonal mask transformers builds from the
+position ids (CPU, float32, other attention implementations). The route is logged once.
 
 Everything runs inside the model's own ``__call__`` (`enable_scoring` routes a keyword to it),
 so FSDP2's hooks on the root module gather and free its parameters exactly as for a normal
@@ -42,6 +48,7 @@ from transformers import DynamicCache
 
 from toolrl.algo.loss import log_probs_and_entropy, log_probs_from_logits
 from toolrl.batch import ATTENTION_MASK, INPUT_IDS, POSITION_IDS, PROMPTS, RESPONSES
+from toolrl.workers import varlen
 
 LAYOUTS = ("auto", "padded", "packed", "shared_prefix")
 LOGITS_CHUNK_BYTES = 256 * 2**20  # float32 logits per chunk when chunk_size is not given
@@ -95,15 +102,20 @@ def resolve_layout(layout: str, td: TensorDict, cache_ok: bool) -> str:
 
 def score_responses(model: nn.Module, td: TensorDict, *, temperature: float = 1.0,
                     with_entropy: bool = False, entropy_grad: bool = False,
-                    layout: str = "auto", chunk_size: int | None = None
-                    ) -> tuple[Tensor, Tensor | None]:
+                    layout: str = "auto", chunk_size: int | None = None,
+                    packed_attention: str = "auto") -> tuple[Tensor, Tensor | None]:
     """``[b, R]`` log-probs of ``td``'s response tokens (0 on padding) and, with
     ``with_entropy``, the policy's entropy at each of them (detached unless
     ``entropy_grad``). Logits are divided by ``temperature`` first, so they match the
-    distribution a rollout sampled from. ``model`` must have gone through `enable_scoring`."""
+    distribution a rollout sampled from. ``packed_attention`` (``auto``, ``varlen``, ``mask``)
+    is how the packed layout attends (module docstring). ``model`` must have gone through
+    `enable_scoring`."""
+    if packed_attention not in varlen.CHOICES:
+        raise ValueError(f"unknown packed attention {packed_attention!r}; choose one of "
+                         f"{list(varlen.CHOICES)}")
     cache_ok = not (model.training and getattr(model, "is_gradient_checkpointing", False))
     job = _ScoringJob(td, resolve_layout(layout, td, cache_ok), temperature, with_entropy,
-                      entropy_grad, chunk_size)
+                      entropy_grad, chunk_size, packed_attention)
     flat_lp, flat_ent = model(**{_KWARG: job})
     return job.scatter(flat_lp), (job.scatter(flat_ent) if flat_ent is not None else None)
 
@@ -149,8 +161,10 @@ class _ScoringJob:
     purpose: FSDP2 rebuilds dataclass arguments when it casts forward inputs)."""
 
     def __init__(self, td: TensorDict, layout: str, temperature: float, with_entropy: bool,
-                 entropy_grad: bool, chunk_size: int | None) -> None:
+                 entropy_grad: bool, chunk_size: int | None, packed_attention: str = "auto"
+                 ) -> None:
         self.td, self.layout, self.temperature = td, layout, temperature
+        self.packed_attention = packed_attention
         self.with_entropy, self.entropy_grad, self.chunk_size = with_entropy, entropy_grad, \
             chunk_size
         responses = td.get(RESPONSES)
@@ -209,15 +223,26 @@ class _ScoringJob:
         return hidden[:, p - 1:p - 1 + r][self.valid[rows, :r]]
 
     def _packed(self, trunk: nn.Module) -> Tensor:
+        """Every row's real tokens in one row: varlen attention or a block-diagonal mask."""
         td = self.td
         attn = td.get(ATTENTION_MASK).bool()
-        lengths = (self.prompt_real + self.resp_real).tolist()
-        starts = torch.tensor([0, *lengths[:-1]], device=attn.device).cumsum(0)
+        lengths = self.prompt_real + self.resp_real
+        starts = varlen.cu_seqlens(lengths)[:-1].long()
         keep = (starts + self.prompt_real - 1)[:, None] + torch.arange(self.r_kept,
                                                                        device=attn.device)
-        hidden = trunk(input_ids=td.get(INPUT_IDS)[attn][None],
-                       position_ids=td.get(POSITION_IDS)[attn][None],
-                       use_cache=False).last_hidden_state
+        # the embeddings first: their dtype is the one the layers compute in (FSDP2 casts)
+        embeds = trunk.get_input_embeddings()(td.get(INPUT_IDS)[attn][None])
+        route, why = varlen.packed_route(trunk.config, embeds.device, embeds.dtype,
+                                         self.packed_attention)
+        varlen.log_route(route, why, embeds.device)
+        inputs = dict(inputs_embeds=embeds, position_ids=td.get(POSITION_IDS)[attn][None],
+                      use_cache=False)
+        if route == "varlen":
+            varlen.install(trunk.config)
+            with varlen.packed_call():
+                hidden = trunk(**inputs, **varlen.packed_kwargs(lengths)).last_hidden_state
+        else:
+            hidden = trunk(**inputs).last_hidden_state
         return hidden[0, keep[self.valid]]
 
     def _prefix(self, trunk: nn.Module) -> _Prefix:

@@ -163,9 +163,26 @@ FP32_TOLERANCE = 2e-3  # max |log-prob gap| in fp32 (TF32 off)
 BF16_MEAN_TOLERANCE = 0.05  # mean |gap| in bf16 against transformers in bf16
 
 
+def packed_variants(route: str, dtype: torch.dtype, cuda: bool) -> list[tuple[str, str]]:
+    """``(label, packed_attention)`` rows of the scoring check: every layout as the trainer
+    runs it (``packed`` on the route ``auto`` takes, ``route``), then ``packed`` forced onto
+    the other route where it can run (varlen: CUDA in half precision, or the dry mode's
+    stand-in kernel), for the comparison."""
+    rows = [(f"packed ({route})" if layout == "packed" else layout, "auto")
+            for layout in SCORING_LAYOUTS]
+    other = "mask" if route == "varlen" else "varlen"
+    if other == "mask" or not cuda or dtype in (torch.float16, torch.bfloat16):
+        rows.insert(2, (f"packed ({other}, forced)", other))
+    return rows
+
+
 def check_scoring(ctx: Context) -> Section:
     """Every layout of `toolrl.workers.scoring` against transformers' log-probs of the same
-    weights, fp32 then bf16, with the forward and forward+backward time of each."""
+    weights, fp32 then bf16, with the forward and forward+backward time of each; the packed
+    layout on both attention routes (torch's varlen kernel, the block-diagonal mask)."""
+    from unittest import mock
+
+    from toolrl.workers import varlen
     from toolrl.workers.scoring import enable_scoring, score_responses
 
     sec = Section("Scoring layouts against transformers (fp32, bf16) and their speed")
@@ -210,24 +227,40 @@ def check_scoring(ctx: Context) -> Section:
                                  f"max {bf[0]:.3g}, mean {bf[1]:.3g} (the precision gap itself, "
                                  f"for the canary's bf16 tolerance).")
                 sec.data["bf16_vs_fp32"] = bf
-            for layout in SCORING_LAYOUTS:
-                ctx.log(f"scoring: {name} {layout}")
-                with torch.no_grad():
-                    lp, _ = score_responses(model, td, layout=layout)
+            route, why = varlen.packed_route(model.config, ctx.device, dtype)
+            sec.notes.append(f"{name}: packed attends by {route} ({why}).")
+            sec.data[f"{name}/packed_route"] = route
+            if ctx.cuda and dtype == torch.bfloat16:
+                sec.check(route == "varlen", f"bf16 packed on CUDA took the mask: {why}")
+            for label, packed_attention in packed_variants(route, dtype, ctx.cuda):
+                layout = label.split(" ")[0]
+                ctx.log(f"scoring: {name} {label}")
+                # the dry mode has no CUDA: torch's varlen kernel is swapped for the stand-in
+                stand_in = mock.patch.object(varlen, "torch_varlen_attn",
+                                             lambda: varlen.reference_varlen_attn) \
+                    if packed_attention == "varlen" and not ctx.cuda else contextlib.nullcontext()
+
+                def score(grad: bool, layout: str = layout, attention: str = packed_attention,
+                          model: Any = model, stand_in: Any = stand_in) -> Any:
+                    with stand_in, torch.set_grad_enabled(grad):
+                        return score_responses(model, td, layout=layout, with_entropy=grad,
+                                               packed_attention=attention)
+
+                lp, _ = score(False)
                 top, mean = gaps(lp, reference)
                 if dtype == torch.float32:
                     ok = sec.check(top <= FP32_TOLERANCE,
-                                   f"fp32 {layout}: max gap {top:.3g} > {FP32_TOLERANCE}")
+                                   f"fp32 {label}: max gap {top:.3g} > {FP32_TOLERANCE}")
                 else:
                     ok = sec.check(mean <= BF16_MEAN_TOLERANCE,
-                                   f"bf16 {layout}: mean gap {mean:.3g} > {BF16_MEAN_TOLERANCE}")
+                                   f"bf16 {label}: mean gap {mean:.3g} > {BF16_MEAN_TOLERANCE}")
 
-                def forward(layout: str = layout, model: Any = model) -> None:
-                    with torch.no_grad():
-                        score_responses(model, td, layout=layout)
+                def forward(score: Callable[[bool], Any] = score) -> None:
+                    score(False)
 
-                def forward_backward(layout: str = layout, model: Any = model) -> None:
-                    lp, ent = score_responses(model, td, layout=layout, with_entropy=True)
+                def forward_backward(score: Callable[[bool], Any] = score,
+                                     model: Any = model) -> None:
+                    lp, ent = score(True)
                     (lp.sum() + 0.01 * ent.sum()).backward()
                     model.zero_grad(set_to_none=True)
 
@@ -236,10 +269,11 @@ def check_scoring(ctx: Context) -> Section:
                 fwd = timed(forward, ctx.device)
                 train = timed(forward_backward, ctx.device)
                 peak = torch.cuda.max_memory_allocated(ctx.device) / GiB if ctx.cuda else None
-                table.append([name, layout, top, mean, fwd * 1e3, rows.tokens / fwd,
+                table.append([name, label, top, mean, fwd * 1e3, rows.tokens / fwd,
                               train * 1e3, rows.tokens / train, peak, "ok" if ok else "FAIL"])
-                sec.data[f"{name}/{layout}"] = {"max": top, "mean": mean, "fwd_s": fwd,
-                                                "train_s": train}
+                key = layout if packed_attention == "auto" else f"{layout}:{packed_attention}"
+                sec.data[f"{name}/{key}"] = {"max": top, "mean": mean, "fwd_s": fwd,
+                                             "train_s": train}
         model = None
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old_tf32
@@ -248,8 +282,15 @@ def check_scoring(ctx: Context) -> Section:
     sec.notes.append(f"tolerances: fp32 max gap <= {FP32_TOLERANCE} (TF32 off); bf16 mean gap "
                      f"<= {BF16_MEAN_TOLERANCE} against transformers in bf16. tok/s counts "
                      f"real prompt+response tokens; times are medians of 3 after a warm-up.")
+    sec.notes.append("packed (varlen): torch.nn.attention.varlen.varlen_attn, each sample "
+                     "attending within itself by cumulative lengths; packed (mask): the "
+                     "model's sdpa with the block-diagonal mask transformers builds from the "
+                     "position ids. `auto` takes varlen on CUDA in bf16/fp16.")
     if ctx.dry:
-        sec.notes.append("dry mode: CPU, tiny shape; the times say nothing about a GPU.")
+        sec.notes.append("dry mode: CPU, tiny shape; the times say nothing about a GPU. The "
+                         "varlen rows run a pure-torch stand-in for torch's CUDA-only kernel "
+                         "(`varlen.reference_varlen_attn`): they check the route's plumbing, "
+                         "not the kernel.")
     return sec
 
 
@@ -719,7 +760,8 @@ def check_lora(ctx: Context) -> Section:
 # --- 5. the tests that need only torch + transformers -----------------------------------------
 GPU_BOX_TESTS = ("tests/workers/test_workers_gpu.py",  # FSDP2 actor on NCCL, bf16, spawned
                  "tests/workers/test_fsdp_device.py",  # CPU ranks stay on gloo beside a GPU
-                 "tests/workers/test_scoring.py")  # device placement; 2 forked CPU ranks
+                 "tests/workers/test_scoring.py",  # device placement; 2 forked CPU ranks
+                 "tests/workers/test_varlen.py")  # the packed layout on torch's varlen kernel
 
 
 def check_pytest(ctx: Context, timeout_s: float = 300.0) -> Section:

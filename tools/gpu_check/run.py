@@ -5,7 +5,8 @@ On a CUDA machine with only torch, transformers and pytest (no vLLM, no Ray) it 
 toolrl's GPU routes rest on and writes ``DIR/gpu_check.md`` (and ``DIR/gpu_check.json``):
 
 - scoring: every layout of `toolrl.workers.scoring` (padded, packed, shared-prefix) against
-  transformers' log-probs at the Qwen2.5-0.5B shape, fp32 and bf16, with their speed;
+  transformers' log-probs at the Qwen2.5-0.5B shape, fp32 and bf16, with their speed; packed
+  on both attention routes (torch's varlen kernel in bf16, the block-diagonal mask);
 - ipc: `IpcPush` with vLLM's packed CUDA IPC producer into a consumer process at the
   Qwen2.5-1.5B shape: checksums, bucket counts, no leak over 20 pushes, the hub-id case;
 - memory: device memory after an actor update, with and without ``torch.cuda.empty_cache``;

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 HEADER_END = "# --- end of header ---\n"
@@ -30,8 +31,25 @@ def test_the_dry_mode_runs_every_check_and_writes_the_report(tmp_path):
     assert hub[5] == 1 and hub[6] == "all match"  # the buffer grew for the large embedding
     scoring = data["sections"][0]["data"]
     for dtype in ("float32", "bfloat16"):
-        for layout in ("padded", "packed", "shared_prefix"):
+        # packed:varlen: the varlen route with the CPU stand-in for torch's CUDA-only kernel
+        for layout in ("padded", "packed", "packed:varlen", "shared_prefix"):
             assert scoring[f"{dtype}/{layout}"]["max"] < 0.01
+        assert scoring[f"{dtype}/packed_route"] == "mask"  # auto on the CPU
+
+
+def test_the_scoring_check_times_the_packed_layout_on_both_routes_where_it_can():
+    from tools.gpu_check.checks import packed_variants
+
+    def labels(route, dtype, cuda):
+        return [label for label, _ in packed_variants(route, dtype, cuda)]
+
+    assert labels("varlen", torch.bfloat16, True) == [
+        "padded", "packed (varlen)", "packed (mask, forced)", "shared_prefix", "auto"]
+    assert labels("mask", torch.float32, True) == [  # torch's kernel takes no fp32
+        "padded", "packed (mask)", "shared_prefix", "auto"]
+    assert labels("mask", torch.float32, False) == [  # dry mode: the stand-in kernel
+        "padded", "packed (mask)", "packed (varlen, forced)", "shared_prefix", "auto"]
+    assert packed_variants("mask", torch.float32, False)[2][1] == "varlen"
 
 
 def test_the_copy_of_vllms_packed_tensor_module_is_verbatim():
