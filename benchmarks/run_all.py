@@ -50,6 +50,12 @@ BENCHES: tuple[Bench, ...] = (
           timeout_s=420),
     Bench("trl", "bench_trl.py", "End-to-end GRPO step: toolrl vs TRL GRPOTrainer",
           args=("--steps", "4"), timeout_s=1500, plots=("trl_step",)),
+    # SmolLM2-135M on data/real_fc rows (make real-fc-data; the model is fetched when missing).
+    # The recipe's warm start is the realistic model: bench_trl.py --workload real_fc --model
+    # outputs/real_fc/warm_start (after make real-fc).
+    Bench("trl_real_fc", "bench_trl.py",
+          "End-to-end GRPO step on SmolLM2-135M (function calling): toolrl vs TRL GRPOTrainer",
+          args=("--workload", "real_fc"), timeout_s=2400, plots=("trl_real_fc_step",)),
     Bench("weight_sync", "bench_weight_sync.py", "Weight sync time vs model size",
           args=("--reps", "5"), timeout_s=420, plots=("weight_sync",)),
     Bench("controller", "bench_controller.py", "Controller dispatch overhead", timeout_s=300),
