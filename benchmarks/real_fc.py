@@ -3,10 +3,12 @@
 Phases, each a ``toolrl`` command whose progress shows as it runs, each timed:
 
 1. ``data``: SmolLM2-135M-Instruct into models/ (`toolrl model fetch`), NESTFUL's first turns
-   (`toolrl data convert --from nestful`, the nestful-wrapper wheel) split 9:1 into
-   train/val by a hash of the id, BFCL v4's non-live categories from the bfcl-eval wheel
-   (`--from bfcl`), and the contamination check of the training rows against BFCL (a shared
-   question stops the recipe);
+   (`toolrl data convert --from nestful`, the nestful-wrapper wheel; the warm start's rows)
+   split 9:1 into train/val by a hash of the id, BFCL v4's non-live categories from the
+   bfcl-eval wheel (`--from bfcl`; the evaluation), its live categories (RL's rows, at most
+   ``LIVE_CAP`` a category), and the contamination check of both training sets against the
+   evaluation rows (a shared question in NESTFUL stops the recipe; live rows that share a
+   question or a 13-word run are dropped: `toolrl data contamination --out`);
 2. ``eval_base``: `toolrl eval` of the imported model on the BFCL rows;
 3. ``train``: `toolrl train --config configs/real_fc.yaml` (the warm start, then GRPO);
 4. ``eval_warm_start`` and ``eval_rl``: the warm-started and the final checkpoint on BFCL;
@@ -38,6 +40,13 @@ CONFIG = ROOT / "configs" / "real_fc.yaml"
 MODEL = ROOT / "models" / "smollm2-135m-instruct"
 DATA = ROOT / "data" / "real_fc"
 CATEGORIES = ("simple_python", "multiple", "parallel", "parallel_multiple", "irrelevance")
+# RL's rows: BFCL's live categories (user-contributed questions, none of them a non-live one:
+# the contamination check drops any that shares a question or a 13-word run), the same five
+# kinds as the categories scored, at most LIVE_CAP of each (live_multiple's 1,053 and
+# live_irrelevance's 884 rows would otherwise be 87% of them)
+LIVE = ("live_simple", "live_multiple", "live_parallel", "live_parallel_multiple",
+        "live_irrelevance")
+LIVE_CAP = 256
 CHECKPOINTS = (("base", "eval_base"), ("warm start", "eval_warm_start"), ("RL", "eval_rl"))
 TOOLRL = str(Path(sys.executable).with_name("toolrl"))
 # an eval only generates: its engine takes every core (training keeps one for the driver)
@@ -66,6 +75,20 @@ def split_rows(source: Path, train: Path, val: Path, every: int = 10) -> tuple[i
     return len(kept), len(held)
 
 
+def cap_per_category(source: Path, out: Path, cap: int) -> dict[str, int]:
+    """At most ``cap`` rows of each ``category`` (those first by a hash of their id)."""
+    rows = [json.loads(line) for line in source.read_text().splitlines() if line.strip()]
+    rows.sort(key=lambda r: hashlib.sha256(r["id"].encode()).hexdigest())
+    kept: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        part = kept.setdefault(row["category"], [])
+        if len(part) < cap:
+            part.append(row)
+    out.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n"
+                           for part in kept.values() for r in part))
+    return {category: len(part) for category, part in kept.items()}
+
+
 def data_phase(bfcl_limit: int | None) -> None:
     DATA.mkdir(parents=True, exist_ok=True)
     run("model", "fetch", "smollm2-135m-instruct", "--out", str(MODEL))
@@ -87,6 +110,13 @@ def data_phase(bfcl_limit: int | None) -> None:
     else:
         run("data", "convert", "--from", "bfcl", *files, "--out", str(bfcl))
     run("data", "contamination", str(DATA / "nestful.jsonl"), "--eval", str(bfcl))
+    live = DATA / "bfcl_live.jsonl"
+    run("data", "convert", "--from", "bfcl",
+        *[str(next(wheel.rglob(f"data/BFCL_v4_{c}.json"))) for c in LIVE], "--out", str(live))
+    counts = cap_per_category(live, DATA / "bfcl_live_capped.jsonl", LIVE_CAP)
+    print(f"BFCL live rows for RL (at most {LIVE_CAP} a category): {counts}")
+    run("data", "contamination", str(DATA / "bfcl_live_capped.jsonl"), "--eval", str(bfcl),
+        "--out", str(DATA / "rl_train.jsonl"))
 
 
 def evaluate(model: Path, out: Path, overrides: list[str]) -> None:
