@@ -53,3 +53,19 @@ def test_the_recipe_splits_rows_nine_to_one_by_id(tmp_path):
     train = {json.loads(x)["id"] for x in (tmp_path / "t.jsonl").read_text().splitlines()}
     val = {json.loads(x)["id"] for x in (tmp_path / "v.jsonl").read_text().splitlines()}
     assert not train & val and len(train | val) == 200
+
+
+def test_the_recipe_caps_rl_rows_per_category_by_id(tmp_path):
+    spec = importlib.util.spec_from_file_location("real_fc", ROOT / "benchmarks" / "real_fc.py")
+    real_fc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(real_fc)
+    rows = [{"id": f"{c}_{i}", "category": c} for c, n in (("a", 9), ("b", 2)) for i in range(n)]
+    source = tmp_path / "rows.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert real_fc.cap_per_category(source, tmp_path / "capped.jsonl", 3) == {"a": 3, "b": 2}
+    kept = [json.loads(x) for x in (tmp_path / "capped.jsonl").read_text().splitlines()]
+    source.write_text("".join(json.dumps(r) + "\n" for r in reversed(rows)))
+    real_fc.cap_per_category(source, tmp_path / "again.jsonl", 3)  # the file's order is moot
+    again = [json.loads(x) for x in (tmp_path / "again.jsonl").read_text().splitlines()]
+    assert sorted(r["id"] for r in kept) == sorted(r["id"] for r in again)
+    assert len(kept) == 5
