@@ -57,6 +57,7 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -532,13 +533,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def summarize(raw: dict[str, Any], args: argparse.Namespace, argv: list[str]) -> str:
-    """The markdown report of a run's raw results."""
-    if args.workload == "real_fc":
-        return summarize_real_fc(raw, args, argv)
+COMMON_MEASURES = (("step_s", "GRPO step (s)"), ("rollout_s", "rollout + reward (s)"),
+                   ("update_s", "rest of the step: log-probs, update, sync (s)"),
+                   ("sampled_tokens", "sampled tokens per step"))
 
+
+def compare(raw: dict[str, Any], measures: tuple[tuple[str, str], ...]) -> SimpleNamespace:
+    """What both workloads' reports share: per-step medians of both sides (warm-up dropped),
+    the lines of how they were taken and the table (``COMMON_MEASURES`` + ``measures`` +
+    rollout tok/s), the time ratios, the verdict, the versions and toolrl's phases."""
     def stat(name: str, key: str) -> float:
-        return median([s[key] for s in raw["steps"][name][1:]])
+        return median([s.get(key, float("nan")) for s in raw["steps"][name][1:]])
 
     def rate(name: str) -> float:
         steps = raw["steps"][name][1:]
@@ -546,38 +551,52 @@ def summarize(raw: dict[str, Any], args: argparse.Namespace, argv: list[str]) ->
 
     ready = raw["ready"]
     versions = {**ready["trl"]["versions"], **ready["toolrl"]["versions"]}
-    step_ratio = stat("toolrl", "step_s") / stat("trl", "step_s")
-    rollout_ratio = stat("toolrl", "rollout_s") / stat("trl", "rollout_s")
-    update_ratio = stat("toolrl", "update_s") / stat("trl", "update_s")
+    ratio = {k: stat("toolrl", k) / stat("trl", k) for k in ("step_s", "rollout_s", "update_s")}
     tok_ratio = rate("toolrl") / rate("trl")
-    rows = []
-    for key, label in (("step_s", "GRPO step (s)"), ("rollout_s", "rollout + reward (s)"),
-                       ("update_s", "rest of the step: log-probs, update, sync (s)"),
-                       ("sampled_tokens", "sampled tokens per step"),
-                       ("tool_calls_mean", "tool calls per episode"),
-                       ("reward_mean", "reward (success) mean")):
+    table = []
+    for key, label in (*COMMON_MEASURES, *measures):
         a, b = stat("toolrl", key), stat("trl", key)
-        ratio = f"{a / b:.2f}x" if key.endswith("_s") and b else ""
-        rows.append((label, a, b, ratio))
-    rows.append(("rollout output tok/s", rate("toolrl"), rate("trl"), f"{tok_ratio:.2f}x"))
-    verdict = "met" if step_ratio <= TARGET else "NOT met"
+        table.append((label, a, b, f"{a / b:.2f}x" if key.endswith("_s") and b else ""))
+    table.append(("rollout output tok/s", rate("toolrl"), rate("trl"), f"{tok_ratio:.2f}x"))
     phases = raw["steps"]["toolrl"][1:]
-    phase_names = list(phases[0].get("phases", {})) if phases else []
+    by_phase = {k: median([p["phases"][k] for p in phases])
+                for k in (phases[0].get("phases", {}) if phases else {})}
+    top = max(by_phase, key=by_phase.get) if by_phase else "?"
+    phase_line = ("toolrl's step by phase (median): "
+                  + ", ".join(f"{k} {v:.2f} s" for k, v in by_phase.items())
+                  + f". Its largest phase is `{top}`"
+                  + (f" ({by_phase[top] / stat('toolrl', 'step_s'):.0%} of the step)."
+                     if by_phase else "."))
+    timing = [f"Steps alternate between the two processes; medians of {len(phases)} steps "
+              f"after one warm-up step each. Start-up (not in the step times): toolrl "
+              f"{raw['startup_s']['toolrl']:.0f} s (Ray, vLLM engine, FSDP actor), TRL "
+              f"{raw['startup_s']['trl']:.0f} s.", "",
+              md_table(["measurement (median per step)", "toolrl",
+                        f"TRL {versions.get('trl', '')}", "toolrl / TRL"], table)]
+    return SimpleNamespace(versions=versions, ratio=ratio, tok_ratio=tok_ratio, timing=timing,
+                           verdict="met" if ratio["step_s"] <= TARGET else "NOT met",
+                           phase_line=phase_line)
+
+
+def report_head(title: str, raw: dict[str, Any], versions: dict[str, str],
+                argv: list[str]) -> list[str]:
+    """The title, machine, versions and command lines of a report."""
+    return [title, "", f"Machine: {raw['machine']}. Versions: "
+            + ", ".join(f"{k} {v}" for k, v in versions.items()) + ".", "",
+            f"Command: `{benchlib.command_line('bench_trl.py', argv)}`", ""]
+
+
+def summarize(raw: dict[str, Any], args: argparse.Namespace, argv: list[str]) -> str:
+    """The markdown report of a run's raw results."""
+    if args.workload == "real_fc":
+        return summarize_real_fc(raw, args, argv)
+    c = compare(raw, (("tool_calls_mean", "tool calls per episode"),
+                      ("reward_mean", "reward (success) mean")))
+    ready = raw["ready"]
     built = (f"built in {raw['warm_start_s']:.0f} s" if raw["warm_start_s"] > 5
              else "reused from models/")
-    medians_by_phase = {k: median([p["phases"][k] for p in phases]) for k in phase_names}
-    top = max(medians_by_phase, key=medians_by_phase.get) if medians_by_phase else "?"
-    top_share = medians_by_phase.get(top, 0.0) / stat("toolrl", "step_s")
-    phase_row = ", ".join(f"{k} {median([p['phases'][k] for p in phases]):.2f} s"
-                          for k in phase_names)
     lines = [
-        "# End-to-end GRPO step: toolrl vs TRL GRPOTrainer",
-        "",
-        f"Machine: {raw['machine']}. Versions: "
-        + ", ".join(f"{k} {v}" for k, v in versions.items()) + ".",
-        "",
-        f"Command: `{benchlib.command_line('bench_trl.py', argv)}`",
-        "",
+        *report_head("# End-to-end GRPO step: toolrl vs TRL GRPOTrainer", raw, c.versions, argv),
         f"Work per step, both sides: {args.batch_size} Calculator tasks (difficulty 1) x "
         f"{args.group_size} samples, at most {args.max_turns} model turns and "
         f"{args.response_budget} response tokens per episode (sampled + tool results), "
@@ -590,20 +609,13 @@ def summarize(raw: dict[str, Any], args: argparse.Namespace, argv: list[str]) ->
         f"OMP_NUM_THREADS to `resources.cpus_per_process`, 2 in configs/quickstart.yaml), "
         f"{ready['trl']['torch_threads']} in TRL's process.",
         "",
-        f"Steps alternate between the two processes; medians of {args.steps} steps after one "
-        f"warm-up step each. Start-up (not in the step times): toolrl "
-        f"{raw['startup_s']['toolrl']:.0f} s (Ray, vLLM engine, FSDP actor), TRL "
-        f"{raw['startup_s']['trl']:.0f} s.",
+        *c.timing,
         "",
-        md_table(["measurement (median per step)", "toolrl", f"TRL {versions.get('trl', '')}",
-                  "toolrl / TRL"], rows),
+        f"**toolrl step time / TRL step time = {c.ratio['step_s']:.2f}x** (target <= "
+        f"{TARGET}x: {c.verdict}); rollout {c.ratio['rollout_s']:.2f}x, rest of the step "
+        f"{c.ratio['update_s']:.2f}x, rollout tok/s {c.tok_ratio:.2f}x.",
         "",
-        f"**toolrl step time / TRL step time = {step_ratio:.2f}x** (target <= {TARGET}x: "
-        f"{verdict}); rollout {rollout_ratio:.2f}x, rest of the step {update_ratio:.2f}x, "
-        f"rollout tok/s {tok_ratio:.2f}x.",
-        "",
-        f"toolrl's step by phase (median): {phase_row}. Its largest phase is `{top}` "
-        f"({top_share:.0%} of the step).",
+        c.phase_line,
         "",
         "Where the time goes: TRL generates each turn with transformers `generate` over the "
         "whole padded batch (every sample waits for the longest one of its turn, and samples "
@@ -622,43 +634,15 @@ def summarize(raw: dict[str, Any], args: argparse.Namespace, argv: list[str]) ->
 
 def summarize_real_fc(raw: dict[str, Any], args: argparse.Namespace, argv: list[str]) -> str:
     """The markdown report of a real_fc run's raw results."""
-    def stat(name: str, key: str) -> float:
-        return median([s.get(key, float("nan")) for s in raw["steps"][name][1:]])
-
-    def rate(name: str) -> float:
-        steps = raw["steps"][name][1:]
-        return sum(s["sampled_tokens"] for s in steps) / sum(s["rollout_s"] for s in steps)
-
+    c = compare(raw, (("tool_calls_mean", "calls per completion (parsed)"),
+                      ("success_mean", "bfcl_ast mean"),
+                      ("reward_mean", "reward mean (bfcl_ast + 0.1 format)")))
     ready, rows_info = raw["ready"], raw["rows"]
-    versions = {**ready["trl"]["versions"], **ready["toolrl"]["versions"]}
-    ratio = {k: stat("toolrl", k) / stat("trl", k) for k in ("step_s", "rollout_s", "update_s")}
-    tok_ratio = rate("toolrl") / rate("trl")
-    table = []
-    for key, label in (("step_s", "GRPO step (s)"), ("rollout_s", "rollout + reward (s)"),
-                       ("update_s", "rest of the step: log-probs, update, sync (s)"),
-                       ("sampled_tokens", "sampled tokens per step"),
-                       ("tool_calls_mean", "calls per completion (parsed)"),
-                       ("success_mean", "bfcl_ast mean"),
-                       ("reward_mean", "reward mean (bfcl_ast + 0.1 format)")):
-        a, b = stat("toolrl", key), stat("trl", key)
-        table.append((label, a, b, f"{a / b:.2f}x" if key.endswith("_s") and b else ""))
-    table.append(("rollout output tok/s", rate("toolrl"), rate("trl"), f"{tok_ratio:.2f}x"))
-    verdict = "met" if ratio["step_s"] <= TARGET else "NOT met"
-    phases = raw["steps"]["toolrl"][1:]
-    by_phase = {k: median([p["phases"][k] for p in phases])
-                for k in (phases[0].get("phases", {}) if phases else {})}
-    top = max(by_phase, key=by_phase.get) if by_phase else "?"
-    phase_row = ", ".join(f"{k} {v:.2f} s" for k, v in by_phase.items())
     weights = real_fc_reward_weights()
     n = args.batch_size * args.group_size
     lines = [
-        "# End-to-end GRPO step on SmolLM2-135M (function calling): toolrl vs TRL GRPOTrainer",
-        "",
-        f"Machine: {raw['machine']}. Versions: "
-        + ", ".join(f"{k} {v}" for k, v in versions.items()) + ".",
-        "",
-        f"Command: `{benchlib.command_line('bench_trl.py', argv)}`",
-        "",
+        *report_head("# End-to-end GRPO step on SmolLM2-135M (function calling): toolrl vs TRL "
+                     "GRPOTrainer", raw, c.versions, argv),
         f"Work per step, both sides: {args.batch_size} rows of `{rows_info['file']}` x "
         f"{args.group_size} samples ({n} completions), one turn of at most "
         f"{args.response_budget} tokens, temperature 1, lr {args.lr:g} (constant), no KL, one "
@@ -684,22 +668,14 @@ def summarize_real_fc(raw: dict[str, Any], args: argparse.Namespace, argv: list[
         "calls and a prose answer score the same on both sides (and "
         "tests/benchmarks/test_bench_trl_real_fc.py checks the equality on more completions).",
         "",
-        f"Steps alternate between the two processes; medians of {args.steps} steps after one "
-        f"warm-up step each. Start-up (not in the step times): toolrl "
-        f"{raw['startup_s']['toolrl']:.0f} s (Ray, vLLM engine, FSDP actor), TRL "
-        f"{raw['startup_s']['trl']:.0f} s.",
-        "",
-        md_table(["measurement (median per step)", "toolrl", f"TRL {versions.get('trl', '')}",
-                  "toolrl / TRL"], table),
+        *c.timing,
         "",
         f"**SmolLM2-135M function calling: toolrl step time / TRL step time = "
-        f"{ratio['step_s']:.2f}x** (target <= {TARGET}x: {verdict}); rollout "
-        f"{ratio['rollout_s']:.2f}x, rest of the step {ratio['update_s']:.2f}x, rollout tok/s "
-        f"{tok_ratio:.2f}x.",
+        f"{c.ratio['step_s']:.2f}x** (target <= {TARGET}x: {c.verdict}); rollout "
+        f"{c.ratio['rollout_s']:.2f}x, rest of the step {c.ratio['update_s']:.2f}x, rollout "
+        f"tok/s {c.tok_ratio:.2f}x.",
         "",
-        f"toolrl's step by phase (median): {phase_row}. Its largest phase is `{top}`"
-        + (f" ({by_phase[top] / stat('toolrl', 'step_s'):.0%} of the step)." if by_phase
-           else "."),
+        c.phase_line,
         "",
         "TRL samples with transformers `generate` over the whole left-padded batch of "
         f"{n} prompts (every completion waits for the longest); toolrl samples on the vLLM "
