@@ -796,11 +796,12 @@ def main(argv: list[str] | None = None) -> int:
             return dry_run_real_fc(args)
         print(dry_run_plan(args))
         return 0
-    if args.from_raw:
+    if args.from_raw:  # the run's own arguments, except an --output given now
+        given = args.output if any(a.split("=")[0] == "--output" for a in argv) else None
         raw = json.loads(args.from_raw.read_text())
         args = parse_args(raw.get("argv", []))
         plot(raw, "trl_real_fc_step" if args.workload == "real_fc" else "trl_step")
-        benchlib.write_result(args.output, summarize(raw, args, raw.get("argv", [])))
+        benchlib.write_result(given or args.output, summarize(raw, args, raw.get("argv", [])))
         return 0
     benchlib.set_bench_env()
     machine = benchlib.machine_label()

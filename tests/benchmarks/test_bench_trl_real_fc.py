@@ -151,3 +151,12 @@ def test_real_fc_report_states_the_ratio_and_the_work():
     lost = bench_trl.summarize(_fake_raw(90.0, 60.0), args, argv)
     assert "= 1.50x** (target <= 0.5x: NOT met)" in lost
     assert "trl_real_fc" in {b.name for b in run_all.BENCHES}
+
+
+def test_a_report_rebuilt_from_raw_results_goes_where_output_says(tmp_path, monkeypatch):
+    raw = {**_fake_raw(20.0, 80.0), "argv": ["--workload", "real_fc", "--steps", "2"]}
+    (tmp_path / "raw.json").write_text(json.dumps(raw))
+    monkeypatch.setattr(bench_trl, "plot", lambda raw, name: tmp_path / f"{name}.png")
+    out = tmp_path / "report.md"
+    assert bench_trl.main(["--from-raw", str(tmp_path / "raw.json"), "--output", str(out)]) == 0
+    assert "toolrl step time / TRL step time = 0.25x" in out.read_text()
