@@ -77,8 +77,9 @@ def split_rows(source: Path, train: Path, val: Path, every: int = 10) -> tuple[i
 
 def cap_per_category(source: Path, out: Path, cap: int) -> dict[str, int]:
     """At most ``cap`` rows of each ``category`` (those first by a hash of their id)."""
-    rows = [json.loads(line) for line in source.read_text().splitlines() if line.strip()]
-    rows.sort(key=lambda r: hashlib.sha256(r["id"].encode()).hexdigest())
+    from toolrl.data.loader import load_rows
+
+    rows = sorted(load_rows(source), key=lambda r: hashlib.sha256(r["id"].encode()).hexdigest())
     kept: dict[str, list[dict[str, Any]]] = {}
     for row in rows:
         part = kept.setdefault(row["category"], [])
