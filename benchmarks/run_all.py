@@ -48,6 +48,12 @@ BENCHES: tuple[Bench, ...] = (
           timeout_s=420),
     Bench("update", "bench_update.py", "Actor update vs a bare transformers step",
           timeout_s=420),
+    # SmolLM2-135M on data/real_fc rows with configs/real_fc.yaml's actor (make real-fc-data
+    # makes both; without them it fails at once, naming it). Not yet timed on the 2-core
+    # machine: the limit is an estimate (~12k tokens per step; each row runs 1 + 3 times).
+    Bench("update_real_fc", "bench_update.py",
+          "Actor update vs a bare transformers step on SmolLM2-135M (function calling)",
+          args=("--workload", "real_fc", "--reps", "3"), timeout_s=3600),
     Bench("trl", "bench_trl.py", "End-to-end GRPO step: toolrl vs TRL GRPOTrainer",
           args=("--steps", "4"), timeout_s=1500, plots=("trl_step",)),
     # SmolLM2-135M on data/real_fc rows (make real-fc-data; the model is fetched when missing).
