@@ -5,17 +5,22 @@ Phases, each a ``toolrl`` command whose progress shows as it runs, each timed:
 1. ``data``: SmolLM2-135M-Instruct into models/ (`toolrl model fetch`), NESTFUL's first turns
    (`toolrl data convert --from nestful`, the nestful-wrapper wheel; the warm start's rows)
    split 9:1 into train/val by a hash of the id, BFCL v4's non-live categories from the
-   bfcl-eval wheel (`--from bfcl`; the evaluation), its live categories (RL's rows, at most
-   ``LIVE_CAP`` a category), and the contamination check of both training sets against the
-   evaluation rows (a shared question in NESTFUL stops the recipe; live rows that share a
-   question or a 13-word run are dropped: `toolrl data contamination --out`);
+   bfcl-eval wheel (`--from bfcl`; the evaluation), its live categories (at most ``LIVE_CAP``
+   a category), and the contamination check of both training sets against the evaluation
+   rows (a shared question in NESTFUL stops the recipe; live rows that share a question or a
+   13-word run are dropped: `toolrl data contamination --out`); half the clean live rows join
+   NESTFUL's in the warm start (``sft_train.jsonl``, ``sft_val.jsonl``), the other half are
+   RL's (``rl_train.jsonl``);
 2. ``eval_base``: `toolrl eval` of the imported model on the BFCL rows;
 3. ``train``: `toolrl train --config configs/real_fc.yaml` (the warm start, then GRPO);
 4. ``eval_warm_start`` and ``eval_rl``: the warm-started and the final checkpoint on BFCL;
-5. ``report``: BFCL's accuracy per category and the non-live average for the three
+5. with ``--sft-comparison``, ``sft_more`` and ``eval_sft_more``: the warm start trained for
+   the RL steps' wall time on the gold calls of RL's rows instead (what RL is set beside);
+6. ``report``: BFCL's accuracy per category and the non-live average for the three (four)
    checkpoints (``report.md``, ``bfcl.png``) with the wall time of every phase.
 
     .venv/bin/python benchmarks/real_fc.py [--only data] [--bfcl-limit N] [--seed S]
+        [--sft-comparison]
         [--out outputs/real_fc] [-- key=value ...]   # overrides for train and eval
 
 ``--bfcl-limit N`` takes the first N questions of each category (a quick look, not BFCL's
@@ -47,7 +52,8 @@ CATEGORIES = ("simple_python", "multiple", "parallel", "parallel_multiple", "irr
 LIVE = ("live_simple", "live_multiple", "live_parallel", "live_parallel_multiple",
         "live_irrelevance")
 LIVE_CAP = 256
-CHECKPOINTS = (("base", "eval_base"), ("warm start", "eval_warm_start"), ("RL", "eval_rl"))
+CHECKPOINTS = (("base", "eval_base"), ("warm start", "eval_warm_start"), ("RL", "eval_rl"),
+               ("more SFT, RL's time", "eval_sft_more"))
 TOOLRL = str(Path(sys.executable).with_name("toolrl"))
 # an eval only generates: its engine takes every core (training keeps one for the driver)
 EVAL_THREADS = len(os.sched_getaffinity(0))
@@ -90,6 +96,28 @@ def cap_per_category(source: Path, out: Path, cap: int) -> dict[str, int]:
     return {category: len(part) for category, part in kept.items()}
 
 
+def _bucket(row: dict[str, Any], n: int) -> int:
+    return int(hashlib.sha256(f"half:{row['id']}".encode()).hexdigest(), 16) % n
+
+
+def split_live(source: Path, data: Path = DATA) -> dict[str, int]:
+    """Half of the clean live rows (by a hash of the id) join NESTFUL's in the warm start,
+    so it also sees several calls in one turn and no call at all; 1 in 20 of them are held
+    out for its held-out loss. The other half are RL's rows."""
+    from toolrl.data.loader import load_rows
+
+    rows = load_rows(source)
+    parts = {"sft_train": [r for r in rows if _bucket(r, 2) == 0 and _bucket(r, 20) != 0],
+             "sft_val": [r for r in rows if _bucket(r, 20) == 0],
+             "rl_train": [r for r in rows if _bucket(r, 2) == 1]}
+    nestful = {"sft_train": load_rows(data / "nestful_train.jsonl"),
+               "sft_val": load_rows(data / "nestful_val.jsonl"), "rl_train": []}
+    for name, part in parts.items():
+        (data / f"{name}.jsonl").write_text("".join(
+            json.dumps(r, ensure_ascii=False) + "\n" for r in nestful[name] + part))
+    return {name: len(part) for name, part in parts.items()}
+
+
 def data_phase(bfcl_limit: int | None) -> None:
     DATA.mkdir(parents=True, exist_ok=True)
     run("model", "fetch", "smollm2-135m-instruct", "--out", str(MODEL))
@@ -117,7 +145,9 @@ def data_phase(bfcl_limit: int | None) -> None:
     counts = cap_per_category(live, DATA / "bfcl_live_capped.jsonl", LIVE_CAP)
     print(f"BFCL live rows for RL (at most {LIVE_CAP} a category): {counts}")
     run("data", "contamination", str(DATA / "bfcl_live_capped.jsonl"), "--eval", str(bfcl),
-        "--out", str(DATA / "rl_train.jsonl"))
+        "--out", str(DATA / "bfcl_live_clean.jsonl"))
+    print(f"clean live rows: {split_live(DATA / 'bfcl_live_clean.jsonl')} "
+          f"(sft_* also hold NESTFUL's train and val rows)")
 
 
 def evaluate(model: Path, out: Path, overrides: list[str]) -> None:
@@ -127,6 +157,48 @@ def evaluate(model: Path, out: Path, overrides: list[str]) -> None:
     run("eval", "--config", str(CONFIG), "--model", str(model), "--output-dir", str(out),
         f"data.val_file={DATA / 'bfcl.jsonl'}", *overrides,
         f"rollout.engine.cpu_threads={EVAL_THREADS}")
+
+
+def rl_seconds(out: Path) -> float:
+    """The RL steps' summed wall time (``timing/step_s`` of the run's metrics; the workers'
+    and the engine's start-up not counted)."""
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    return sum(json.loads(line).get("timing/step_s", 0.0) for line in lines if line.strip())
+
+
+def sft_more(out: Path, overrides: list[str]) -> None:
+    """What RL is set beside: the warm start trained on, instead, the gold calls of RL's own
+    rows (``data.train_file``) for as long as the RL steps took; the warm start's settings,
+    held-out rows and early stopping."""
+    dest = out / "sft_more"
+    if (dest / "config.json").exists():
+        print(f"{dest} exists: skipped")
+        return
+    from transformers import AutoTokenizer
+
+    from toolrl.data.loader import load_rows
+    from toolrl.trainer.config import load_config
+    from toolrl.trainer.warm_start import oracle_transcripts, sft
+
+    cfg = load_config(CONFIG, overrides)
+    ws, start = cfg.warm_start, out / "warm_start"
+    tokenizer = AutoTokenizer.from_pretrained(start)
+
+    def transcripts(path: str) -> list[Any]:
+        return oracle_transcripts(cfg.env.id, load_rows(path), tokenizer,
+                                  {**cfg.env.kwargs, **ws.env_kwargs},
+                                  max_len=cfg.rollout.max_total_tokens)
+
+    seconds = rl_seconds(out)
+    print(f"more SFT from {start} on {cfg.data.train_file}'s gold calls for {seconds:.0f} s",
+          flush=True)
+    metrics = sft(start, transcripts(cfg.data.train_file), dest, steps=ws.steps, lr=ws.lr,
+                  batch_size=ws.batch_size, seed=cfg.seed,
+                  val_transcripts=transcripts(ws.val_file) if ws.val_file else (),
+                  eval_every=ws.eval_every if ws.val_file else 0, patience=ws.patience,
+                  seconds=seconds)
+    (dest / "warm_start_metrics.json").write_text(json.dumps(
+        {"base_model": str(start), "rl_seconds": seconds, **metrics}, indent=2))
 
 
 def report(out: Path, times: dict[str, float]) -> str:
@@ -183,6 +255,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bfcl-limit", type=int, default=None,
                         help="the first N questions of each BFCL category")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--sft-comparison", action="store_true",
+                        help="also train the warm start on RL's rows' gold calls for the RL "
+                             "steps' wall time, and evaluate it")
     parser.add_argument("--out", type=Path, default=ROOT / "outputs" / "real_fc")
     parser.add_argument("overrides", nargs="*", help="key=value for train and eval")
     args = parser.parse_args(argv)
@@ -207,6 +282,9 @@ def main(argv: list[str] | None = None) -> int:
         phase("train", run, "train", "--config", str(CONFIG), *overrides)
     phase("eval_warm_start", evaluate, out / "warm_start", out / "eval_warm_start", overrides)
     phase("eval_rl", evaluate, out / "final_hf", out / "eval_rl", overrides)
+    if args.sft_comparison:
+        phase("sft_more", sft_more, out, overrides)
+        phase("eval_sft_more", evaluate, out / "sft_more", out / "eval_sft_more", overrides)
     print("\n" + report(out, times))
     print(f"report: {out / 'report.md'}, plot: {out / 'bfcl.png'}")
     return 0

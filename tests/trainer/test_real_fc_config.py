@@ -69,3 +69,27 @@ def test_the_recipe_caps_rl_rows_per_category_by_id(tmp_path):
     again = [json.loads(x) for x in (tmp_path / "again.jsonl").read_text().splitlines()]
     assert sorted(r["id"] for r in kept) == sorted(r["id"] for r in again)
     assert len(kept) == 5
+
+
+def test_the_recipe_gives_half_the_live_rows_to_the_warm_start(tmp_path):
+    spec = importlib.util.spec_from_file_location("real_fc", ROOT / "benchmarks" / "real_fc.py")
+    real_fc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(real_fc)
+    for name in ("nestful_train", "nestful_val"):
+        (tmp_path / f"{name}.jsonl").write_text(json.dumps({"id": name}) + "\n")
+    live = [{"id": f"live_{i}", "category": "live_simple"} for i in range(400)]
+    source = tmp_path / "live.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in live))
+    counts = real_fc.split_live(source, tmp_path)
+    ids = {name: [json.loads(x)["id"] for x in (tmp_path / f"{name}.jsonl").read_text()
+                  .splitlines()] for name in ("sft_train", "sft_val", "rl_train")}
+    assert ids["sft_train"][0] == "nestful_train" and ids["sft_val"][0] == "nestful_val"
+    live_ids = {name: set(part) - {"nestful_train", "nestful_val"} for name, part in ids.items()}
+    assert sum(map(len, live_ids.values())) == 400 == sum(counts.values())
+    assert not (live_ids["sft_train"] & live_ids["sft_val"] or live_ids["rl_train"] &
+                (live_ids["sft_train"] | live_ids["sft_val"]))
+    assert 150 < counts["rl_train"] < 250 and 5 < counts["sft_val"] < 40
+    source.write_text("".join(json.dumps(r) + "\n" for r in reversed(live)))
+    real_fc.split_live(source, tmp_path)  # the file's order is moot
+    assert {json.loads(x)["id"] for x in (tmp_path / "rl_train.jsonl").read_text()
+            .splitlines()} == live_ids["rl_train"]

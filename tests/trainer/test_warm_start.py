@@ -100,6 +100,18 @@ def test_sft_stops_once_the_recent_mean_loss_is_low_enough(tiny_model_dir, token
     assert (tmp_path / "b" / "config.json").exists()
 
 
+def test_sft_stops_once_its_wall_time_budget_is_spent(tiny_model_dir, tokenizer, tmp_path):
+    transcripts = oracle_transcripts("toolrl/Calculator-v0", ROWS, tokenizer)
+    spent = sft(tiny_model_dir, transcripts, tmp_path / "a", steps=12, batch_size=2,
+                seconds=0.0, val_transcripts=transcripts[:2], eval_every=5)
+    assert spent["warm_start/steps"] == 1 and spent["warm_start/stopped"] == "seconds"
+    assert [step for step, _ in spent["warm_start/val_curve"]] == [1]  # the last step scored
+    assert (tmp_path / "a" / "config.json").exists()
+    ample = sft(tiny_model_dir, transcripts, tmp_path / "b", steps=3, batch_size=2,
+                seconds=3600.0)
+    assert ample["warm_start/steps"] == 3 and ample["warm_start/stopped"] == "steps"
+
+
 def test_the_trainer_warm_starts_from_config_and_reuses_the_result(tiny_model_dir, tmp_path):
     out = tmp_path / "ws"
     cfg = load_config(ROOT / "configs" / "quickstart.yaml", [

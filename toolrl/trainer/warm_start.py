@@ -195,7 +195,7 @@ def sft(model_path: str | Path, transcripts: Sequence[Transcript], out_dir: str 
         steps: int = 300, lr: float = 3e-3, batch_size: int = 16, seed: int = 0,
         warmup_steps: int = 20, stop_loss: float | None = None, stop_window: int = 50,
         val_transcripts: Sequence[Transcript] = (), eval_every: int = 0, patience: int = 3,
-        console: Console | None = None) -> dict[str, Any]:
+        seconds: float | None = None, console: Console | None = None) -> dict[str, Any]:
     """Train on the action tokens of ``transcripts`` and save an HF checkpoint to ``out_dir``.
 
     AdamW with linear warmup and cosine decay over ``steps``; loss = mean cross-entropy over
@@ -205,6 +205,8 @@ def sft(model_path: str | Path, transcripts: Sequence[Transcript], out_dir: str 
     ``val_transcripts`` (and ``eval_every`` > 0) their loss (`held_out_loss`) is measured every
     ``eval_every`` steps and after the last; the run ends once ``patience`` evaluations in a
     row bring no new best, and the checkpoint saved is the best one (``steps`` stays the cap).
+    With ``seconds`` it also ends after the first step that brings its training time (held-out
+    evaluations included) to ``seconds``: SFT given the wall time another method spent.
     Returns summary metrics (first / last loss, steps taken, tokens per second, why it stopped;
     with held-out transcripts the best held-out loss, its step and the held-out curve).
 
@@ -228,7 +230,7 @@ def sft(model_path: str | Path, transcripts: Sequence[Transcript], out_dir: str 
         return _train(model_path, transcripts, out_dir, steps=steps, lr=lr,
                       batch_size=batch_size, seed=seed, warmup_steps=warmup_steps,
                       stop_loss=stop_loss, stop_window=stop_window, held=held,
-                      console=console or Console())
+                      seconds=seconds, console=console or Console())
     finally:  # the model and optimizer died with _train's frame
         release_memory()
 
@@ -236,7 +238,7 @@ def sft(model_path: str | Path, transcripts: Sequence[Transcript], out_dir: str 
 def _train(model_path: str | Path, transcripts: Sequence[Transcript], out_dir: Path, *,
            steps: int, lr: float, batch_size: int, seed: int, warmup_steps: int,
            stop_loss: float | None, stop_window: int, held: _HeldOut | None,
-           console: Console) -> dict[str, Any]:
+           seconds: float | None, console: Console) -> dict[str, Any]:
     """`sft`'s training loop and checkpoint."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -291,6 +293,10 @@ def _train(model_path: str | Path, transcripts: Sequence[Transcript], out_dir: P
                 console.log(f"warm start: mean loss <= {stop_loss} after {step + 1} steps, "
                             f"stopping")
                 stopped = "stop_loss"
+            if not done and seconds is not None and time.perf_counter() - start >= seconds:
+                console.log(f"warm start: {seconds:.0f} s of training spent after {step + 1} "
+                            f"steps, stopping")
+                stopped, done = "seconds", True
             last = done or step == steps - 1
             if held is not None and ((step + 1) % held.every == 0 or last) and \
                     held.evaluate(model, step + 1, batch_size, pad, console) and not last:
