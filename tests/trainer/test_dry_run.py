@@ -5,6 +5,7 @@ problem (exit 1)."""
 from __future__ import annotations
 
 import io
+import json
 import multiprocessing.process
 import os
 import subprocess
@@ -129,6 +130,28 @@ def test_a_prompt_over_the_budget_is_a_problem_with_the_key_to_change(tiny_model
     assert "8 of 8 train rows" in problem and "2 of 2 val rows" in problem
     assert "the longest has" in problem
     assert "rollout.max_prompt_tokens" in problem and "PROBLEM" in text
+
+
+def test_rows_filtered_for_their_prompt_length_are_not_the_ones_played(tiny_model_dir,
+                                                                        tmp_path):
+    """With data.overlong_prompts=filter the dry run plays the rows train would run: the
+    dropped row is not sampled, and its oracle (longer than the context) is no problem."""
+    rows = Calculator.make_tasks(4, seed=0, split="train")
+    rows[0]["question"] += " Think carefully about it." * 60
+    train = tmp_path / "train.jsonl"
+    train.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    lengths = [p.tokens for p in run(config(tiny_model_dir), tasks=2)[0].prompts]
+    budget = [f"data.train_file={train}", f"rollout.max_prompt_tokens={max(lengths) + 20}",
+              f"rollout.max_total_tokens={max(lengths) + 200}",
+              f"rollout.engine.max_model_len={max(lengths) + 200}"]
+    report, text = run(config(tiny_model_dir, *budget, "data.overlong_prompts=filter"),
+                       tasks=3)
+    assert report.ok, report.problems
+    assert "dropped 1 of 4 train rows" in text
+    assert len(report.prompts) == 3 and max(p.tokens for p in report.prompts) <= max(
+        lengths) + 20
+    report, _ = run(config(tiny_model_dir, *budget), tasks=3)  # refused, as train refuses it
+    assert any("1 of 4 train rows" in p for p in report.problems), report.problems
 
 
 def test_an_evaluate_that_raises_is_a_problem_naming_the_exception(tiny_model_dir):

@@ -170,9 +170,11 @@ def dry_run(cfg: ExperimentConfig, *, tasks: int = 4, console: Console | None = 
         report = DryRunReport(len(train), len(val), rollout.max_prompt_len,
                               rollout.max_total_tokens)
         renderer = _renderer(cfg, rollout, report)
-        try:  # the trainer's check of every row: the same verdict and counts as train
-            check_task_rows(train, val, cfg, renderer.tokenizer if renderer else None,
-                            log=lambda line: report.notes.append(line))
+        try:  # the trainer's check of every row: the same verdict and counts as train, and
+            # the rows it would run (data.overlong_prompts=filter drops some) are those sampled
+            train, val = check_task_rows(train, val, cfg,
+                                         renderer.tokenizer if renderer else None,
+                                         log=lambda line: report.notes.append(line))
         except ConfigError as exc:
             report.problems.append(str(exc))
         rows = _sample(_fit(train, cfg), _fit(val, cfg), tasks, cfg.env.id)
