@@ -45,10 +45,11 @@ CONFIG = ROOT / "configs" / "real_fc.yaml"
 MODEL = ROOT / "models" / "smollm2-135m-instruct"
 DATA = ROOT / "data" / "real_fc"
 CATEGORIES = ("simple_python", "multiple", "parallel", "parallel_multiple", "irrelevance")
-# RL's rows: BFCL's live categories (user-contributed questions, none of them a non-live one:
-# the contamination check drops any that shares a question or a 13-word run), the same five
-# kinds as the categories scored, at most LIVE_CAP of each (live_multiple's 1,053 and
-# live_irrelevance's 884 rows would otherwise be 87% of them)
+# The live rows (half RL's, half the warm start's): BFCL's live categories (user-contributed
+# questions, none of them a non-live one: the contamination check drops any that shares a
+# question or a 13-word run), the same five kinds as the categories scored, at most LIVE_CAP
+# of each (live_multiple's 1,053 and live_irrelevance's 884 rows would otherwise be 87% of
+# them)
 LIVE = ("live_simple", "live_multiple", "live_parallel", "live_parallel_multiple",
         "live_irrelevance")
 LIVE_CAP = 256
