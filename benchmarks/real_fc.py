@@ -175,29 +175,20 @@ def sft_more(out: Path, overrides: list[str]) -> None:
     if (dest / "config.json").exists():
         print(f"{dest} exists: skipped")
         return
-    from transformers import AutoTokenizer
-
-    from toolrl.data.loader import load_rows
     from toolrl.trainer.config import load_config
-    from toolrl.trainer.warm_start import oracle_transcripts, sft
+    from toolrl.trainer.trainer import warm_start_transcripts
+    from toolrl.trainer.warm_start import sft
 
-    cfg = load_config(CONFIG, overrides)
+    train_file = load_config(CONFIG, overrides).data.train_file
+    cfg = load_config(CONFIG, [*overrides, f"warm_start.train_file={train_file}"])
     ws, start = cfg.warm_start, out / "warm_start"
-    tokenizer = AutoTokenizer.from_pretrained(start)
-
-    def transcripts(path: str) -> list[Any]:
-        return oracle_transcripts(cfg.env.id, load_rows(path), tokenizer,
-                                  {**cfg.env.kwargs, **ws.env_kwargs},
-                                  max_len=cfg.rollout.max_total_tokens)
-
+    transcripts, held_out = warm_start_transcripts(cfg, str(start))
     seconds = rl_seconds(out)
-    print(f"more SFT from {start} on {cfg.data.train_file}'s gold calls for {seconds:.0f} s",
-          flush=True)
-    metrics = sft(start, transcripts(cfg.data.train_file), dest, steps=ws.steps, lr=ws.lr,
-                  batch_size=ws.batch_size, seed=cfg.seed,
-                  val_transcripts=transcripts(ws.val_file) if ws.val_file else (),
-                  eval_every=ws.eval_every if ws.val_file else 0, patience=ws.patience,
-                  seconds=seconds)
+    print(f"more SFT from {start} on {train_file}'s gold calls for {seconds:.0f} s", flush=True)
+    metrics = sft(start, transcripts, dest, steps=ws.steps, lr=ws.lr,
+                  batch_size=ws.batch_size, seed=cfg.seed, stop_loss=ws.stop_loss,
+                  val_transcripts=held_out, eval_every=ws.eval_every if held_out else 0,
+                  patience=ws.patience, seconds=seconds)
     (dest / "warm_start_metrics.json").write_text(json.dumps(
         {"base_model": str(start), "rl_seconds": seconds, **metrics}, indent=2))
 

@@ -93,3 +93,30 @@ def test_the_recipe_gives_half_the_live_rows_to_the_warm_start(tmp_path):
     real_fc.split_live(source, tmp_path)  # the file's order is moot
     assert {json.loads(x)["id"] for x in (tmp_path / "rl_train.jsonl").read_text()
             .splitlines()} == live_ids["rl_train"]
+
+
+def test_more_sft_trains_on_rl_rows_gold_calls_for_the_rl_steps_wall_time(
+        tiny_model_dir, tmp_path, monkeypatch):
+    spec = importlib.util.spec_from_file_location("real_fc", ROOT / "benchmarks" / "real_fc.py")
+    real_fc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(real_fc)
+    rows = tmp_path / "data" / "real_fc" / "nestful.jsonl"
+    assert main(["data", "convert", "--from", "nestful", str(ROOT / "tests" / "data" / "nestful"),
+                 "--out", str(rows)]) == 0
+    lines = rows.read_text().splitlines(keepends=True)
+    assert len(lines) == 2
+    rows.with_name("rl.jsonl").write_text(lines[0] * 3)
+    for name in ("nestful_train.jsonl", "nestful_val.jsonl"):
+        rows.with_name(name).write_text(lines[1])
+    out = tmp_path / "run"
+    shutil.copytree(tiny_model_dir, out / "warm_start")
+    (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in (
+        {"step": 0, "val/success": 0.5}, {"step": 1, "timing/step_s": 0.25},
+        {"step": 2, "timing/step_s": 0.25})))
+    monkeypatch.chdir(tmp_path)  # the config's data/real_fc/ paths resolve here
+    real_fc.sft_more(out, [f"model.path={tiny_model_dir}", "data.train_file=data/real_fc/rl.jsonl"])
+    metrics = json.loads((out / "sft_more" / "warm_start_metrics.json").read_text())
+    assert metrics["rl_seconds"] == 0.5 and metrics["warm_start/stopped"] == "seconds"
+    assert metrics["warm_start/transcripts"] == 3  # RL's rows, not the warm start's
+    assert metrics["base_model"] == str(out / "warm_start")
+    assert (out / "sft_more" / "config.json").exists()

@@ -156,7 +156,7 @@ class Trainer:
                                   f"set warm_start.output to another directory")
             self.console.log(f"warm start: reusing {out}")
             return str(out)
-        transcripts, held_out = self._warm_start_transcripts(base)
+        transcripts, held_out = warm_start_transcripts(self.cfg, base)
         self.console.log(f"warm start: {len(transcripts)} oracle transcripts, {ws.steps} steps"
                          + (f" at most, {len(held_out)} held out" if held_out else ""))
         metrics = sft(base, transcripts, out, steps=ws.steps, lr=ws.lr,
@@ -171,31 +171,6 @@ class Trainer:
         metrics = {"base_model": self.cfg.model.path, **metrics}
         (out / "warm_start_metrics.json").write_text(json.dumps(metrics, indent=2))
         return str(out)
-
-    def _warm_start_transcripts(self, base: str) -> tuple[list[Any], list[Any]]:
-        """The warm start's oracle transcripts: (to train on, held out for the held-out loss)."""
-        from transformers import AutoTokenizer
-
-        from toolrl.trainer.warm_start import hold_out, oracle_transcripts
-
-        ws = self.cfg.warm_start
-        if ws.train_file:  # e.g. a dataset's gold calls: the oracle plays them
-            rows = load_rows(ws.train_file)[: ws.num_transcripts]
-        else:
-            rows = _env_class(self.cfg.env.id).make_tasks(
-                ws.num_transcripts, seed=self.cfg.seed, split="warm_start",
-                **(ws.task_kwargs or self.cfg.data.task_kwargs))
-        tokenizer = AutoTokenizer.from_pretrained(base)
-        env_kwargs = {**self.cfg.env.kwargs, **ws.env_kwargs}
-        transcripts = oracle_transcripts(self.cfg.env.id, rows, tokenizer, env_kwargs,
-                                         max_len=self.cfg.rollout.max_total_tokens)
-        if ws.val_file:  # held-out rows, played by the same oracle
-            return transcripts, oracle_transcripts(
-                self.cfg.env.id, load_rows(ws.val_file), tokenizer, env_kwargs,
-                max_len=self.cfg.rollout.max_total_tokens)
-        if ws.val_fraction > 0:
-            return hold_out(transcripts, ws.val_fraction, self.cfg.seed)
-        return transcripts, []
 
     def load_tasks(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """Train and val rows: ``env.id``'s (files or generator), then ``data.mixture``'s."""
@@ -806,6 +781,32 @@ def _replace(obj: Any, **changes: Any) -> Any:
     import dataclasses
 
     return dataclasses.replace(obj, **changes)
+
+
+def warm_start_transcripts(cfg: ExperimentConfig, base: str) -> tuple[list[Any], list[Any]]:
+    """The warm start's oracle transcripts: (to train on, held out for the held-out loss)."""
+    from transformers import AutoTokenizer
+
+    from toolrl.trainer.warm_start import hold_out, oracle_transcripts
+
+    ws = cfg.warm_start
+    if ws.train_file:  # e.g. a dataset's gold calls: the oracle plays them
+        rows = load_rows(ws.train_file)[: ws.num_transcripts]
+    else:
+        rows = _env_class(cfg.env.id).make_tasks(
+            ws.num_transcripts, seed=cfg.seed, split="warm_start",
+            **(ws.task_kwargs or cfg.data.task_kwargs))
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    env_kwargs = {**cfg.env.kwargs, **ws.env_kwargs}
+    transcripts = oracle_transcripts(cfg.env.id, rows, tokenizer, env_kwargs,
+                                     max_len=cfg.rollout.max_total_tokens)
+    if ws.val_file:  # held-out rows, played by the same oracle
+        return transcripts, oracle_transcripts(
+            cfg.env.id, load_rows(ws.val_file), tokenizer, env_kwargs,
+            max_len=cfg.rollout.max_total_tokens)
+    if ws.val_fraction > 0:
+        return hold_out(transcripts, ws.val_fraction, cfg.seed)
+    return transcripts, []
 
 
 def _env_class(env_id: str) -> Any:
