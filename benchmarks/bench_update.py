@@ -535,8 +535,8 @@ def main(argv: list[str] | None = None) -> int:
         if name == "uniform":
             rows["uniform: old-log-prob forward (skipped on-policy)"] = \
                 lambda td=td: actors["shared"].compute_log_prob(td)
-        times.update(zip(rows, benchlib.timed_alternating(list(rows.values()), reps=args.reps),
-                         strict=True))
+        times.update(zip(rows, benchlib.timed_alternating(list(rows.values()), reps=args.reps,
+                                                          desc=f"{name} batch"), strict=True))
         del rows
         gc.collect()
     actors.clear()
@@ -544,8 +544,8 @@ def main(argv: list[str] | None = None) -> int:
     sft_padded, sft_shared = sft_steps(work.model, sft_batch(work), work.sft_lr)
     rows = {"SFT step, padded (the warm start before)": sft_padded,
             "SFT step, common prefix once (the warm start now)": sft_shared}
-    times.update(zip(rows, benchlib.timed_alternating(list(rows.values()), reps=args.reps),
-                     strict=True))
+    times.update(zip(rows, benchlib.timed_alternating(list(rows.values()), reps=args.reps,
+                                                      desc="SFT step"), strict=True))
     med = {name: median(t) for name, t in times.items()}
     machine = (f"{benchlib.machine_label(torch=torch.__version__, transformers=transformers.__version__)}; "  # noqa: E501
                f"torch threads: {args.threads}.")

@@ -103,19 +103,26 @@ def median(xs: Sequence[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 
 
-def timed_alternating(fns: Sequence[Callable[[], Any]], reps: int, warmup: int = 1
-                      ) -> list[list[float]]:
+def timed_alternating(fns: Sequence[Callable[[], Any]], reps: int, warmup: int = 1,
+                      desc: str | None = None) -> list[list[float]]:
     """Time several functions in turn (a, b, c, a, b, c, ...) so that load from other
-    processes hits them alike; returns the seconds of every repetition, per function."""
-    for _ in range(warmup):
-        for fn in fns:
-            fn()
-    out: list[list[float]] = [[] for _ in fns]
-    for _ in range(reps):
-        for fn, times in zip(fns, out, strict=True):
-            start = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - start)
+    processes hits them alike; returns the seconds of every repetition, per function. With
+    ``desc``, a progress bar on stderr counts the calls (warm-up included)."""
+    from tqdm import tqdm
+
+    with tqdm(total=(warmup + reps) * len(fns), desc=desc, disable=desc is None,
+              file=sys.stderr) as bar:
+        for _ in range(warmup):
+            for fn in fns:
+                fn()
+                bar.update()
+        out: list[list[float]] = [[] for _ in fns]
+        for _ in range(reps):
+            for fn, times in zip(fns, out, strict=True):
+                start = time.perf_counter()
+                fn()
+                times.append(time.perf_counter() - start)
+                bar.update()
     return out
 
 
