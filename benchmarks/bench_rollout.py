@@ -111,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--block-size", type=int, default=None, help="KV cache block size")
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
+    args.argv = sys.argv[1:] if argv is None else list(argv)  # for the report's Reproduce line
     turn_tokens = [int(x) for x in str(args.tokens).split(",")]
     if args.quick:
         args.episodes, args.turns, args.reps = min(args.episodes, 16), min(args.turns, 2), 1
@@ -240,8 +241,9 @@ def main(argv: list[str] | None = None) -> int:
     headline = (f"**Multi-turn rollout / single-batch ceiling: {shares} (target >= 0.9 at "
                 f"{k0}-token turns: {verdict(first, 0.9)}); {args.latency * 1000:.0f} ms tools "
                 f"keep {with_latency:.2f}x (target >= 0.8: {verdict(with_latency, 0.8)}).**")
-    quick = " --quick" if args.quick else ""
-    text = (f"# Rollout throughput\n\nMachine: {machine_label()}; load average at the end "
+    command = " ".join([".venv/bin/python", "benchmarks/bench_rollout.py", *args.argv])
+    model = f": {Path(args.model).name}" if args.model else ""
+    text = (f"# Rollout throughput{model}\n\nMachine: {machine_label()}; load average at the end "
             f"{load:.1f} (other processes share the cores).\n\n{headline}\n\n" +
             "\n".join(lines) +
             f"\n\nRatios are medians over {args.reps} alternating repetition(s) of (ceiling, "
@@ -252,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
             f"({len(delta)} tokens) is appended as a template delta and prefilled before the "
             f"next turn. \"Extra ms per turn boundary\" is (wall - ceiling wall) / "
             f"{max(t - 1, 1)}: what each new turn of all {n} episodes costs beyond sampling.\n\n"
-            f"Reproduce: `.venv/bin/python benchmarks/bench_rollout.py{quick}`\n")
+            f"Reproduce: `{command}`\n")
     print(text)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(text)

