@@ -62,6 +62,19 @@ def test_micro_batch_tokens_follow_the_layout():
     assert micro_batch_tokens(budget)[1] == 1000
 
 
+def test_micro_batch_tokens_count_every_row_whole_on_the_varlen_route():
+    """On CUDA in half precision ``auto`` packs the rows (torch's varlen kernel): no prompt is
+    shared, checkpointing or not, forward only or not; in float32 the prompt runs once."""
+    cuda = ["actor.gradient_checkpointing=false", "resources.device=cuda",
+            "rollout.engine.backend=gpu"]
+    for half in (["actor.dtype=bfloat16"], ["actor.param_dtype=float16"]):
+        cfg = load_config(SCALE, [*cuda, *half])
+        assert micro_batch_tokens(cfg) == (8, 8 * 384)
+        assert micro_batch_tokens(cfg, forward_only=True) == (8, 8 * 384)
+    fp32 = load_config(SCALE, cuda)
+    assert micro_batch_tokens(fp32) == (8, 2 * 192 + 8 * 192)
+
+
 def test_plan_follows_the_config(half_b):
     base = load_config(SCALE, ["actor.gradient_checkpointing=false"])
     plan = plan_memory(base, half_b, 22 * GiB)

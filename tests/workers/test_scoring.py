@@ -47,6 +47,10 @@ def test_rows_sharing_a_prompt_form_one_group(grouped):
     assert resolve_layout("auto", grouped, cache_ok=True) == "shared_prefix"
     assert resolve_layout("auto", grouped, cache_ok=False) == "padded"
     assert resolve_layout("auto", make_batch(4, seed=1), cache_ok=True) == "padded"
+    # where the packed row would take torch's varlen kernel, auto packs, checkpointing or not
+    for cache_ok in (True, False):
+        assert resolve_layout("auto", grouped, cache_ok, varlen_ok=True) == "packed"
+    assert resolve_layout("padded", grouped, cache_ok=True, varlen_ok=True) == "padded"
     with pytest.raises(ValueError, match="gradient_checkpointing"):
         resolve_layout("shared_prefix", grouped, cache_ok=False)
     with pytest.raises(ValueError, match="unknown forward layout"):

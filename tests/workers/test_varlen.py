@@ -1,12 +1,14 @@
 """The packed layout's varlen route (`toolrl.workers.varlen`): cumulative lengths from the
 rollout layout, the kernel shim for each torch's signature, the route choice, and - with a
 pure-torch stand-in for the CUDA-only kernel - the same log-probs and gradients as the mask
-and padded routes, gradient checkpointing's recomputation included. The kernel itself runs in
+and padded routes, gradient checkpointing's recomputation included, and the ``auto`` layout
+packing wherever the route is varlen. The kernel itself runs in
 the gpu-marked test and in the GPU check (`tools/gpu_check`, scoring layouts)."""
 
 from __future__ import annotations
 
 import inspect
+from unittest import mock
 
 import pytest
 import torch
@@ -165,6 +167,44 @@ def test_the_varlen_route_with_gradient_checkpointing_gives_the_padded_gradients
                                    rtol=1e-4, msg=name)
 
 
+def test_auto_packs_where_the_packed_row_would_take_varlen(tiny_model_dir, stand_in,
+                                                            monkeypatch):
+    """Where a packed forward would take torch's varlen kernel (faked here: the route is told
+    CUDA and bfloat16, the stand-in runs the kernel) the ``auto`` layout packs, with gradient
+    checkpointing too, and gives the padded log-probs; with the mask forced it shares prompts.
+    The route is asked with the trunk's own device and dtype, read inside the forward."""
+    route, seen = varlen.packed_route, []
+
+    def on_cuda(config, device, dtype, choice="auto"):
+        seen.append((device.type, dtype, choice))
+        return route(config, torch.device("cuda"), torch.bfloat16, choice)
+
+    monkeypatch.setattr(varlen, "packed_route", on_cuda)
+    model = _model(tiny_model_dir)
+    td = make_batch(12, seed=5, group_size=4)
+    layers = model.config.num_hidden_layers
+    with torch.no_grad():
+        padded, _ = score_responses(model, td, layout="padded")
+        shared, _ = score_responses(model, td, layout="shared_prefix")
+        assert not stand_in and not seen
+        lp, _ = score_responses(model, td)  # the trainer's call: both choices auto
+        assert len(stand_in) == layers  # one packed row through the kernel
+        assert seen[0] == ("cpu", torch.float32, "auto")
+        model.train()
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        stand_in.clear()
+        checkpointed, _ = score_responses(model, td)
+        assert len(stand_in) == layers
+        model.gradient_checkpointing_disable()
+        model.eval()
+        stand_in.clear()
+        masked, _ = score_responses(model, td, packed_attention="mask")
+        assert not stand_in
+    torch.testing.assert_close(lp, padded, atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(checkpointed, lp, atol=2e-5, rtol=1e-5)
+    assert torch.equal(masked, shared)
+
+
 def _fake_kernels():
     """Stand-ins with the signatures of torch 2.10 (``is_causal``), 2.11 (``window_size``,
     no ``enable_gqa``) and 2.13 (``enable_gqa``); each refuses what its torch refuses."""
@@ -262,8 +302,9 @@ def test_the_cpu_path_is_unchanged_and_says_why(tiny_model_dir, caplog):
 
 @pytest.mark.gpu
 def test_on_cuda_auto_runs_torchs_varlen_kernel(tiny_model_dir):
-    """bf16 on CUDA: ``auto`` takes the varlen route; log-probs agree with the mask route and
-    with transformers within bf16 noise; a backward goes through the kernel."""
+    """bf16 on CUDA: ``auto`` takes the varlen route, and the ``auto`` layout packs onto it;
+    log-probs agree with the mask route and with transformers within bf16 noise; a backward
+    goes through the kernel."""
     if varlen.torch_varlen_attn() is None:
         pytest.skip(f"torch {torch.__version__} has no torch.nn.attention.varlen")
     model = _model(tiny_model_dir, torch.bfloat16).cuda()
@@ -272,6 +313,10 @@ def test_on_cuda_auto_runs_torchs_varlen_kernel(tiny_model_dir):
         mask, _ = score_responses(model, td, layout="packed", packed_attention="mask")
         lp, _ = score_responses(model, td, layout="packed")
         padded, _ = score_responses(model, td, layout="padded")
+        with mock.patch.object(varlen, "packed_call", wraps=varlen.packed_call) as spy:
+            auto, _ = score_responses(model, td)  # the auto layout packs on the varlen route
+    assert spy.called
+    torch.testing.assert_close(auto, lp, atol=1e-3, rtol=0)
     assert model.config._attn_implementation == varlen.IMPLEMENTATION
     real = td[ATTENTION_MASK][:, -td[RESPONSES].shape[1]:].bool()
     assert float((lp - mask)[real].abs().mean()) < 0.02

@@ -244,8 +244,8 @@ def _bytes(dtype: str | None) -> int:
 def micro_batch_tokens(cfg: ExperimentConfig, forward_only: bool = False) -> tuple[int, int]:
     """(rows, tokens) of the largest micro-batch one actor rank runs, at the configured maximum
     lengths, in the layout `toolrl.workers.scoring` uses: a prompt shared by the rows of one
-    GRPO group runs once (``shared_prefix``), unless gradient checkpointing or packing make
-    every row run whole."""
+    GRPO group runs once (``shared_prefix``), unless gradient checkpointing, packing, or the
+    varlen route (CUDA in half precision: ``auto`` packs there) make every row run whole."""
     a = cfg.actor
     ranks = cfg.resources.nodes * cfg.resources.processes_per_node
     group = cfg.algorithm.group_size
@@ -259,7 +259,8 @@ def micro_batch_tokens(cfg: ExperimentConfig, forward_only: bool = False) -> tup
     prompt = min(total // 2, 512)
     if a.max_tokens_per_micro_batch is not None:
         return rows, min(rows * total, max(a.max_tokens_per_micro_batch, total))
-    shared = a.share_prompts and not a.use_remove_padding and \
+    varlen = cfg.resources.device == "cuda" and _bytes(a.param_dtype or a.dtype) == 2
+    shared = a.share_prompts and not a.use_remove_padding and not varlen and \
         not (a.gradient_checkpointing and not forward_only)
     prompts = rows
     if shared:  # groups are consecutive rows; a micro-batch may straddle two of them

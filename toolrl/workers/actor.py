@@ -59,9 +59,12 @@ class ActorConfig(FSDPConfig):
             aggregation (Dr.GRPO); in an experiment the trainer sets it from
             ``rollout.max_total_tokens``.
         weight_bucket_mb: bucket size of weight pushes to the rollout engines.
-        share_prompts: rows with identical prompts (a GRPO group) run the prompt once and the
-            responses on its KV cache (`toolrl.workers.scoring`); off, or with
-            ``use_remove_padding`` or gradient checkpointing, every row runs whole.
+        share_prompts: score in the ``auto`` layout (`toolrl.workers.scoring`): on CUDA in
+            half precision every row's real tokens packed into one row on torch's varlen
+            kernel (the fastest there, benchmarks/gpu_check.md); elsewhere rows with identical
+            prompts (a GRPO group) run the prompt once and the responses on its KV cache (not
+            under gradient checkpointing). Off: every row runs whole (``padded``);
+            ``use_remove_padding`` packs either way.
         logits_chunk_size: response positions per LM-head chunk (None: as many as fit in
             256 MiB of float32 logits); the ``[tokens x vocab]`` logits never exist whole.
         lora: train LoRA adapters (`toolrl.workers.lora.LoraConfig`; ``rank: 0``, the

@@ -19,15 +19,21 @@ response tokens in the rollout layout (`toolrl.batch`). Two things make it lean:
 Layouts of the trunk (`LAYOUTS`): ``padded`` (rows run whole with the attention mask, in
 runs of similar length each cropped to its own longest row: `length_buckets`), ``packed``
 (real tokens of all rows in one row, position ids restarting per sample), ``shared_prefix``
-(above), and ``auto`` (``shared_prefix`` when some rows share a prompt and the cache can carry
-gradients, i.e. no gradient checkpointing while training; else ``padded``).
+(above), and ``auto``: ``packed`` where the packed row would attend by varlen (below), with or
+without gradient checkpointing, as on torch's varlen kernel it measured fastest (bf16
+forward+backward on an H100 at the Qwen2.5-0.5B shape: 140 ms against 228 padded and 277
+shared-prefix, benchmarks/gpu_check.md); else ``shared_prefix`` when some rows share a prompt
+and the cache can carry gradients, i.e. no gradient checkpointing while training (the fastest
+in float32 and on the CPU); else ``padded``. ``auto`` decides inside the forward, from the
+input embeddings' weight: FSDP2's mixed precision has gathered it in the compute dtype there.
 
 The packed row attends in one of two ways (``packed_attention``, `toolrl.workers.varlen`):
 ``varlen``, torch's own variable-length FlashAttention kernel given each sample's cumulative
-length (what ``auto`` takes on CUDA in float16/bfloat16 for an sdpa model with full-attention
-layers; the model then stays on ``toolrl_varlen``, which is sdpa for every other call), or
-``mask``, the model's own attention with the block-diagonal mask transformers builds from the
-position ids (CPU, float32, other attention implementations). The route is logged once.
+length (what ``packed_attention="auto"`` takes on CUDA in float16/bfloat16 for an sdpa model
+with full-attention layers; the model then stays on ``toolrl_varlen``, which is sdpa for every
+other call), or ``mask``, the model's own attention with the block-diagonal mask transformers
+builds from the position ids (CPU, float32, other attention implementations). The route is
+logged once.
 
 Everything runs inside the model's own ``__call__`` (`enable_scoring` routes a keyword to it),
 so FSDP2's hooks on the root module gather and free its parameters exactly as for a normal
@@ -85,8 +91,11 @@ def prompt_groups(td: TensorDict) -> Tensor:
                         dtype=torch.long, device=prompts.device)
 
 
-def resolve_layout(layout: str, td: TensorDict, cache_ok: bool) -> str:
-    """The concrete layout for ``td`` (see the module docstring for ``auto``)."""
+def resolve_layout(layout: str, td: TensorDict, cache_ok: bool, varlen_ok: bool = False
+                   ) -> str:
+    """The concrete layout for ``td`` (see the module docstring for ``auto``). ``cache_ok``: the
+    KV cache can carry gradients (no gradient checkpointing while training); ``varlen_ok``: a
+    packed forward would attend by torch's varlen kernel (`varlen.packed_route`)."""
     if layout not in LAYOUTS:
         raise ValueError(f"unknown forward layout {layout!r}; choose one of {list(LAYOUTS)}")
     if layout == "shared_prefix" and not cache_ok:
@@ -94,6 +103,8 @@ def resolve_layout(layout: str, td: TensorDict, cache_ok: bool) -> str:
                          "turn gradient_checkpointing off (or use padded / packed)")
     if layout != "auto":
         return layout
+    if varlen_ok:
+        return "packed"
     if not cache_ok:
         return "padded"
     groups = prompt_groups(td)
@@ -114,8 +125,10 @@ def score_responses(model: nn.Module, td: TensorDict, *, temperature: float = 1.
         raise ValueError(f"unknown packed attention {packed_attention!r}; choose one of "
                          f"{list(varlen.CHOICES)}")
     cache_ok = not (model.training and getattr(model, "is_gradient_checkpointing", False))
-    job = _ScoringJob(td, resolve_layout(layout, td, cache_ok), temperature, with_entropy,
-                      entropy_grad, chunk_size, packed_attention)
+    if layout != "auto":  # auto needs the compute device and dtype: the job resolves it
+        layout = resolve_layout(layout, td, cache_ok)
+    job = _ScoringJob(td, layout, temperature, with_entropy, entropy_grad, chunk_size,
+                      packed_attention, cache_ok)
     flat_lp, flat_ent = model(**{_KWARG: job})
     return job.scatter(flat_lp), (job.scatter(flat_ent) if flat_ent is not None else None)
 
@@ -161,10 +174,10 @@ class _ScoringJob:
     purpose: FSDP2 rebuilds dataclass arguments when it casts forward inputs)."""
 
     def __init__(self, td: TensorDict, layout: str, temperature: float, with_entropy: bool,
-                 entropy_grad: bool, chunk_size: int | None, packed_attention: str = "auto"
-                 ) -> None:
+                 entropy_grad: bool, chunk_size: int | None, packed_attention: str = "auto",
+                 cache_ok: bool = True) -> None:
         self.td, self.layout, self.temperature = td, layout, temperature
-        self.packed_attention = packed_attention
+        self.packed_attention, self.cache_ok = packed_attention, cache_ok
         self.with_entropy, self.entropy_grad, self.chunk_size = with_entropy, entropy_grad, \
             chunk_size
         responses = td.get(RESPONSES)
@@ -182,10 +195,17 @@ class _ScoringJob:
 
     def __call__(self, model: nn.Module) -> tuple[Tensor, Tensor | None]:
         trunk = model.base_model
-        if self.layout == "packed":
-            hidden = self._packed(trunk)
+        layout = self.layout
+        if layout == "auto":
+            # inside the forward the weight is in the compute dtype (FSDP2 gathers it cast)
+            weight = trunk.get_input_embeddings().weight
+            route, _ = varlen.packed_route(trunk.config, weight.device, weight.dtype,
+                                           self.packed_attention)
+            layout = resolve_layout(layout, self.td, self.cache_ok, route == "varlen")
+        if layout == "packed":
+            hidden = self._packed(trunk)  # logs its route once
         else:
-            prefix = self._prefix(trunk) if self.layout == "shared_prefix" else None
+            prefix = self._prefix(trunk) if layout == "shared_prefix" else None
             lengths = self.resp_real if prefix else self.prompt_real + self.resp_real
             # every index lives on the micro-batch's device: a CPU tensor indexed by CUDA
             # indices (``self.valid``) is an error, and CPU indices into CUDA tensors copy

@@ -246,7 +246,8 @@ def check_scoring(ctx: Context) -> Section:
                         return score_responses(model, td, layout=layout, with_entropy=grad,
                                                packed_attention=attention)
 
-                lp, _ = score(False)
+                with mock.patch.object(varlen, "packed_call", wraps=varlen.packed_call) as spy:
+                    lp, _ = score(False)
                 top, mean = gaps(lp, reference)
                 if dtype == torch.float32:
                     ok = sec.check(top <= FP32_TOLERANCE,
@@ -254,6 +255,11 @@ def check_scoring(ctx: Context) -> Section:
                 else:
                     ok = sec.check(mean <= BF16_MEAN_TOLERANCE,
                                    f"bf16 {label}: mean gap {mean:.3g} > {BF16_MEAN_TOLERANCE}")
+                if layout == "auto":
+                    sec.data[f"{name}/auto_took_varlen"] = spy.called
+                    if ctx.cuda and dtype == torch.bfloat16:  # auto packs on the varlen route
+                        ok = sec.check(spy.called, "bf16 auto on CUDA did not take the packed "
+                                                   "layout on varlen") and ok
 
                 def forward(score: Callable[[bool], Any] = score) -> None:
                     score(False)
@@ -285,7 +291,8 @@ def check_scoring(ctx: Context) -> Section:
     sec.notes.append("packed (varlen): torch.nn.attention.varlen.varlen_attn, each sample "
                      "attending within itself by cumulative lengths; packed (mask): the "
                      "model's sdpa with the block-diagonal mask transformers builds from the "
-                     "position ids. `auto` takes varlen on CUDA in bf16/fp16.")
+                     "position ids. On CUDA in bf16/fp16 packed takes varlen, and the "
+                     "`auto` layout packs (elsewhere it shares prompts where it can).")
     if ctx.dry:
         sec.notes.append("dry mode: CPU, tiny shape; the times say nothing about a GPU. The "
                          "varlen rows run a pure-torch stand-in for torch's CUDA-only kernel "

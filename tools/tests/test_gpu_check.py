@@ -35,6 +35,7 @@ def test_the_dry_mode_runs_every_check_and_writes_the_report(tmp_path):
         for layout in ("padded", "packed", "packed:varlen", "shared_prefix"):
             assert scoring[f"{dtype}/{layout}"]["max"] < 0.01
         assert scoring[f"{dtype}/packed_route"] == "mask"  # auto on the CPU
+        assert scoring[f"{dtype}/auto_took_varlen"] is False  # so the auto layout shares prompts
 
 
 def test_the_scoring_check_times_the_packed_layout_on_both_routes_where_it_can():
