@@ -127,14 +127,16 @@ def test_deterministic_cached_and_guarded(tmp_path):
 def test_a_build_of_an_older_format_is_rebuilt_and_a_users_folder_is_not(tmp_path):
     """A run that builds its model (``model.build_tiny_if_missing``) rebuilds a tiny folder
     an older toolrl wrote (its template may be another), keeps a current one of any seed,
-    and never touches a folder without the stamp."""
+    refuses one of another size, and never touches a folder without the stamp."""
     import json
 
     from toolrl.models.tiny import STAMP, is_current, needs_build
 
     a = build_tiny_model(tmp_path / "a", seed=3)
     assert is_current(a) and not needs_build(a) and not needs_build(a, "small")
-    assert needs_build(a, "medium") and needs_build(tmp_path / "missing")
+    assert needs_build(tmp_path / "missing")
+    with pytest.raises(ValueError, match="holds a tiny 'small' model, and model"):
+        needs_build(a, "medium")  # another size: never built over (another run's model)
     stamp = json.loads((a / STAMP).read_text())
     (a / STAMP).write_text(json.dumps({**stamp, "format": stamp["format"] - 1}))
     assert not is_current(a) and needs_build(a)

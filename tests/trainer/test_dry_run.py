@@ -132,6 +132,17 @@ def test_a_prompt_over_the_budget_is_a_problem_with_the_key_to_change(tiny_model
     assert "rollout.max_prompt_tokens" in problem and "PROBLEM" in text
 
 
+
+def test_a_tiny_build_of_another_size_is_a_problem_and_stays(tiny_model_dir):
+    """A config that would build a tiny model of another size over an existing tiny build
+    (an overridden model.path) is refused, not rebuilt: the folder may be another run's."""
+    stamp = (tiny_model_dir / "toolrl_tiny.json").read_text()
+    report, text = run(config(tiny_model_dir, "model.build_tiny_if_missing=true",
+                              "model.tiny_size=medium"), tasks=2)
+    assert any("holds a tiny 'small' model, and model.tiny_size='medium' would replace it"
+               in p for p in report.problems), report.problems
+    assert "PROBLEM" in text and (tiny_model_dir / "toolrl_tiny.json").read_text() == stamp
+
 def test_rows_filtered_for_their_prompt_length_are_not_the_ones_played(tiny_model_dir,
                                                                         tmp_path):
     """With data.overlong_prompts=filter the dry run plays the rows train would run: the

@@ -262,9 +262,22 @@ def is_current(out: str | os.PathLike, size: str = "small") -> bool:
 
 def needs_build(out: str | os.PathLike, size: str = "small") -> bool:
     """Whether a run that builds its model at ``out`` builds it now: the folder is missing, or
-    holds a tiny build of an older format (a folder without the stamp is a user's: kept)."""
+    holds a tiny build of ``size`` in an older format (a folder without the stamp is a user's:
+    kept). A tiny build of another size is never replaced (it may be another run's model):
+    ValueError naming both sizes."""
     out = Path(out).expanduser()
-    return not out.exists() or ((out / STAMP).exists() and not is_current(out, size))
+    if not out.exists():
+        return True
+    try:
+        built = json.loads((out / STAMP).read_text())
+    except (OSError, json.JSONDecodeError):
+        return False
+    if built.get("size") != size:
+        raise ValueError(f"{out} holds a tiny {built.get('size')!r} model, and "
+                         f"model.tiny_size={size!r} would replace it: set "
+                         f"model.tiny_size={built.get('size')}, or point model.path at "
+                         f"another folder")
+    return not is_current(out, size)
 
 
 def build_tokenizer(seed: int = 0, vocab_size: int = VOCAB_SIZE):

@@ -237,6 +237,9 @@ def _renderer(cfg: ExperimentConfig, rollout: RolloutConfig, report: DryRunRepor
 
     try:
         tokenizer = _tokenizer(cfg, rollout)
+    except ConfigError as exc:  # the run itself would refuse this model path
+        report.problems.append(str(exc))
+        return None
     except Exception as exc:  # no local model and no hub: counts are skipped, not the run
         report.notes.append(f"no tokenizer ({type(exc).__name__}: {exc}): prompt token counts "
                             f"skipped")
@@ -258,13 +261,22 @@ def _renderer(cfg: ExperimentConfig, rollout: RolloutConfig, report: DryRunRepor
     return renderer
 
 
+def _builds(cfg: ExperimentConfig) -> bool:
+    """Whether the run would build its tiny model (a build of another size: ConfigError)."""
+    from toolrl.models.tiny import needs_build
+
+    try:
+        return needs_build(cfg.model.path, cfg.model.tiny_size)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
 def _tokenizer(cfg: ExperimentConfig, rollout: RolloutConfig) -> Any:
     from toolrl.models.source import require_model
-    from toolrl.models.tiny import needs_build
 
     if rollout.engine.tokenizer is not None:
         path = require_model(rollout.engine.tokenizer, key="rollout.engine.tokenizer")
-    elif cfg.model.build_tiny_if_missing and needs_build(cfg.model.path, cfg.model.tiny_size):
+    elif cfg.model.build_tiny_if_missing and _builds(cfg):
         from toolrl.models.tiny import build_tokenizer
 
         return build_tokenizer(seed=cfg.seed)  # the tokenizer of the model the run would build

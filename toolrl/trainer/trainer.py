@@ -130,7 +130,11 @@ class Trainer:
         if cfg.model.build_tiny_if_missing:
             from toolrl.models.tiny import build_tiny_model, needs_build
 
-            if needs_build(source.path, cfg.model.tiny_size):  # missing, or an older build
+            try:
+                build = needs_build(source.path, cfg.model.tiny_size)  # missing, or older
+            except ValueError as exc:  # a tiny build of another size: never replaced
+                raise ConfigError(str(exc)) from None
+            if build:
                 self.console.log(f"building a {cfg.model.tiny_size} model (random weights) at "
                                  f"{source.path}")
                 build_tiny_model(Path(source.path).expanduser(), seed=cfg.seed,
