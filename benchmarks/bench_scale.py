@@ -1,6 +1,6 @@
 """Real model sizes: the Qwen2.5-0.5B shape trained on CPU, memory per process, weight push.
 
-Three measurements, each against `toolrl.trainer.memory`'s pre-flight plan:
+Five measurements, each against `toolrl.trainer.memory`'s pre-flight plan:
 
 - **train**: ``configs/scale_0p5b_cpu.yaml`` (494M parameters, the real 151,936-token
   vocabulary, random weights; the quickstart's colocated layout: 2 tasks x 4 samples, 40 tokens
@@ -9,14 +9,20 @@ Three measurements, each against `toolrl.trainer.memory`'s pre-flight plan:
   ``VmHWM``) of every process: the driver, Ray's own processes, the worker hosting the actor
   and the rollout client, and vLLM's engine core;
 - **tiny**: the same layout with the tiny model, so the plan is compared at both ends;
+- **plain**: the 0.5B shape as a user would first write it: no gradient checkpointing, the
+  default LM-head chunks, micro-batches of 4;
+- **smollm2**: the real-model recipe's config (``configs/real_fc.yaml``: SmolLM2-135M-Instruct,
+  16 samples of up to 1,700 tokens a step, micro-batches of 4) with a short warm start (SFT in
+  the driver) before its GRPO steps, so the driver's warm-start phase is measured too;
 - **push**: one process holding an FSDP2 actor of the 0.5B shape and a vLLM engine (the
   colocated route); for each bucket size, the peak extra memory of a weight push in the actor's
   process and in the engine core (high-water mark reset before the push, minus the resident
   size before it) and its time.
 
-    .venv/bin/python benchmarks/bench_scale.py [--quick] [--sections train tiny push]
+    .venv/bin/python benchmarks/bench_scale.py [--quick] [--sections train tiny plain smollm2 push]
 
-Needs ~16 GB of free memory for the 0.5B sections (``--quick``: the tiny run only).
+Needs ~16 GB of free memory for the 0.5B sections (``--quick``: the tiny run only); the
+smollm2 section needs ``make smollm2`` and the recipe's rows (``make real-fc-data``).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -36,6 +43,7 @@ from benchlib import md_table, median
 
 RESULTS = benchlib.RESULTS_DIR / "scale.md"
 CONFIG = benchlib.ROOT / "configs" / "scale_0p5b_cpu.yaml"
+REAL_FC = benchlib.ROOT / "configs" / "real_fc.yaml"
 SHAPE = "qwen2.5-0.5b"
 PHASES = ("rollout", "reward", "log_probs", "advantage", "update", "sync")
 GiB = float(1 << 30)
@@ -80,6 +88,41 @@ def trainer_processes(trainer: Any) -> dict[str, list[int]]:
             "worker: actor + rollout": workers, "vLLM engine core": engines}
 
 
+class TotalSampler:
+    """The resident memory of this process and all its descendants (Ray's processes, workers,
+    engine cores) summed, sampled every ``every`` seconds in a thread: the peak of what the run
+    holds at one moment, which the plan's total (its busiest phase) predicts. Per-process peaks
+    are reached at different moments (the warm start before the workers exist, the engine's
+    push after the update), so their sum over-counts."""
+
+    def __init__(self, every: float = 0.25) -> None:
+        import threading
+
+        self.every, self.peak = every, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        import psutil
+
+        me = psutil.Process()
+        while not self._stop.is_set():
+            total = 0
+            for proc in [me, *me.children(recursive=True)]:
+                with contextlib.suppress(psutil.Error):
+                    total += proc.memory_info().rss
+            self.peak = max(self.peak, total)
+            self._stop.wait(self.every)
+
+    def __enter__(self) -> TotalSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
 # --- train ---------------------------------------------------------------------------------
 def train(config: Path, steps: int, overrides: list[str], label: str) -> dict[str, Any]:
     from toolrl.trainer.config import load_config
@@ -88,19 +131,21 @@ def train(config: Path, steps: int, overrides: list[str], label: str) -> dict[st
     from toolrl.trainer.trainer import Trainer
 
     out = benchlib.SCRATCH / f"scale-{label}"
+    shutil.rmtree(out, ignore_errors=True)  # a warm start kept there would be reused
     cfg = load_config(config, [f"trainer.output_dir={out}", f"trainer.total_steps={steps}",
                                "trainer.resume=never", *overrides])
     plan = check_memory(cfg)
     for pid in [os.getpid(), *descendants(os.getpid())]:
         reset_peak(pid)
-    trainer = Trainer(cfg)
     start = time.perf_counter()
-    try:
-        trainer.fit()
-        procs = trainer_processes(trainer)
-        peaks = {role: [status(p, "VmHWM") for p in pids] for role, pids in procs.items()}
-    finally:
-        trainer.close()
+    with TotalSampler() as sampler:
+        trainer = Trainer(cfg)
+        try:
+            trainer.fit()
+            procs = trainer_processes(trainer)
+            peaks = {role: [status(p, "VmHWM") for p in pids] for role, pids in procs.items()}
+        finally:
+            trainer.close()
     rows = [r for r in read_metrics(cfg.run_dir / "metrics.jsonl") if r["step"] >= 1]
     timing = {ph: [r.get(f"timing/{ph}_s", float("nan")) for r in rows] for ph in PHASES}
     timing["step"] = [r["timing/step_s"] for r in rows]
@@ -108,8 +153,20 @@ def train(config: Path, steps: int, overrides: list[str], label: str) -> dict[st
     return {"label": label, "steps": len(rows), "seconds": time.perf_counter() - start,
             "timing": timing, "peaks": peaks, "planned": planned,
             "plan_total": plan.host_total if plan else float("nan"),
+            "sampled_total": sampler.peak,
             "plan_summary": plan.summary() if plan else "",
             "config": [str(config), *overrides]}
+
+
+# the 0.5B shape without the config's memory savings, as a first config would be written
+PLAIN_OVERRIDES = ["actor.gradient_checkpointing=false", "actor.logits_chunk_size=null",
+                   "actor.micro_batch_size=4"]
+# the recipe's config as it trains, with a warm start cut to a few steps (its own folder, so
+# no earlier warm start is reused) and no checkpoints or validation between the steps
+SMOLLM2_OVERRIDES = ["warm_start.steps=4", "warm_start.eval_every=0", "warm_start.val_file=null",
+                     "warm_start.num_transcripts=64", "warm_start.output=null",
+                     "trainer.val_every=0",
+                     "trainer.save_every=0"]
 
 
 # --- push ----------------------------------------------------------------------------------
@@ -175,8 +232,12 @@ def train_section(r: dict[str, Any]) -> list[str]:
         total_meas += meas
         total_plan += plan
         mem.append((role, len(peaks), _gib(meas), _gib(plan), f"{meas / plan:.2f}"))
-    mem.append(("**total**", "", f"**{_gib(total_meas)}**", f"**{_gib(r['plan_total'])}**",
-                f"{total_meas / r['plan_total']:.2f}"))
+    mem.append(("sum of the peaks above", "", _gib(total_meas), _gib(total_plan),
+                f"{total_meas / total_plan:.2f}"))
+    at_once = r.get("sampled_total", float("nan"))
+    mem.append(("**all processes at once** (sampled every 0.25 s; plan: its busiest phase)", "",
+                f"**{_gib(at_once)}**", f"**{_gib(r['plan_total'])}**",
+                f"**{at_once / r['plan_total']:.2f}**"))
     return [
         f"Config: `{' '.join(_relative(c) for c in r['config'])}`, {r['steps']} steps, "
         f"{r['seconds']:.0f} s in all (engine and actor start-up, validation before and after "
@@ -185,8 +246,9 @@ def train_section(r: dict[str, Any]) -> list[str]:
         md_table(["phase", "median s/step", "max s/step"], rows),
         "",
         "Peak resident memory (VmHWM) of every process, and the pre-flight plan's peak of it "
-        f"({r['plan_summary']}); the plan's total is its busiest phase, the sum of the "
-        "measured peaks is an upper bound on any moment's use:",
+        f"({r['plan_summary']}). Processes peak at different moments, so the last row, the "
+        "resident memory of all of them summed at one moment, is what the plan's total "
+        "predicts:",
         "",
         md_table(["process", "n", "measured GiB", "planned GiB", "measured / planned"], mem),
     ]
@@ -231,9 +293,10 @@ def report(results: dict[str, Any], machine: str, argv: list[str]) -> str:
         worker = sum(r["peaks"]["worker: actor + rollout"])
         core = sum(r["peaks"]["vLLM engine core"])
         head.append(f"0.5B shape, {r['steps']} GRPO steps without an OOM: peak RSS actor/"
-                    f"rollout process {_gib(worker)} GiB, engine core {_gib(core)} GiB, all "
-                    f"processes {_gib(total)} GiB (plan {_gib(r['plan_total'])}); step "
-                    f"{median(r['timing']['step']):.0f} s")
+                    f"rollout process {_gib(worker)} GiB, engine core {_gib(core)} GiB, sum of "
+                    f"the process peaks {_gib(total)} GiB, all processes at once "
+                    f"{_gib(r.get('sampled_total', float('nan')))} GiB (plan "
+                    f"{_gib(r['plan_total'])}); step {median(r['timing']['step']):.0f} s")
     if "push" in results:
         parts = []
         largest = results["push"]["largest_tensor_bytes"]
@@ -251,6 +314,12 @@ def report(results: dict[str, Any], machine: str, argv: list[str]) -> str:
     if "tiny" in results:
         lines += ["## Training: the tiny model, same layout", "", *train_section(results["tiny"]),
                   ""]
+    if "plain" in results:
+        lines += ["## Training: the 0.5B shape, a plain config", "",
+                  *train_section(results["plain"]), ""]
+    if "smollm2" in results:
+        lines += ["## Training: SmolLM2-135M-Instruct, the real-model recipe's config", "",
+                  *train_section(results["smollm2"]), ""]
     if "push" in results:
         lines += ["## Weight push: peak extra memory vs bucket size", "",
                   *push_section(results["push"]), ""]
@@ -262,8 +331,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="the tiny run only, 2 steps")
     p.add_argument("--dry-run", action="store_true", help="print the plan and exit")
-    p.add_argument("--sections", nargs="+", choices=["train", "tiny", "push"],
-                   default=["train", "tiny", "push"])
+    sections = ["train", "tiny", "plain", "smollm2", "push"]
+    p.add_argument("--sections", nargs="+", choices=sections, default=sections)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--buckets", nargs="+", type=float, default=[64, 256, 1024])
     p.add_argument("--reps", type=int, default=2)
@@ -285,8 +354,18 @@ def main(argv: list[str] | None = None) -> int:
         results["train"] = train(CONFIG, args.steps, [], "0p5b")
     if "tiny" in args.sections:
         tiny = benchlib.tiny_model("small")
-        results["tiny"] = train(CONFIG, args.steps, [f"model.path={tiny}",
+        results["tiny"] = train(CONFIG, args.steps, [f"model.path={tiny}", "model.tiny_size=small",
                                                      "rollout.engine.dtype=float32"], "tiny")
+    if "plain" in args.sections:
+        results["plain"] = train(CONFIG, args.steps, PLAIN_OVERRIDES, "plain")
+    if "smollm2" in args.sections:
+        missing = [p for p in ("models/smollm2-135m-instruct", "data/real_fc/nestful_train.jsonl")
+                   if not (benchlib.ROOT / p).exists()]
+        if missing:
+            print(f"smollm2 section skipped: {', '.join(missing)} missing (make smollm2 "
+                  f"real-fc-data)", file=sys.stderr)
+        else:
+            results["smollm2"] = train(REAL_FC, args.steps, SMOLLM2_OVERRIDES, "smollm2")
     if "push" in args.sections:
         results["push"] = push(args.buckets, args.reps)
     benchlib.save_raw("scale", {"machine": machine, "argv": argv, "results": results})

@@ -233,7 +233,8 @@ def test_scale_report_from_fake_results():
                      "worker: actor + rollout": [11 * gib], "vLLM engine core": [3 * gib]},
            "planned": {"driver": 0.6 * gib, "Ray system processes": 0.6 * gib,
                        "worker: actor + rollout": 10 * gib, "vLLM engine core": 3 * gib},
-           "plan_total": 14.2 * gib, "plan_summary": "memory plan: host 14.2 GiB"}
+           "plan_total": 14.2 * gib, "sampled_total": 14.0 * gib,
+           "plan_summary": "memory plan: host 14.2 GiB"}
     push = {"weights_bytes": 2 * gib, "largest_tensor_bytes": gib // 2, "results": [
         {"bucket_mb": 256.0, "runs": [{"seconds": 5.0, "actor_extra": gib // 2,
                                        "engine_extra": 3 * gib // 2, "buckets": 7}]}]}
@@ -241,7 +242,10 @@ def test_scale_report_from_fake_results():
     heads = run_all.headlines(text)
     assert len(heads) == 1 and "actor/rollout process 11.00 GiB" in heads[0]
     assert "engine core 3.00 GiB" in heads[0] and "256 MiB buckets 2.00 GiB" in heads[0]
-    assert "| **total** |" in text and "| 256 | 7 |" in text
+    assert "all processes at once 14.00 GiB (plan 14.20)" in heads[0]
+    assert "| **all processes at once** (sampled every 0.25 s; plan: its busiest phase) |  | " \
+        "**14.00** | **14.20** | **0.99** |" in text
+    assert "| sum of the peaks above |" in text and "| 256 | 7 |" in text
 
 
 def test_lora_report_states_memory_and_sync_ratios():

@@ -16,6 +16,7 @@ from toolrl.trainer.memory import (
     MemoryBudgetError,
     ModelShape,
     check_memory,
+    episode_lengths,
     micro_batch_tokens,
     plan_memory,
 )
@@ -61,6 +62,28 @@ def test_micro_batch_tokens_follow_the_layout():
     budget = load_config(SCALE, ["actor.max_tokens_per_micro_batch=1000"])
     assert micro_batch_tokens(budget)[1] == 1000
 
+
+
+def test_episode_lengths_follow_the_prompt_budget_and_one_turns_cap(half_b):
+    """The plan's longest episode: the first prompt at its budget (explicit or the rollout
+    worker's default), then the rest of the episode, or one turn's tokens when there is one
+    turn (after a 1,536-token tool-schema prompt each row adds at most its 160-token turn);
+    the warm start's batch (different tasks) runs every row whole."""
+    assert episode_lengths(load_config(SCALE)) == (192, 192)  # 3 turns: the rest of 384
+    single = ["rollout.max_turns=1", "rollout.max_prompt_tokens=1536",
+              "rollout.max_total_tokens=1700", "rollout.max_tokens_per_turn=160",
+              "rollout.engine.max_model_len=1792",
+              "actor.gradient_checkpointing=false", "actor.micro_batch_size=4"]
+    cfg = load_config(SCALE, single)
+    assert episode_lengths(cfg) == (1536, 160)
+    assert micro_batch_tokens(cfg) == (4, 1536 + 4 * 160)  # one group's prompt once
+    multi = load_config(SCALE, [s for s in single if "max_turns" not in s])
+    assert episode_lengths(multi) == (1536, 164)  # turns and observations: the rest
+    warm = plan_memory(load_config(SCALE, [*single, "warm_start.enabled=true",
+                                           "warm_start.batch_size=4"]), half_b)
+    driver = next(p for p in warm.processes if p.name == "driver")
+    assert driver.phases["warm start"]["SFT activations"] == \
+        half_b.train_activation_bytes(4 * (1536 + 160), 4, False)
 
 def test_micro_batch_tokens_count_every_row_whole_on_the_varlen_route():
     """On CUDA in half precision ``auto`` packs the rows (torch's varlen kernel): no prompt is

@@ -10,7 +10,9 @@ the host memory per node (and the memory per GPU) and refuses a config that does
 one line that says what to change (`MemoryBudgetError`, a `ConfigError`).
 
 The plan is an upper bound in one respect: sequences are taken at their configured maximum
-(``rollout.max_total_tokens``), while real episodes are usually shorter. The per-process base
+(`episode_lengths`: the first prompt at ``rollout.max_prompt_tokens``, the response the rest of
+``rollout.max_total_tokens``, or one turn's ``max_tokens_per_turn`` in single-turn episodes),
+while real episodes are usually shorter. The per-process base
 costs (interpreter, torch, transformers, vLLM, Ray) are constants measured on the CPU machines
 this project runs on; README and benchmarks/RESULTS.md compare the plan with measured peaks.
 
@@ -256,7 +258,7 @@ def micro_batch_tokens(cfg: ExperimentConfig, forward_only: bool = False) -> tup
         else a.micro_batch_size
     rows = min(local, size) if size else local
     total = cfg.rollout.max_total_tokens
-    prompt = min(total // 2, 512)
+    prompt, response = episode_lengths(cfg)
     if a.max_tokens_per_micro_batch is not None:
         return rows, min(rows * total, max(a.max_tokens_per_micro_batch, total))
     varlen = cfg.resources.device == "cuda" and _bytes(a.param_dtype or a.dtype) == 2
@@ -266,7 +268,21 @@ def micro_batch_tokens(cfg: ExperimentConfig, forward_only: bool = False) -> tup
     if shared:  # groups are consecutive rows; a micro-batch may straddle two of them
         aligned = rows % group == 0 or group % rows == 0
         prompts = min(rows, math.ceil(rows / group) + (0 if aligned else 1))
-    return rows, prompts * prompt + rows * (total - prompt)
+    return rows, prompts * prompt + rows * response
+
+
+def episode_lengths(cfg: ExperimentConfig) -> tuple[int, int]:
+    """(prompt, response) tokens of the longest episode the plan counts: the first prompt at
+    its budget (``rollout.max_prompt_tokens``, as the rollout worker resolves it) and the rest
+    of ``max_total_tokens``, or one turn's ``max_tokens_per_turn`` when episodes have one turn
+    (a long-prompt single-turn config, such as tool schemas in the prompt, has short
+    responses)."""
+    ro = worker_rollout_config(cfg)
+    prompt = min(ro.max_prompt_len, ro.max_total_tokens)
+    response = ro.max_total_tokens - prompt
+    if ro.max_turns == 1:
+        response = min(response, ro.max_tokens_per_turn)
+    return prompt, response
 
 
 def _policy_state(shape: ModelShape, dtype: str, shards: int, trainable: bool,
@@ -406,9 +422,9 @@ def plan_memory(cfg: ExperimentConfig, shape: ModelShape, host_budget: float | N
     driver = ProcessPlan("driver", count=1)
     driver.resident["process"] = DRIVER_BASE
     if cfg.warm_start.enabled:  # supervised warm start in the driver, before workers start
-        total = cfg.rollout.max_total_tokens
-        prompt = min(total // 2, 512)
-        ws_tokens = prompt + cfg.warm_start.batch_size * (total - prompt)
+        # a batch's transcripts are different tasks: only a common preamble runs once, so the
+        # plan runs every row whole
+        ws_tokens = cfg.warm_start.batch_size * sum(episode_lengths(cfg))
         driver.add("warm start", **{
             **{f"SFT {k}": v for k, v in _policy_state(shape, "float32", 1, True).items()},
             "SFT gradients": shape.params * 4.0,
@@ -560,6 +576,7 @@ __all__ = [
     "ModelShape",
     "ProcessPlan",
     "check_memory",
+    "episode_lengths",
     "explain",
     "gpu_budget",
     "host_budget",
