@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import signal
 import tempfile
 from pathlib import Path
 
@@ -17,6 +18,20 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def sigint_reaches_python():
+    """The stall watchdog stops an in-process run through SIGINT's Python handler. A session
+    started as a background job (``make test &`` in a shell without job control) begins with
+    SIGINT ignored: the watchdog then cannot interrupt, and its hard exit after the grace ends
+    pytest itself. Python's own handler is put back for the session."""
+    previous = signal.getsignal(signal.SIGINT)
+    if previous == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    if previous == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _has_gpu() -> bool:
