@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 import uuid
+from pathlib import Path
 
 import psutil
 import pytest
@@ -112,18 +113,21 @@ def test_a_killed_driver_leaves_no_engine_process(tiny_model_dir, tmp_path, end)
     env = {**os.environ, "TOOLRL_TEST_MARK": mark,
            "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
     env.pop("RAY_ADDRESS", None)  # the driver starts a cluster of its own
-    driver = subprocess.Popen(
-        [sys.executable, str(ROOT / "tests" / "trainer_runs.py"),
-         *small_run_overrides(tiny_model_dir, out, **{"trainer.total_steps": 1000})],
-        cwd=ROOT, env=env, start_new_session=True,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = tmp_path / "driver.log"  # what the driver said, for a run that never gets going
+    with open(log, "w") as sink:
+        driver = subprocess.Popen(
+            [sys.executable, str(ROOT / "tests" / "trainer_runs.py"),
+             *small_run_overrides(tiny_model_dir, out, **{"trainer.total_steps": 1000})],
+            cwd=ROOT, env=env, start_new_session=True, stdout=sink, stderr=subprocess.STDOUT)
     tree: dict[int, str] = {}
     try:
         deadline = time.monotonic() + 400
         engines: list[int] = []
         while not (read_metrics(out / "metrics.jsonl") and engines):  # the engine serves
-            assert driver.poll() is None, f"the run exited ({driver.returncode}) early: {tree}"
-            assert time.monotonic() < deadline, f"no step and engine within 400 s: {tree}"
+            assert driver.poll() is None, \
+                f"the run exited ({driver.returncode}) early: {tree}\n{_tail(log)}"
+            assert time.monotonic() < deadline, \
+                f"no step and engine within 400 s: {tree}\ndriver's output:\n{_tail(log)}"
             time.sleep(0.2)
             tree = _marked("TOOLRL_TEST_MARK=" + mark)
             engines = [pid for pid, cmd in tree.items() if "EngineCore" in cmd]
@@ -143,6 +147,10 @@ def test_a_killed_driver_leaves_no_engine_process(tiny_model_dir, tmp_path, end)
         for pid in _marked("TOOLRL_TEST_MARK=" + mark):  # Ray's daemons, wherever they are
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def _tail(log: Path, chars: int = 3000) -> str:
+    return log.read_text(errors="replace")[-chars:]
 
 
 def _end_session(proc: subprocess.Popen, tree: dict[int, str]) -> None:
