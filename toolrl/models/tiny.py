@@ -277,7 +277,7 @@ def needs_build(out: str | os.PathLike, size: str = "small") -> bool:
                          f"model.tiny_size={size!r} would replace it: set "
                          f"model.tiny_size={built.get('size')}, or point model.path at "
                          f"another folder")
-    return not is_current(out, size)
+    return built.get("format") != FORMAT_VERSION
 
 
 def build_tokenizer(seed: int = 0, vocab_size: int = VOCAB_SIZE):
