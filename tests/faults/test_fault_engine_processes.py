@@ -130,7 +130,7 @@ def test_a_killed_driver_leaves_no_engine_process(tiny_model_dir, tmp_path, end)
                 f"no step and engine within 400 s: {tree}\ndriver's output:\n{_tail(log)}"
             time.sleep(0.2)
             tree = _marked("TOOLRL_TEST_MARK=" + mark)
-            engines = [pid for pid, cmd in tree.items() if "EngineCore" in cmd]
+            engines = _engine_cores(tree)
         [engine] = engines
         host = psutil.Process(engine).ppid()  # the Ray worker that runs the rollout role
         watched = {host: tree.get(host, ""), engine: tree[engine],
@@ -147,6 +147,20 @@ def test_a_killed_driver_leaves_no_engine_process(tiny_model_dir, tmp_path, end)
         for pid in _marked("TOOLRL_TEST_MARK=" + mark):  # Ray's daemons, wherever they are
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def _engine_cores(tree: dict[int, str]) -> list[int]:
+    """The engine processes among ``tree``: the children of a Ray worker that vLLM started.
+    vLLM titles its engine ``VLLM::EngineCore``, but a fresh-clone suite run twice saw the
+    engine keep its ``multiprocessing.spawn`` command line for the whole run, so the
+    title alone does not find it."""
+    out = []
+    for pid, cmd in tree.items():
+        with contextlib.suppress(psutil.Error):
+            parent = " ".join(psutil.Process(pid).parent().cmdline())
+            if parent.startswith("ray::") and ("EngineCore" in cmd or "spawn_main" in cmd):
+                out.append(pid)
+    return out
 
 
 def _tail(log: Path, chars: int = 3000) -> str:
