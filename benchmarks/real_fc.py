@@ -119,6 +119,40 @@ def split_live(source: Path, data: Path = DATA) -> dict[str, int]:
     return {name: len(part) for name, part in parts.items()}
 
 
+def combine_calls(rows: list[dict[str, Any]], per_kind: int, seed: int = 0,
+                  max_tools_chars: int = 3000) -> list[dict[str, Any]]:
+    """Rows that need two calls in one turn, made from pairs of RL's one-call rows (one user
+    message, one gold call): their questions joined, their tools together, both gold calls
+    expected (in either order). Ids ``synth_parallel:<a>+<b>`` (category ``live_parallel``):
+    the two rows offer the same tools (BFCL's parallel: one function, two calls);
+    ``synth_parallel_multiple:<a>+<b>`` (``live_parallel_multiple``): different functions.
+    Only RL's own rows go in, so nothing here is new to the contamination check."""
+    import random
+
+    single = [r for r in rows if len(r.get("ground_truth") or []) == 1
+              and [m["role"] for m in r["messages"]] == ["user"]]
+    rng = random.Random(seed)
+    by_tools: dict[str, list[dict[str, Any]]] = {}
+    for r in single:
+        by_tools.setdefault(json.dumps(r["tools"], sort_keys=True), []).append(r)
+    same = [(a, b) for group in by_tools.values() for i, a in enumerate(group)
+            for b in group[i + 1:]]
+    names = {id(r): {t["function"]["name"] for t in r["tools"]} for r in single}
+    different = [(a, b) for a in single for b in single  # whose tools fit a prompt together
+                 if names[id(a)].isdisjoint(names[id(b)])
+                 and len(json.dumps(a["tools"] + b["tools"])) <= max_tools_chars]
+    out = []
+    for kind, pairs in (("synth_parallel", same), ("synth_parallel_multiple", different)):
+        for a, b in rng.sample(pairs, min(per_kind, len(pairs))):
+            first, second = a["messages"][0]["content"].strip(), b["messages"][0]["content"]
+            tools = a["tools"] + [t for t in b["tools"] if t not in a["tools"]]
+            out.append({"id": f"{kind}:{a['id']}+{b['id']}", "env": a["env"],
+                        "source": "bfcl", "category": kind.replace("synth", "live"),
+                        "messages": [{"role": "user", "content": f"{first}\nAlso: {second}"}],
+                        "tools": tools, "ground_truth": a["ground_truth"] + b["ground_truth"]})
+    return out
+
+
 def data_phase(bfcl_limit: int | None) -> None:
     DATA.mkdir(parents=True, exist_ok=True)
     run("model", "fetch", "smollm2-135m-instruct", "--out", str(MODEL))

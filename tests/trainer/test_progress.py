@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 
@@ -66,16 +67,19 @@ def test_steps_that_finish_keep_it_quiet(tmp_path):
 
 
 def test_a_driver_that_cannot_be_interrupted_is_ended_after_the_grace(tmp_path, monkeypatch):
-    """Past ``grace_s`` the workers are killed and the process exits (os._exit, stubbed)."""
+    """SIGINT ignored (a ``&`` job): the line says the driver cannot be interrupted, and past
+    ``grace_s`` the workers are killed and the process exits (os._exit, stubbed)."""
     lines: list[str] = []
     killed, exited = threading.Event(), []
     dog = _dog(tmp_path, lines, first_step_s=0.2, floor_s=0.2, grace_s=0.3)
     dog._kill_workers = killed.set
-    monkeypatch.setattr(ProgressWatchdog, "_interrupt_main", staticmethod(lambda: None))
     monkeypatch.setattr("toolrl.trainer.progress.os._exit", exited.append)
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
     dog.start()
     try:
         assert killed.wait(30)
     finally:
         dog.stop()
-    assert exited == [1] and len(lines) == 2 and "did not stop" in lines[1]
+        signal.signal(signal.SIGINT, before)
+    assert exited == [1] and len(lines) == 3
+    assert "SIGINT is ignored" in lines[1] and "did not stop" in lines[2]

@@ -95,6 +95,37 @@ def test_the_recipe_gives_half_the_live_rows_to_the_warm_start(tmp_path):
             .splitlines()} == live_ids["rl_train"]
 
 
+def test_the_recipe_pairs_one_call_rows_into_two_call_rows():
+    spec = importlib.util.spec_from_file_location("real_fc", ROOT / "benchmarks" / "real_fc.py")
+    real_fc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(real_fc)
+
+    def row(i, name, gt=1, system=False):
+        tools = [{"type": "function", "function": {"name": name, "parameters": {}}}]
+        messages = [{"role": "system", "content": "s"}] * system + \
+            [{"role": "user", "content": f"question {i}"}]
+        return {"id": f"r{i}", "env": "toolrl/FunctionCalling-v0", "messages": messages,
+                "tools": tools, "ground_truth": [{name: {"x": [i]}}] * gt}
+
+    rows = [row(0, "f"), row(1, "f"), row(2, "g"), row(3, "f", gt=2), row(4, "f", system=True)]
+    out = real_fc.combine_calls(rows, per_kind=10)
+    kinds = [r["id"].split(":")[0] for r in out]
+    assert kinds == [r["category"].replace("live", "synth") for r in out]
+    assert kinds.count("synth_parallel") == 1  # r0 and r1 alone share their tools and qualify
+    assert kinds.count("synth_parallel_multiple") == 4  # (r0|r1, r2) both ways
+    for r in out:
+        first, second = r["id"].split(":")[1].split("+")
+        a, b = rows[int(first[1:])], rows[int(second[1:])]
+        assert r["ground_truth"] == a["ground_truth"] + b["ground_truth"]
+        assert r["messages"] == [{"role": "user", "content": "question "
+                                  f"{first[1:]}\nAlso: question {second[1:]}"}]
+        names = [t["function"]["name"] for t in r["tools"]]
+        assert len(names) == len(set(names))
+        assert len(names) == (1 if r["category"] == "live_parallel" else 2)
+    assert real_fc.combine_calls(rows, per_kind=10) == out  # seeded
+    assert len(real_fc.combine_calls(rows, per_kind=10, max_tools_chars=100)) == 1
+
+
 def test_more_sft_trains_on_rl_rows_gold_calls_for_the_rl_steps_wall_time(
         tiny_model_dir, tmp_path, monkeypatch):
     spec = importlib.util.spec_from_file_location("real_fc", ROOT / "benchmarks" / "real_fc.py")

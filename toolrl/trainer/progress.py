@@ -171,7 +171,10 @@ class ProgressWatchdog:
                 f"driver and {len(files)} worker(s) in {where}")
         self.fired = StallError(line)
         self._err(line)
-        self._interrupt_main()
+        if not self._interrupt_main():
+            self._err(f"stall: SIGINT is ignored in this process (a background job that is not "
+                      f"`toolrl train`): the driver cannot be interrupted; it ends after "
+                      f"trainer.watchdog.grace_s={self.config.grace_s:g} s")
         if not self._stopped.wait(self.config.grace_s):
             self._err(f"stall: the driver did not stop within trainer.watchdog.grace_s="
                       f"{self.config.grace_s:g} s; killing the workers and exiting")
@@ -180,13 +183,15 @@ class ProgressWatchdog:
         return self.fired
 
     @staticmethod
-    def _interrupt_main() -> None:
+    def _interrupt_main() -> bool:
         """KeyboardInterrupt in the main thread (Ray's waits check for it). With SIGINT
         ignored (a background job without ``toolrl train``'s handlers) nothing arrives, and
-        the hard stop after ``grace_s`` ends the run."""
-        if callable(signal.getsignal(signal.SIGINT)):
-            interrupt_now()  # toolrl train's handler: at once, not at the step's end
-            _thread.interrupt_main()
+        the hard stop after ``grace_s`` ends the run: False then."""
+        if not callable(signal.getsignal(signal.SIGINT)):
+            return False
+        interrupt_now()  # toolrl train's handler: at once, not at the step's end
+        _thread.interrupt_main()
+        return True
 
     def _safe(self, fn, default):  # type: ignore[no-untyped-def]
         try:
