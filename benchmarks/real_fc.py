@@ -10,7 +10,7 @@ Phases, each a ``toolrl`` command whose progress shows as it runs, each timed:
    rows (a shared question in NESTFUL stops the recipe; live rows that share a question or a
    13-word run are dropped: `toolrl data contamination --out`); half the clean live rows join
    NESTFUL's in the warm start (``sft_train.jsonl``, ``sft_val.jsonl``), the other half are
-   RL's (``rl_train.jsonl``);
+   RL's (``rl_train.jsonl``; ``rl_combined.jsonl`` adds two-call rows made of pairs of them);
 2. ``eval_base``: `toolrl eval` of the imported model on the BFCL rows;
 3. ``train``: `toolrl train --config configs/real_fc.yaml` (the warm start, then GRPO);
 4. ``eval_warm_start`` and ``eval_rl``: the warm-started and the final checkpoint on BFCL;
@@ -53,6 +53,9 @@ CATEGORIES = ("simple_python", "multiple", "parallel", "parallel_multiple", "irr
 LIVE = ("live_simple", "live_multiple", "live_parallel", "live_parallel_multiple",
         "live_irrelevance")
 LIVE_CAP = 256
+# two-call rows of each kind that `combine_calls` makes from RL's rows (rl_combined.jsonl: the
+# RL rows of the parallel-call experiment in docs/guides/real-model.md)
+COMBINED = 100
 CHECKPOINTS = (("base", "eval_base"), ("warm start", "eval_warm_start"), ("RL", "eval_rl"),
                ("more SFT, RL's time", "eval_sft_more"))
 TOOLRL = str(Path(sys.executable).with_name("toolrl"))
@@ -183,6 +186,13 @@ def data_phase(bfcl_limit: int | None) -> None:
         "--out", str(DATA / "bfcl_live_clean.jsonl"))
     print(f"clean live rows: {split_live(DATA / 'bfcl_live_clean.jsonl')} "
           f"(sft_* also hold NESTFUL's train and val rows)")
+    from toolrl.data.loader import load_rows
+
+    rl = load_rows(DATA / "rl_train.jsonl")
+    pairs = combine_calls(rl, COMBINED)
+    (DATA / "rl_combined.jsonl").write_text("".join(
+        json.dumps(r, ensure_ascii=False) + "\n" for r in rl + pairs))
+    print(f"rl_combined.jsonl: RL's {len(rl)} rows and {len(pairs)} two-call rows made of them")
 
 
 def evaluate(model: Path, out: Path, overrides: list[str]) -> None:
