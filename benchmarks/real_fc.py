@@ -74,6 +74,10 @@ def run(*args: str) -> str:
     return proc.stdout
 
 
+def _write_rows(path: Path, rows: list[dict[str, Any]]) -> None:
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+
+
 def split_rows(source: Path, train: Path, val: Path, every: int = 10) -> tuple[int, int]:
     """One row in ``every`` (by a hash of its id) to ``val``, the rest to ``train``."""
     rows = [json.loads(line) for line in source.read_text().splitlines() if line.strip()]
@@ -81,7 +85,7 @@ def split_rows(source: Path, train: Path, val: Path, every: int = 10) -> tuple[i
             == 0]
     kept = [r for r in rows if r not in held]
     for path, part in ((train, kept), (val, held)):
-        path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in part))
+        _write_rows(path, part)
     return len(kept), len(held)
 
 
@@ -95,8 +99,7 @@ def cap_per_category(source: Path, out: Path, cap: int) -> dict[str, int]:
         part = kept.setdefault(row["category"], [])
         if len(part) < cap:
             part.append(row)
-    out.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n"
-                           for part in kept.values() for r in part))
+    _write_rows(out, [r for part in kept.values() for r in part])
     return {category: len(part) for category, part in kept.items()}
 
 
@@ -117,8 +120,7 @@ def split_live(source: Path, data: Path = DATA) -> dict[str, int]:
     nestful = {"sft_train": load_rows(data / "nestful_train.jsonl"),
                "sft_val": load_rows(data / "nestful_val.jsonl"), "rl_train": []}
     for name, part in parts.items():
-        (data / f"{name}.jsonl").write_text("".join(
-            json.dumps(r, ensure_ascii=False) + "\n" for r in nestful[name] + part))
+        _write_rows(data / f"{name}.jsonl", nestful[name] + part)
     return {name: len(part) for name, part in parts.items()}
 
 
@@ -190,8 +192,7 @@ def data_phase(bfcl_limit: int | None) -> None:
 
     rl = load_rows(DATA / "rl_train.jsonl")
     pairs = combine_calls(rl, COMBINED)
-    (DATA / "rl_combined.jsonl").write_text("".join(
-        json.dumps(r, ensure_ascii=False) + "\n" for r in rl + pairs))
+    _write_rows(DATA / "rl_combined.jsonl", rl + pairs)
     print(f"rl_combined.jsonl: RL's {len(rl)} rows and {len(pairs)} two-call rows made of them")
 
 
