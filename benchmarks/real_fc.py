@@ -10,7 +10,8 @@ Phases, each a ``toolrl`` command whose progress shows as it runs, each timed:
    rows (a shared question in NESTFUL stops the recipe; live rows that share a question or a
    13-word run are dropped: `toolrl data contamination --out`); half the clean live rows join
    NESTFUL's in the warm start (``sft_train.jsonl``, ``sft_val.jsonl``), the other half are
-   RL's (``rl_train.jsonl``; ``rl_combined.jsonl`` adds two-call rows made of pairs of them);
+   RL's (``rl_train.jsonl``; ``rl_combined.jsonl`` adds two-call rows made of pairs of them,
+   ``rl_unfit.jsonl`` also no-call rows whose tools do not fit the question);
 2. ``eval_base``: `toolrl eval` of the imported model on the BFCL rows;
 3. ``train``: `toolrl train --config configs/real_fc.yaml` (the warm start, then GRPO);
 4. ``eval_warm_start`` and ``eval_rl``: the warm-started and the final checkpoint on BFCL;
@@ -34,6 +35,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -56,6 +58,9 @@ LIVE_CAP = 256
 # two-call rows of each kind that `combine_calls` makes from RL's rows (rl_combined.jsonl: the
 # RL rows of the parallel-call experiment in docs/guides/real-model.md)
 COMBINED = 100
+# no-call rows that `mismatch_tools` makes from RL's rows (rl_unfit.jsonl: rl_combined.jsonl's
+# rows and these; what the policy must learn not to call, as BFCL's irrelevance asks)
+MISMATCHED = 100
 CHECKPOINTS = (("base", "eval_base"), ("warm start", "eval_warm_start"), ("RL", "eval_rl"),
                ("more SFT, RL's time", "eval_sft_more"))
 TOOLRL = str(Path(sys.executable).with_name("toolrl"))
@@ -158,6 +163,33 @@ def combine_calls(rows: list[dict[str, Any]], per_kind: int, seed: int = 0,
     return out
 
 
+def _name_words(row: dict[str, Any]) -> set[str]:
+    return {w for t in row["tools"] for w in re.split(r"[^a-z0-9]+", t["function"]["name"].lower())
+            if len(w) > 2}
+
+
+def mismatch_tools(rows: list[dict[str, Any]], n: int, seed: int = 0,
+                   max_tools_chars: int = 3000) -> list[dict[str, Any]]:
+    """Rows where no offered tool fits, made the way BFCL's irrelevance rows are: the question of
+    one of RL's one-call rows with the tools of another whose function names share no word
+    with its own (``get_weather`` and ``weather_now`` do: never paired), no call expected.
+    Ids ``synth_irrelevance:<question's row>+<tools' row>`` (category ``live_irrelevance``).
+    Only RL's own rows go in, so nothing here is new to the contamination check."""
+    import random
+
+    single = [r for r in rows if len(r.get("ground_truth") or []) == 1
+              and [m["role"] for m in r["messages"]] == ["user"]
+              and len(json.dumps(r["tools"])) <= max_tools_chars]
+    words = {id(r): _name_words(r) for r in single}
+    pairs = [(a, b) for a in single for b in single if words[id(a)].isdisjoint(words[id(b)])
+             and not {t["function"]["name"] for t in a["tools"]} & {
+                 t["function"]["name"] for t in b["tools"]}]
+    return [{"id": f"synth_irrelevance:{a['id']}+{b['id']}", "env": a["env"], "source": "bfcl",
+             "category": "live_irrelevance", "messages": a["messages"], "tools": b["tools"],
+             "ground_truth": []}
+            for a, b in random.Random(seed).sample(pairs, min(n, len(pairs)))]
+
+
 def data_phase(bfcl_limit: int | None) -> None:
     DATA.mkdir(parents=True, exist_ok=True)
     run("model", "fetch", "smollm2-135m-instruct", "--out", str(MODEL))
@@ -194,6 +226,10 @@ def data_phase(bfcl_limit: int | None) -> None:
     pairs = combine_calls(rl, COMBINED)
     _write_rows(DATA / "rl_combined.jsonl", rl + pairs)
     print(f"rl_combined.jsonl: RL's {len(rl)} rows and {len(pairs)} two-call rows made of them")
+    unfit = mismatch_tools(rl, MISMATCHED)
+    _write_rows(DATA / "rl_unfit.jsonl", rl + pairs + unfit)
+    print(f"rl_unfit.jsonl: rl_combined.jsonl's rows and {len(unfit)} no-call rows whose tools "
+          f"do not fit the question")
 
 
 def evaluate(model: Path, out: Path, overrides: list[str]) -> None:

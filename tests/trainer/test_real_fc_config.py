@@ -126,6 +126,31 @@ def test_the_recipe_pairs_one_call_rows_into_two_call_rows():
     assert len(real_fc.combine_calls(rows, per_kind=10, max_tools_chars=100)) == 1
 
 
+def test_the_recipe_gives_questions_tools_that_do_not_fit_as_no_call_rows():
+    spec = importlib.util.spec_from_file_location("real_fc", ROOT / "benchmarks" / "real_fc.py")
+    real_fc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(real_fc)
+
+    def row(i, name, gt=1):
+        tools = [{"type": "function", "function": {"name": name, "parameters": {}}}]
+        return {"id": f"r{i}", "env": "toolrl/FunctionCalling-v0",
+                "messages": [{"role": "user", "content": f"question {i}"}],
+                "tools": tools, "ground_truth": [{name: {"x": [i]}}] * gt}
+
+    # r0/r1 share a word in their names (never paired), r3 needs two calls, r4 no call
+    rows = [row(0, "get_weather"), row(1, "weather.now"), row(2, "book_flight"),
+            row(3, "send_mail", gt=2), row(4, "sort_list", gt=0)]
+    out = real_fc.mismatch_tools(rows, n=10)
+    pairs = {tuple(r["id"].split(":")[1].split("+")) for r in out}
+    assert pairs == {("r0", "r2"), ("r2", "r0"), ("r1", "r2"), ("r2", "r1")}
+    for r in out:
+        question, tools = (rows[int(i[1:])] for i in r["id"].split(":")[1].split("+"))
+        assert r["messages"] == question["messages"] and r["tools"] == tools["tools"]
+        assert r["ground_truth"] == [] and r["category"] == "live_irrelevance"
+    assert real_fc.mismatch_tools(rows, n=10) == out  # seeded
+    assert len(real_fc.mismatch_tools(rows, n=2)) == 2
+
+
 def test_more_sft_trains_on_rl_rows_gold_calls_for_the_rl_steps_wall_time(
         tiny_model_dir, tmp_path, monkeypatch):
     spec = importlib.util.spec_from_file_location("real_fc", ROOT / "benchmarks" / "real_fc.py")
