@@ -129,6 +129,17 @@ def split_live(source: Path, data: Path = DATA) -> dict[str, int]:
     return {name: len(part) for name, part in parts.items()}
 
 
+def _one_call_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """RL's rows with one user message and one gold call: what `combine_calls` and
+    `mismatch_tools` make new rows of."""
+    return [r for r in rows if len(r.get("ground_truth") or []) == 1
+            and [m["role"] for m in r["messages"]] == ["user"]]
+
+
+def _tool_names(row: dict[str, Any]) -> set[str]:
+    return {t["function"]["name"] for t in row["tools"]}
+
+
 def combine_calls(rows: list[dict[str, Any]], per_kind: int, seed: int = 0,
                   max_tools_chars: int = 3000) -> list[dict[str, Any]]:
     """Rows that need two calls in one turn, made from pairs of RL's one-call rows (one user
@@ -139,15 +150,14 @@ def combine_calls(rows: list[dict[str, Any]], per_kind: int, seed: int = 0,
     Only RL's own rows go in, so nothing here is new to the contamination check."""
     import random
 
-    single = [r for r in rows if len(r.get("ground_truth") or []) == 1
-              and [m["role"] for m in r["messages"]] == ["user"]]
+    single = _one_call_rows(rows)
     rng = random.Random(seed)
     by_tools: dict[str, list[dict[str, Any]]] = {}
     for r in single:
         by_tools.setdefault(json.dumps(r["tools"], sort_keys=True), []).append(r)
     same = [(a, b) for group in by_tools.values() for i, a in enumerate(group)
             for b in group[i + 1:]]
-    names = {id(r): {t["function"]["name"] for t in r["tools"]} for r in single}
+    names = {id(r): _tool_names(r) for r in single}
     different = [(a, b) for a in single for b in single  # whose tools fit a prompt together
                  if names[id(a)].isdisjoint(names[id(b)])
                  and len(json.dumps(a["tools"] + b["tools"])) <= max_tools_chars]
@@ -164,7 +174,7 @@ def combine_calls(rows: list[dict[str, Any]], per_kind: int, seed: int = 0,
 
 
 def _name_words(row: dict[str, Any]) -> set[str]:
-    return {w for t in row["tools"] for w in re.split(r"[^a-z0-9]+", t["function"]["name"].lower())
+    return {w for name in _tool_names(row) for w in re.split(r"[^a-z0-9]+", name.lower())
             if len(w) > 2}
 
 
@@ -177,13 +187,10 @@ def mismatch_tools(rows: list[dict[str, Any]], n: int, seed: int = 0,
     Only RL's own rows go in, so nothing here is new to the contamination check."""
     import random
 
-    single = [r for r in rows if len(r.get("ground_truth") or []) == 1
-              and [m["role"] for m in r["messages"]] == ["user"]
-              and len(json.dumps(r["tools"])) <= max_tools_chars]
+    single = [r for r in _one_call_rows(rows) if len(json.dumps(r["tools"])) <= max_tools_chars]
     words = {id(r): _name_words(r) for r in single}
     pairs = [(a, b) for a in single for b in single if words[id(a)].isdisjoint(words[id(b)])
-             and not {t["function"]["name"] for t in a["tools"]} & {
-                 t["function"]["name"] for t in b["tools"]}]
+             and _tool_names(a).isdisjoint(_tool_names(b))]
     return [{"id": f"synth_irrelevance:{a['id']}+{b['id']}", "env": a["env"], "source": "bfcl",
              "category": "live_irrelevance", "messages": a["messages"], "tools": b["tools"],
              "ground_truth": []}
