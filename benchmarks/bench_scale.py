@@ -11,8 +11,9 @@ Five measurements, each against `toolrl.trainer.memory`'s pre-flight plan:
 - **tiny**: the same layout with the tiny model, so the plan is compared at both ends;
 - **plain**: the 0.5B shape as a user would first write it: no gradient checkpointing, the
   default LM-head chunks, micro-batches of 4;
-- **smollm2**: the real-model recipe's config (``configs/real_fc.yaml``: SmolLM2-135M-Instruct,
-  16 samples of up to 1,700 tokens a step, micro-batches of 4) with a short warm start (SFT in
+- **smollm2**: the real-model recipe's config (``configs/real_fc.yaml``: SmolLM2-135M-Instruct)
+  at the size it was first measured at (NESTFUL's rows, 4 tasks x 4 = 16 samples of up to 1,700
+  tokens a step, micro-batches of 4; `SMOLLM2_OVERRIDES`) with a short warm start (SFT in
   the driver) before its GRPO steps, so the driver's warm-start phase is measured too;
 - **push**: one process holding an FSDP2 actor of the 0.5B shape and a vLLM engine (the
   colocated route); for each bucket size, the peak extra memory of a weight push in the actor's
@@ -163,8 +164,13 @@ PLAIN_OVERRIDES = ["actor.gradient_checkpointing=false", "actor.logits_chunk_siz
                    "actor.micro_batch_size=4"]
 # the recipe's config as it trains, with a warm start cut to a few steps (its own folder, so
 # no earlier warm start is reused) and no checkpoints or validation between the steps
+# the recipe's config at the size it was measured at: NESTFUL's rows, 4 tasks x 4 samples
 SMOLLM2_OVERRIDES = ["warm_start.steps=4", "warm_start.eval_every=0", "warm_start.val_file=null",
                      "warm_start.num_transcripts=64", "warm_start.output=null",
+                     "warm_start.train_file=data/real_fc/nestful_train.jsonl",
+                     "data.train_file=data/real_fc/nestful_train.jsonl",
+                     "data.val_file=data/real_fc/nestful_val.jsonl", "data.batch_size=4",
+                     "algorithm.group_size=4", "algorithm.filter_groups=false",
                      "trainer.val_every=0",
                      "trainer.save_every=0"]
 

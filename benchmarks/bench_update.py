@@ -8,9 +8,10 @@ Two workloads (``--workload``):
 - ``real_fc``: SmolLM2-135M-Instruct (``--model``, models/smollm2-135m-instruct) on real
   function-calling rows (``--rows``, data/real_fc/nestful_train.jsonl, env
   toolrl/FunctionCalling-v0): the first ``--tasks`` rows whose prompt fits configs/real_fc.yaml's
-  prompt budget and whose gold call fits its turn, x ``--group`` samples (default the config's
-  4 x 4), responses the env oracle's gold calls; the actor as configs/real_fc.yaml sets it up
-  (dtype, micro-batches of 4, lr, clipping, loss), and the floor in the same micro-batches.
+  prompt budget and whose gold call fits its turn, x ``--group`` samples (default 4 x 4, the
+  size this was first measured at; the recipe now trains 8 x 8), responses the env oracle's
+  gold calls; the actor as configs/real_fc.yaml sets it up (dtype, micro-batches of 4, lr,
+  clipping, loss), and the floor in the same micro-batches.
 
 Prompts are rendered by the model's own chat template with the tools, advantages are those of a
 GRPO group; each workload runs once with uniform lengths and once with a long tail (every 20th
@@ -53,6 +54,8 @@ RESULTS = benchlib.RESULTS_DIR / "update.md"
 REAL_FC_RESULTS = benchlib.RESULTS_DIR / "update_real_fc.md"
 REAL_FC_CONFIG = ROOT / "configs" / "real_fc.yaml"
 REAL_FC_MODEL = benchlib.MODELS_DIR / "smollm2-135m-instruct"
+# real_fc work per step when --tasks / --group are not given (the size first measured)
+REAL_FC = {"tasks": 4, "group": 4}
 REAL_FC_ROWS = ROOT / "data" / "real_fc" / "nestful_train.jsonl"
 CALCULATOR = {"tasks": 16, "group": 8, "budget": 192, "lr": 3e-4, "sft_batch": 16,
               "sft_lr": 3e-3}
@@ -73,9 +76,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "config's budgets are used, in file order")
     p.add_argument("--quick", action="store_true", help="a small batch, few repetitions")
     p.add_argument("--tasks", type=int,
-                   help="tasks (rows) per step (calculator 16, real_fc the config's 4)")
+                   help="tasks (rows) per step (calculator 16, real_fc 4)")
     p.add_argument("--group", type=int,
-                   help="samples per task (calculator 8, real_fc the config's 4)")
+                   help="samples per task (calculator 8, real_fc 4)")
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--threads", type=int, default=2, help="torch threads (the quickstart's 2)")
     p.add_argument("--output", type=Path,
@@ -177,8 +180,8 @@ def real_fc_work(args: argparse.Namespace, cfg: Any | None = None) -> Work:
 
     cfg = cfg or real_fc_config()
     model = model_path(args)
-    tasks = args.tasks or cfg.data.batch_size
-    group = args.group or cfg.algorithm.group_size
+    tasks = args.tasks or REAL_FC["tasks"]
+    group = args.group or REAL_FC["group"]
     if cfg.rollout.chat_template_kwargs:
         raise SystemExit(f"{REAL_FC_CONFIG.relative_to(ROOT)} sets rollout.chat_template_kwargs; "
                          "the oracle transcripts render without them")
@@ -402,8 +405,8 @@ def describe(args: argparse.Namespace) -> str:
         f"  rows: {_rel(args.rows)} (env toolrl/FunctionCalling-v0; the first that fit the "
         f"{cfg.rollout.max_prompt_len}-token prompt and the {cfg.rollout.max_tokens_per_turn}"
         "-token turn), oracle transcripts (the gold calls) with the model's chat template",
-        f"  work: {args.tasks or cfg.data.batch_size} rows x "
-        f"{args.group or cfg.algorithm.group_size} samples; long tail: every {LONG_EVERY}th "
+        f"  work: {args.tasks or REAL_FC['tasks']} rows x "
+        f"{args.group or REAL_FC['group']} samples; long tail: every {LONG_EVERY}th "
         f"response (at least one) run on to {cfg.rollout.max_tokens_per_turn} tokens",
         f"  actor ({REAL_FC_CONFIG.relative_to(ROOT)}): dtype {a.dtype}, micro_batch_size "
         f"{a.micro_batch_size}, lr {a.lr:g} ({a.lr_schedule}), grad_clip {a.grad_clip}, "

@@ -23,10 +23,13 @@ Phases, each a ``toolrl`` command whose progress shows as it runs, each timed:
     .venv/bin/python benchmarks/real_fc.py [--only data] [--bfcl-limit N] [--seed S]
         [--sft-comparison]
         [--out outputs/real_fc] [-- key=value ...]   # overrides for train and eval
+    .venv/bin/python benchmarks/real_fc.py --recorded benchmarks/results/real_fc.json
 
 ``--bfcl-limit N`` takes the first N questions of each category (a quick look, not BFCL's
 number). Finished phases are not redone: a phase whose output exists is skipped (delete it,
-or the whole ``--out``, to redo).
+or the whole ``--out``, to redo). ``--recorded FILE`` only renders scores kept in the
+repository (benchmarks/results/real_fc.json: the runs docs/guides/real-model.md reports) into
+FILE's ``.md`` and ``docs/<stem>_bfcl.png`` (the guide's and the README's plot).
 """
 
 from __future__ import annotations
@@ -282,17 +285,54 @@ def sft_more(out: Path, overrides: list[str]) -> None:
 
 
 def report(out: Path, times: dict[str, float]) -> str:
-    """The markdown table (per category and BFCL's non-live average) and ``bfcl.png``."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    """The markdown table (per category and BFCL's non-live average) and ``bfcl.png`` of this
+    run's checkpoints (``report.md`` beside them)."""
     results: dict[str, Any] = {}
     for label, name in CHECKPOINTS:
         path = out / name / "results.json"
         if path.exists():
             results[label] = json.loads(path.read_text())["bfcl"]
+    text = render(results, {phase: f"{seconds / 60:.1f} min" for phase, seconds in
+                            times.items()}, out / "bfcl.png")
+    (out / "report.md").write_text(text)
+    return text
+
+
+def board_of_counts(counts: dict[str, list[int]]) -> dict[str, Any]:
+    """A ``results.json``-shaped BFCL board from ``{category: [correct, total]}``."""
+    from toolrl.core.bfcl_scores import leaderboard
+
+    return {"per_category": {c: {"accuracy": k / n, "correct": k, "total": n}
+                             for c, (k, n) in counts.items()},
+            **leaderboard({c: (k, n) for c, (k, n) in counts.items()})}
+
+
+def recorded(path: Path, markdown: Path, png: Path) -> str:
+    """The table and plot of scores recorded in ``path`` (a JSON file: ``checkpoints``, each a
+    ``label`` and its ``counts`` {category: [correct, total]}; ``times`` {phase: text}; ``notes``
+    lines), for results kept in the repository when their run folders are long gone."""
+    data = json.loads(path.read_text())
+    results = {c["label"]: board_of_counts(c["counts"]) for c in data["checkpoints"]}
+    text = render(results, data.get("times", {}), png, title=data.get("title"))
+    def rel(p: Path) -> Path:
+        return p.relative_to(ROOT) if p.is_relative_to(ROOT) else p
+
+    lines = [f"# {data['title']}", "", *data.get("notes", []), "", text,
+             f"Rendered by `benchmarks/real_fc.py --recorded {rel(path)}` "
+             f"(the plot: `{rel(png)}`)."]
+    markdown.write_text("\n".join(lines) + "\n")
+    return text
+
+
+def render(results: dict[str, Any], times: dict[str, str], png: Path,
+           title: str | None = None) -> str:
+    """The markdown table of ``{label: BFCL board}`` (per category, the mean of the five and
+    BFCL's Non-Live Overall) and the times, and the bar plot to ``png``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     columns = [*CATEGORIES, "mean of the five", "Non-Live Overall Acc"]
     lines = ["| checkpoint | " + " | ".join(columns) + " |",
              "|---" * (len(columns) + 1) + "|"]
@@ -309,8 +349,9 @@ def report(out: Path, times: dict[str, float]) -> str:
               "Simple AST averages Python, Java and JavaScript (only Python is run here: the "
               "other two count 0, as in BFCL) and irrelevance is not part of it. The mean of "
               "the five is the plain mean of the five categories run."]
-    lines += ["", "| phase | wall time |", "|---|---|"]
-    lines += [f"| {phase} | {seconds / 60:.1f} min |" for phase, seconds in times.items()]
+    if times:
+        lines += ["", "| phase | wall time |", "|---|---|"]
+        lines += [f"| {phase} | {when} |" for phase, when in times.items()]
     text = "\n".join(lines) + "\n"
     fig, ax = plt.subplots(figsize=(9, 4))
     width = 0.8 / max(len(results), 1)
@@ -321,11 +362,12 @@ def report(out: Path, times: dict[str, float]) -> str:
     ax.set_xticks([i + width * (len(results) - 1) / 2 for i in range(len(CATEGORIES))],
                   CATEGORIES)
     ax.set_ylabel("BFCL accuracy (%)")
-    ax.set_title("SmolLM2-135M-Instruct on BFCL v4 non-live")
+    ax.set_title(title or "SmolLM2-135M-Instruct on BFCL v4 non-live")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(out / "bfcl.png", dpi=120)
-    (out / "report.md").write_text(text)
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=120)
+    plt.close(fig)
     return text
 
 
@@ -339,8 +381,17 @@ def main(argv: list[str] | None = None) -> int:
                         help="also train the warm start on RL's rows' gold calls for the RL "
                              "steps' wall time, and evaluate it")
     parser.add_argument("--out", type=Path, default=ROOT / "outputs" / "real_fc")
+    parser.add_argument("--recorded", type=Path, default=None,
+                        help="only render the scores recorded in this JSON file (e.g. "
+                             "benchmarks/results/real_fc.json) into its .md and a plot in "
+                             "docs/")
     parser.add_argument("overrides", nargs="*", help="key=value for train and eval")
     args = parser.parse_args(argv)
+    if args.recorded:
+        source = args.recorded.resolve()
+        print(recorded(source, source.with_suffix(".md"),
+                       ROOT / "docs" / f"{source.stem}_bfcl.png"))
+        return 0
     out = args.out.resolve()
     overrides = [f"seed={args.seed}", f"trainer.output_dir={out}",
                  f"warm_start.output={out / 'warm_start'}", *args.overrides]

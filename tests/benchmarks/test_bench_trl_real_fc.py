@@ -46,7 +46,7 @@ def test_trl_score_equals_toolrl_reward_on_every_kind_of_completion():
     from toolrl.reward import build_reward
     from toolrl.trainer.config import load_config
 
-    cfg = load_config(bench_trl.REAL_FC_CONFIG)
+    cfg = load_config(bench_trl.REAL_FC_CONFIG, [bench_trl.real_fc_reward_override()])
     weights = bench_trl.real_fc_reward_weights()
     assert weights == {"bfcl_ast": 1.0, "format": 0.1}
     rows = FunctionCallingEnv.make_tasks(10, seed=3)  # two of each of the five categories

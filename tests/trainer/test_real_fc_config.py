@@ -22,7 +22,7 @@ def test_the_recipe_config_passes_its_dry_run_on_smollm2(smollm2_dir, tmp_path, 
     shutil.copytree(ROOT / "tests" / "data" / "nestful", folder)
     rows = tmp_path / "data" / "real_fc" / "nestful.jsonl"
     assert main(["data", "convert", "--from", "nestful", str(folder), "--out", str(rows)]) == 0
-    for name in ("nestful_train.jsonl", "nestful_val.jsonl"):
+    for name in ("sft_train.jsonl", "sft_val.jsonl", "rl_unfit.jsonl"):
         shutil.copy(rows, rows.with_name(name))
     monkeypatch.chdir(tmp_path)  # the config's data/real_fc/ paths resolve here
     cfg = load_config(ROOT / "configs" / "real_fc.yaml", [
@@ -162,7 +162,7 @@ def test_more_sft_trains_on_rl_rows_gold_calls_for_the_rl_steps_wall_time(
     lines = rows.read_text().splitlines(keepends=True)
     assert len(lines) == 2
     rows.with_name("rl.jsonl").write_text(lines[0] * 3)
-    for name in ("nestful_train.jsonl", "nestful_val.jsonl"):
+    for name in ("sft_train.jsonl", "sft_val.jsonl"):
         rows.with_name(name).write_text(lines[1])
     out = tmp_path / "run"
     shutil.copytree(tiny_model_dir, out / "warm_start")
@@ -176,3 +176,26 @@ def test_more_sft_trains_on_rl_rows_gold_calls_for_the_rl_steps_wall_time(
     assert metrics["warm_start/transcripts"] == 3  # RL's rows, not the warm start's
     assert metrics["base_model"] == str(out / "warm_start")
     assert (out / "sft_more" / "config.json").exists()
+
+
+def test_recorded_scores_render_to_bfcl_columns_and_a_plot(tmp_path):
+    """The guide's table comes from the counts kept in benchmarks/results/real_fc.json: the mean
+    of the five and BFCL's Non-Live Overall (Simple AST = Python, Java, JavaScript averaged,
+    irrelevance outside it) computed here, not typed in."""
+    spec = importlib.util.spec_from_file_location("real_fc", ROOT / "benchmarks" / "real_fc.py")
+    real_fc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(real_fc)
+    source = tmp_path / "scores.json"
+    source.write_text(json.dumps({"title": "t", "times": {"train": "1 min"}, "checkpoints": [
+        {"label": "a", "counts": {"simple_python": [148, 400], "multiple": [54, 200],
+                                  "parallel": [7, 200], "parallel_multiple": [3, 200],
+                                  "irrelevance": [91, 240]}}]}))
+    text = real_fc.recorded(source, tmp_path / "scores.md", tmp_path / "p.png")
+    assert "| a | 37.0 | 27.0 | 3.5 | 1.5 | 37.9 | 21.4 | 11.1 |" in text
+    assert "| train | 1 min |" in text
+    assert (tmp_path / "scores.md").read_text().startswith("# t\n")
+    assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+    shipped = json.loads((ROOT / "benchmarks" / "results" / "real_fc.json").read_text())
+    for checkpoint in shipped["checkpoints"]:
+        assert set(checkpoint["counts"]) == set(real_fc.CATEGORIES)
+        assert [n for _, n in checkpoint["counts"].values()] == [400, 200, 200, 200, 240]
