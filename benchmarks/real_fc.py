@@ -304,7 +304,7 @@ def board_of_counts(counts: dict[str, list[int]]) -> dict[str, Any]:
 
     return {"per_category": {c: {"accuracy": k / n, "correct": k, "total": n}
                              for c, (k, n) in counts.items()},
-            **leaderboard({c: (k, n) for c, (k, n) in counts.items()})}
+            **leaderboard(counts)}
 
 
 def recorded(path: Path, markdown: Path, png: Path) -> str:
