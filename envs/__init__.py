@@ -10,6 +10,7 @@ from toolrl import register_env
 BUILTIN_ENVS = {
     "toolrl/Calculator-v0": "toolrl.envs.calculator:CalculatorEnv",
     "toolrl/FunctionCalling-v0": "toolrl.envs.function_calling:FunctionCallingEnv",
+    "toolrl/BFCLMultiTurn-v0": "toolrl.envs.bfcl_multi_turn:BFCLMultiTurnEnv",  # bfcl-eval
     "toolrl/Bank-v0": "toolrl.envs.bank:BankEnv",
     "toolrl/HttpApi-v0": "toolrl.envs.http_api.env:HttpApiEnv",
     "toolrl/MCP-v0": "toolrl.envs.mcp.env:MCPEnv",

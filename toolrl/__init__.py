@@ -14,7 +14,8 @@ rewards and the examples import only from ``toolrl`` (as a third-party plugin do
 - what an episode is: `Trajectory` (the one record of a finished episode, what a reward
   receives) with its `TurnRecord` per assistant turn, `ToolOutput`, `ParseResult`, `ToolCall`;
 - rewards: the `reward` decorator, `RewardResult`, `RewardError`, the `RewardFn` protocol;
-- helpers for plugins: `bfcl` (BFCL's checker semantics), `data` (task-row loaders,
+- helpers for plugins: `bfcl` (BFCL's checker semantics), `bfcl_multi_turn` (BFCL's
+  multi-turn backends and checker), `data` (task-row loaders,
   BFCL's files), `get_format` (tool-call formats), `BackgroundLoop`; MCP servers as tools:
   `MCPConnection` (exact timeouts, a stdio server in a process group of its own) and
   `shared_mcp_connection` / `close_mcp_connections` (one server per process, shared by its
@@ -36,7 +37,7 @@ from toolrl.registry import Registry, RegistryError
 
 if TYPE_CHECKING:
     from toolrl import data
-    from toolrl.core import bfcl
+    from toolrl.core import bfcl, bfcl_multi_turn
     from toolrl.core.background import BackgroundLoop
     from toolrl.core.checks import check_tool_env
     from toolrl.core.env import (
@@ -82,7 +83,7 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 __getattr__, _, _lazy = lazy_loader.attach(__name__, submodules=["data"], submod_attrs={
-    "core": ["bfcl"],
+    "core": ["bfcl", "bfcl_multi_turn"],
     "core.background": ["BackgroundLoop"],
     "core.checks": ["check_tool_env"],
     "core.env": ["ChatModel", "OracleUnavailable", "SubmitAnswer", "ToolEnv", "Turn",
@@ -111,7 +112,8 @@ __all__ = [
     "SubmitAnswer", "TokenStream", "Tool", "ToolCall", "ToolCallFormat", "ToolEnv",
     "ToolFailure", "ToolOutput", "ToolResult", "ToolTimeout", "ToolWrapper", "Trajectory", "Turn",
     "TurnOutput", "TurnRecord", "__version__",
-    "as_tool_call", "bfcl", "check_tool_env", "close_mcp_connections", "data", "env_ids",
+    "as_tool_call", "bfcl", "bfcl_multi_turn", "check_tool_env", "close_mcp_connections", "data",
+    "env_ids",
     "get_format",
     "get_reward_spec", "make_env", "make_rollout_input", "oracle_policy", "register_env",
     "resolve_astep", "reward",

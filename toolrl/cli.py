@@ -408,15 +408,19 @@ def build_parser() -> argparse.ArgumentParser:
     data = p.add_subparsers(dest="data_command", required=True, metavar="DATA_COMMAND")
     p = data.add_parser("convert", help="public training set (or BFCL) -> FunctionCalling rows")
     p.add_argument("--from", dest="format", required=True,
-                   choices=["xlam", "toolace", "hermes", "glaive", "nestful", "bfcl", "toolrl"],
+                   choices=["xlam", "toolace", "hermes", "glaive", "nestful", "bfcl",
+                            "bfcl-multi-turn", "toolrl"],
                    help="the input's format; toolrl: your own rows in the FunctionCalling row "
-                   "schema (docs/guides/data.md: Bring your own format)")
+                   "schema (docs/guides/data.md: Bring your own format); bfcl: BFCL's files, "
+                   "multi-turn ones as BFCLMultiTurn rows; bfcl-multi-turn: your own "
+                   "multi-turn rows in BFCL's shape")
     p.add_argument("inputs", nargs="*", help="JSON, JSONL or parquet files (BFCL: question "
                    "files, e.g. BFCL_v4_simple_python.json; NESTFUL: <split>-data.json files "
                    "or a folder, default: the nestful-wrapper wheel's splits)")
     p.add_argument("--out", required=True, help="the JSONL file written")
     p.add_argument("--answers", default=None, help="BFCL only: a possible-answer file or "
-                   "folder (default: possible_answer/ beside each question file)")
+                   "folder (default: possible_answer/ beside each question file; multi-turn "
+                   "rows may carry theirs as ground_truth)")
     p.add_argument("--limit", type=int, default=None, help="convert at most N records")
     p.set_defaults(func=_data_convert)
     p = data.add_parser("contamination", help="questions and function names a training set "

@@ -68,7 +68,8 @@ SCORABLE = tuple(dict.fromkeys((*CATEGORIES, "relevance", *BFCL_CATEGORIES)))
 _JAVA = "its values are Java source strings that BFCL parses with its Java type converter"
 _JS = ("its values are JavaScript source strings that BFCL parses with its JavaScript type "
        "converter")
-_MULTI = "multi-turn entries are scored by executing BFCL's stateful backends"
+_MULTI = ("multi-turn entries are episodes of toolrl/BFCLMultiTurn-v0 on BFCL's backends "
+          "(toolrl data convert --from bfcl writes such rows)")
 _EXEC = "executable categories call real APIs"
 BFCL_UNSCORABLE: dict[str, str] = {  # BFCL's other category names, and why toolrl skips them
     "simple_java": _JAVA, "simple_javascript": _JS,

@@ -2,8 +2,10 @@
 function-calling datasets (`toolrl.data.convert`)."""
 
 from toolrl.data.bfcl import category_from_id, is_bfcl_row, load_bfcl
+from toolrl.data.bfcl_multi_turn import bfcl_multi_turn_file, load_bfcl_multi_turn
 from toolrl.data.check import RowReport, check_rows, normalize_row, row_problems
 from toolrl.data.loader import TaskLoader, load_rows
 
-__all__ = ["RowReport", "TaskLoader", "category_from_id", "check_rows", "is_bfcl_row",
-           "load_bfcl", "load_rows", "normalize_row", "row_problems"]
+__all__ = ["RowReport", "TaskLoader", "bfcl_multi_turn_file", "category_from_id", "check_rows",
+           "is_bfcl_row", "load_bfcl", "load_bfcl_multi_turn", "load_rows", "normalize_row",
+           "row_problems"]

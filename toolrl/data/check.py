@@ -14,6 +14,11 @@ Per row:
   (`toolrl.core.bfcl.ground_truth_calls`) pass both the BFCL checker and the tools' own
   schemas (``gold answer``). A required parameter whose only gold value is ``""`` (BFCL's
   mark for "may be omitted") is explained as such;
+- BFCLMultiTurn rows (``env`` ``toolrl/BFCLMultiTurn-v0``): the entry is in BFCL's shape
+  (`toolrl.core.bfcl_multi_turn.Entry`) and its backends load its initial configuration; its
+  possible answer's calls are methods of the involved classes taking those arguments
+  (``unplayable gold answer``), and, played, BFCL's multi-turn checker passes them
+  (``gold answer``);
 - (`toolrl.trainer.preflight.check_task_rows`) the row's first prompt renders in its env, and
   fits the prompt budget.
 
@@ -32,6 +37,7 @@ from typing import Any
 
 from toolrl.core import bfcl
 from toolrl.data.bfcl import FUNCTION_CALLING_ENV, category_from_id
+from toolrl.data.bfcl_multi_turn import ENV as MULTI_TURN_ENV
 
 __all__ = ["RowProblem", "RowReport", "check_rows", "normalize_row", "row_problems"]
 
@@ -85,6 +91,8 @@ def row_problems(row: Mapping[str, Any], default_env: str = FUNCTION_CALLING_ENV
                  ) -> list[tuple[str, str]]:
     """``(kind, reason)`` for everything wrong with one row (empty: nothing found)."""
     env_id = str(row.get("env") or default_env)
+    if env_id == MULTI_TURN_ENV:
+        return _multi_turn_problems(row)
     try:
         row = normalize_row(row) if env_id == FUNCTION_CALLING_ENV else dict(row)
     except (ValueError, TypeError) as exc:
@@ -200,6 +208,29 @@ def _gold_problems(row: Mapping[str, Any], tools: Mapping[str, Any]) -> list[tup
         error = tools[call.name].validate(call.arguments)
         if error is not None:
             return [("gold answer", f"fails its tool's schema: {error['message']}")]
+    return []
+
+
+def _multi_turn_problems(row: Mapping[str, Any]) -> list[tuple[str, str]]:
+    try:
+        from toolrl.core import bfcl_multi_turn as mt
+    except ImportError as exc:
+        return [("cannot check", str(exc))]
+    try:
+        mt.require_bfcl_eval()
+        entry = mt.Entry.from_row(row)
+        mt.Backends(entry)
+    except ImportError as exc:
+        return [("cannot check", str(exc))]
+    except mt.GroundTruthError as exc:
+        return [("unplayable gold answer", str(exc))]
+    except (ValueError, TypeError) as exc:
+        return [("malformed row", str(exc))]
+    verdict = mt.checker_verdict(entry, [[turn] if turn else []
+                                         for turn in mt.ground_truth_calls(entry)])
+    if not verdict.valid:
+        return [("gold answer", f"played, it fails BFCL's multi-turn checker: "
+                                f"{verdict.error_type}: {verdict.error}")]
     return []
 
 

@@ -39,8 +39,14 @@ def question_of(row: Mapping[str, Any]) -> str:
 
 
 def function_names(row: Mapping[str, Any]) -> set[str]:
-    """Names of the tools a row offers (OpenAI tools, bare functions or BFCL ``function``)."""
+    """Names of the tools a row offers (OpenAI tools, bare functions, BFCL ``function``, or a
+    BFCL multi-turn entry's ``involved_classes``: their documented functions)."""
     tools = row.get("tools") or row.get("function") or []
+    classes = row.get("involved_classes")
+    if not tools and isinstance(classes, list):
+        from toolrl.core import bfcl_multi_turn as mt
+
+        tools = mt.function_docs([c for c in classes if c in mt.CLASSES])
     tools = tools if isinstance(tools, list) else [tools]
     names = set()
     for tool in tools:

@@ -1,5 +1,11 @@
 """`toolrl data convert`: public function-calling training sets -> FunctionCalling rows.
 
+``--from bfcl`` reads BFCL's own files: single-turn categories as FunctionCalling rows,
+multi-turn ones (the four scored categories and the unused ``multi_turn_composite`` set) as
+``toolrl/BFCLMultiTurn-v0`` rows (`toolrl.data.bfcl_multi_turn`); ``--from bfcl-multi-turn``
+reads your own multi-turn rows in BFCL's shape (their possible answer inline as
+``ground_truth`` or in a ``--answers`` file). Either passes the same row check.
+
 ``--from toolrl`` reads your own data in the row schema below (`toolrl.data.toolrl_rows`), so
 data of any other layout needs only a mapping to that schema, never a converter of its own.
 
@@ -73,6 +79,23 @@ class ConversionReport:
         return lines
 
 
+def _load_bfcl_file(fmt: str, path: str | os.PathLike, answers: str | os.PathLike | None,
+                    limit: int | None) -> list[Row]:
+    """Rows of one BFCL file: a multi-turn one (by its category, or records in BFCL's
+    multi-turn shape) as BFCLMultiTurn rows, any other as FunctionCalling rows;
+    ``bfcl-multi-turn``: your own rows in BFCL's multi-turn shape."""
+    from toolrl.data.bfcl import category_from_file, load_bfcl
+    from toolrl.data.bfcl_multi_turn import is_multi_turn_entry, load_bfcl_multi_turn
+
+    if fmt == "bfcl-multi-turn":
+        return load_bfcl_multi_turn(path, answers, limit, own=True)
+    category = category_from_file(path) or ""
+    first = next(iter_rows(path), {})
+    if category.startswith("multi_turn") or is_multi_turn_entry(first):
+        return load_bfcl_multi_turn(path, answers, limit)
+    return load_bfcl(path, answers, limit=limit)
+
+
 # --- the command -----------------------------------------------------------------------------
 Converter = Callable[[Mapping[str, Any], int], list[Row]]
 
@@ -84,7 +107,7 @@ def formats() -> dict[str, Converter]:
             "nestful": nestful.convert_record, "toolrl": toolrl_rows.convert_record}
 
 
-FORMATS = ("xlam", "toolace", "hermes", "glaive", "nestful", "bfcl", "toolrl")
+FORMATS = ("xlam", "toolace", "hermes", "glaive", "nestful", "bfcl", "bfcl-multi-turn", "toolrl")
 
 
 def convert(fmt: str, inputs: Sequence[str | os.PathLike], output: str | os.PathLike, *,
@@ -103,20 +126,18 @@ def convert(fmt: str, inputs: Sequence[str | os.PathLike], output: str | os.Path
     output = Path(output)
     if output.suffix.lower() != ".jsonl":
         raise ValueError(f"{output}: the output is JSON lines; name it *.jsonl")
-    if answers is not None and fmt != "bfcl":
+    if answers is not None and not fmt.startswith("bfcl"):
         raise ValueError("--answers is for BFCL question files only")
     if not inputs and fmt != "nestful":
         raise ValueError(f"--from {fmt} needs input files")
     report = ConversionReport(fmt)
     rows: list[Row] = []
-    if fmt == "bfcl":
-        from toolrl.data.bfcl import load_bfcl
-
+    if fmt.startswith("bfcl"):
         for path in inputs:
             if limit is not None and report.read >= limit:
                 break
-            converted = load_bfcl(path, answers,
-                                  limit=None if limit is None else limit - report.read)
+            converted = _load_bfcl_file(fmt, path, answers,
+                                        None if limit is None else limit - report.read)
             report.read += len(converted)
             rows += converted
         indices = list(range(len(rows)))
@@ -141,7 +162,7 @@ def convert(fmt: str, inputs: Sequence[str | os.PathLike], output: str | os.Path
                     message = str(exc) if isinstance(exc, ValueError) else \
                         f"{type(exc).__name__}: {exc}"
                     report.errors.append((index, record.get("id"), message))
-    if limit is not None and fmt == "bfcl":
+    if limit is not None and fmt.startswith("bfcl"):
         rows, indices = rows[:limit], indices[:limit]
     checked = check_rows(rows, "rows")  # the check train and eval run: nothing they refuse
     bad = {p.index for p in checked.blocking}
