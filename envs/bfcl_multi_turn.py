@@ -67,6 +67,19 @@ class _BackendTool(Tool):
         return None if isinstance(arguments, dict) else super().validate(arguments)
 
 
+@functools.cache
+def _tool_templates(classes: tuple[str, ...]) -> tuple[Tool, ...]:
+    """The tools of a set of classes, without an implementation (each episode binds its own
+    backends); inline: a message's calls run in order, one after the other."""
+    docs = {d["name"]: d for d in mt.function_docs(classes)}
+    methods = mt.Backends.methods_of(classes)
+    return tuple(_BackendTool.from_schema(
+        {"name": name, "description": docs.get(name, {}).get("description", name),
+         "parameters": docs.get(name, {}).get("parameters") or {"type": "object",
+                                                                  "properties": {}}},
+        inline=True) for name in methods)
+
+
 class BFCLMultiTurnEnv(ToolEnv):
     """A BFCL multi-turn entry (module docstring).
 
@@ -157,12 +170,10 @@ class BFCLMultiTurnEnv(ToolEnv):
         """Every public method of the involved classes runs (as in BFCL); the documented ones
         carry BFCL's doc."""
         tools = []
-        for name in self.backends.methods:
-            doc = self.offered.get(name, {"name": name, "description": name})
-            tools.append(_BackendTool.from_schema(
-                {"name": name, "description": doc.get("description", ""),
-                 "parameters": doc.get("parameters") or {"type": "object", "properties": {}}},
-                fn=self._runner(name), inline=True))  # inline: a message's calls run in order
+        for template in _tool_templates(self.entry.involved_classes):
+            tool = copy.copy(template)  # the schema is checked once per class set, not per reset
+            tool.fn = self._runner(template.name)
+            tools.append(tool)
         return tools
 
     def _runner(self, name: str) -> Any:

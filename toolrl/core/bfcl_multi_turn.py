@@ -375,6 +375,11 @@ class Backends:
             self.instances[name] = instance
         self.methods = _methods(entry.involved_classes)
 
+    @staticmethod
+    def methods_of(involved_classes: Sequence[str]) -> dict[str, str]:
+        """Public method name -> class, as BFCL's executor maps them (a later class wins)."""
+        return dict(_methods(tuple(involved_classes)))
+
     def execute(self, call: ToolCall) -> str:
         """Run one call; its output as BFCL's executor formats it (never raises)."""
         try:
