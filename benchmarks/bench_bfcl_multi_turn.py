@@ -51,6 +51,7 @@ from benchlib import md_table
 RESULTS = benchlib.RESULTS_DIR / "bfcl_multi_turn.md"
 ENV_ID = "toolrl/BFCLMultiTurn-v0"
 DONE = "Done."
+WINDOWS = (8192, 32768)  # SmolLM2's context; Qwen2.5's native one
 KINDS = ("gold", "one_per_step", "dropped", "wrong_arg", "skipped_clarification",
          "guessed_clarification", "extra_state_change", "early_call", "duplicate_call",
          "swapped", "malformed_extra", "hallucinated", "text_first", "never_stops")
@@ -350,7 +351,8 @@ def transcript_tokens(transcripts: dict[str, list[Any]], model: Path) -> dict[st
     for category, items in transcripts.items():
         counts = sorted(len(renderer.render_prompt(m, t)) for m, t in items)
         out[category] = {"max": counts[-1], "p95": counts[int(0.95 * (len(counts) - 1))],
-                         "median": counts[len(counts) // 2]}
+                         "median": counts[len(counts) // 2], "entries": len(counts),
+                         **{f"within_{n}": sum(c <= n for c in counts) for n in WINDOWS}}
     return out
 
 
@@ -397,8 +399,11 @@ def report(result: dict[str, Any], tokens: dict[str, Any] | None, seconds: float
         lines += [f"Tokens of the oracle's whole transcript ({model.name}'s chat template, "
                   f"the tools' schemas included; a policy's own episodes run longer when it "
                   f"explores):", "",
-                  md_table(["category", "max", "p95", "median"],
-                           [(c, t["max"], t["p95"], t["median"]) for c, t in tokens.items()]),
+                  md_table(["category", "max", "p95", "median",
+                            *(f"within {n:,}" for n in WINDOWS)],
+                           [(c, t["max"], t["p95"], t["median"],
+                             *(f"{t[f'within_{n}']} of {t['entries']}" for n in WINDOWS))
+                            for c, t in tokens.items()]),
                   ""]
         longest = max(t["max"] for t in tokens.values())
         lines += [f"The longest transcript needs `max_model_len` >= {longest:,} tokens "

@@ -92,6 +92,9 @@ BENCHES: tuple[Bench, ...] = (
     Bench("bfcl_multi_turn", "bench_bfcl_multi_turn.py",
           "BFCL multi-turn: the possible answers and reward exactness against BFCL",
           timeout_s=1800),  # ~10k episodes and as many BFCL verdicts: ~10 min on 2 cores
+    Bench("bfcl_ast", "bench_bfcl_ast.py",
+          "BFCL single-turn AST (Python, Java, JavaScript): toolrl's checker vs BFCL's",
+          timeout_s=300),
     Bench("tau2_throughput", "bench_tau2.py",
           "tau2-bench: rollout episodes/s with the engine as the user",
           args=("--throughput",), timeout_s=1800),

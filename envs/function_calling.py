@@ -166,9 +166,10 @@ def make_task(rng: random.Random, category: str) -> dict[str, Any]:
 
 
 def oracle_calls(ground_truth: list[dict[str, Any]],
-                 tools: list[dict[str, Any]] | None = None) -> list[ToolCall]:
+                 tools: list[dict[str, Any]] | None = None,
+                 category: str | None = None) -> list[ToolCall]:
     """Calls that pass the check (`toolrl.bfcl.ground_truth_calls`)."""
-    return bfcl.ground_truth_calls(ground_truth, tools)
+    return bfcl.ground_truth_calls(ground_truth, tools, category)
 
 
 _PLACEHOLDERS = {"string": "example", "integer": 1, "number": 1.0, "float": 1.0,
@@ -244,7 +245,13 @@ class FunctionCallingEnv(ToolEnv):
         self.last_parse = ParseResult(calls=[], text="")
 
     def episode_tools(self) -> list[Tool]:
-        return [Tool.from_schema(schema) for schema in self.row.get("tools", [])]
+        """The row's tools; a Java or JavaScript row's as BFCL shows them (every parameter a
+        string of source code; the row keeps the language types the checker reads)."""
+        tools = self.row.get("tools", [])
+        language = bfcl.language_of(self.row.get("category"))
+        if language is not None:
+            tools = bfcl.presented_tools(tools, language)
+        return [Tool.from_schema(schema) for schema in tools]
 
     def on_turn(self, parse: ParseResult, results: list[Any]) -> Turn:
         self.last_parse = parse
@@ -263,7 +270,7 @@ class FunctionCallingEnv(ToolEnv):
 
     def oracle_action(self) -> str:
         tools = self.row.get("tools")
-        calls = oracle_calls(self.row["ground_truth"], tools)
+        calls = oracle_calls(self.row["ground_truth"], tools, self.row.get("category"))
         if not calls and bfcl.check_mode(self.row.get("category"), 0) == "relevance":
             calls = placeholder_call(tools or [])
         if not calls:

@@ -24,7 +24,8 @@ import run_all  # noqa: E402
 
 SCRIPTS = ["bench_trl.py", "bench_weight_sync.py", "bench_env_overhead.py", "bench_scaling.py",
            "bench_scale.py", "bench_update.py", "bench_mcp.py", "bench_lora.py",
-           "bench_gateway.py", "bench_canary.py", "bench_bfcl_multi_turn.py", "run_all.py"]
+           "bench_gateway.py", "bench_canary.py", "bench_bfcl_multi_turn.py", "bench_bfcl_ast.py",
+           "run_all.py"]
 
 
 @pytest.mark.parametrize("script", SCRIPTS)

@@ -256,13 +256,13 @@ def test_simple_python_rows_are_not_irrelevance(bfcl_dir):
 
 
 def test_clear_errors_for_unscorable_or_unanswered_files(bfcl_dir, tmp_path, capsys):
-    java = tmp_path / "BFCL_v4_simple_java.json"
-    java.write_text(json.dumps(entry("simple_java_0", "q", [fn("A.b", {"x": S}, ["x"])])))
-    with pytest.raises(ValueError, match="cannot score BFCL category 'simple_java'"):
-        load_bfcl(java)
-    assert main(["data", "convert", "--from", "bfcl", str(java), "--out",
+    memory = tmp_path / "BFCL_v4_memory_kv.json"
+    memory.write_text(json.dumps(entry("memory_kv_0", "q", [fn("A.b", {"x": S}, ["x"])])))
+    with pytest.raises(ValueError, match="cannot score BFCL category 'memory_kv'"):
+        load_bfcl(memory)
+    assert main(["data", "convert", "--from", "bfcl", str(memory), "--out",
                  str(tmp_path / "o.jsonl")]) == 2
-    assert "simple_java" in capsys.readouterr().err
+    assert "memory_kv" in capsys.readouterr().err
     lonely = tmp_path / "BFCL_v4_multiple.json"
     lonely.write_text((bfcl_dir / "BFCL_v4_multiple.json").read_text())
     with pytest.raises(ValueError, match="possible answers are not at"):

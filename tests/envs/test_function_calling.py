@@ -145,7 +145,7 @@ def test_strict_parse_follows_bfcl_and_can_be_relaxed():
 
 
 def test_unscorable_rows_fail_at_reset(env):
-    row = {"id": "simple_java_0", "messages": [{"role": "user", "content": "q"}], "tools": [],
+    row = {"id": "memory_kv_0", "messages": [{"role": "user", "content": "q"}], "tools": [],
            "ground_truth": [{"f": {}}]}
-    with pytest.raises(ValueError, match="cannot score BFCL category 'simple_java'"):
+    with pytest.raises(ValueError, match="cannot score BFCL category 'memory_kv'"):
         env.reset(options=row)

@@ -189,7 +189,6 @@ def test_categories_and_counts():
 
 
 @pytest.mark.parametrize("category,why", [
-    ("simple_java", "Java"), ("simple_javascript", "JavaScript"),
     ("multi_turn_base", "multi-turn"), ("memory_kv", "memory"), ("web_search_base", "search"),
     ("format_sensitivity", "not a scoring"), ("live_simple_0", "unknown BFCL category"),
     ("restaurant", "unknown BFCL category")])
@@ -479,3 +478,55 @@ def test_a_call_to_a_function_the_row_does_not_offer_scores_0_with_that_reason()
         calls=[ToolCall("math.factorial", {"number": 5})], text="")))
     result = get_reward_spec("bfcl_ast").target(traj)
     assert result.score == 0.0 and "not among the functions offered" in result.reason
+
+
+# --- Java and JavaScript: arguments are source code, converted by BFCL's own converters ------
+JAVA_FN = {"name": "Cache.put", "description": "d", "parameters": {"type": "dict", "properties": {
+    "key": {"type": "String"}, "ttl": {"type": "long"}, "ratio": {"type": "float"},
+    "tags": {"type": "ArrayList", "items": {"type": "String"}},
+    "meta": {"type": "HashMap"}, "on": {"type": "boolean"}}, "required": ["key", "ttl"]}}
+JAVA_TRUTH = [{"Cache.put": {"key": ["user"], "ttl": [5], "ratio": [0.5, ""],
+                             "tags": [["a", "b"]], "meta": [{"k": ["v"]}], "on": [True, ""]}}]
+
+
+@pytest.mark.parametrize("arguments,valid,error_type", [
+    ({"key": "user", "ttl": "5L", "ratio": "0.5f", "tags": 'new ArrayList<>(Arrays.asList("a", '
+      '"b"))', "meta": 'new HashMap<String, String>() {{ put("k", "v"); }}', "on": "true"},
+     True, ""),
+    ({"key": "user", "ttl": "5", "tags": 'new ArrayList<>(Arrays.asList("a", "b"))',
+      "meta": 'new HashMap<String, String>() {{ put("k", "v"); }}'}, False, "type_error:simple"),
+    ({"key": "user", "ttl": 5, "tags": "x", "meta": "y"}, False, "type_error:java"),
+    ({"key": '"user"', "ttl": "5L", "tags": 'new ArrayList<>(Arrays.asList("a", "b"))',
+      "meta": 'new HashMap<String, String>() {{ put("k", "v"); }}'}, False, "value_error:string"),
+    ({"key": "user", "ttl": "5L", "tags": 'new ArrayList<>(Arrays.asList("b", "a"))',
+      "meta": 'new HashMap<String, String>() {{ put("k", "v"); }}'}, False,
+     "value_error:list/tuple"),
+])
+def test_java_arguments_are_source_code_read_by_bfcls_converter(arguments, valid, error_type):
+    tools = [{"type": "function", "function": JAVA_FN}]
+    result = check_calls([{"name": "Cache.put", "arguments": arguments}], JAVA_TRUTH,
+                         "simple_java", tools)
+    assert (result.valid, result.error_type) == (valid, error_type), result.error
+
+
+def test_javascript_and_the_calls_that_stand_for_an_answer():
+    from toolrl.core.bfcl import ground_truth_calls, presented_tools
+
+    fn = {"name": "track", "description": "d", "parameters": {"type": "dict", "properties": {
+        "id": {"type": "Bigint"}, "names": {"type": "array", "items": {"type": "String"}},
+        "opts": {"type": "dict", "properties": {"deep": {"type": "Boolean"}}}},
+        "required": ["id"]}}
+    truth = [{"track": {"id": [12], "names": [["x", "y"]], "opts": [{"deep": [True]}]}}]
+    tools = [{"type": "function", "function": fn}]
+    calls = ground_truth_calls(truth, tools, "simple_javascript")
+    assert calls[0].arguments == {"id": "12n", "names": '["x", "y"]', "opts": "{deep: true}"}
+    assert check_calls(calls, truth, "simple_javascript", tools).valid
+    wrong = [{"name": "track", "arguments": {**calls[0].arguments, "id": "12"}}]
+    assert check_calls(wrong, truth, "simple_javascript", tools).error_type == \
+        "type_error:simple"
+    shown = presented_tools(tools, "javascript")[0]["function"]["parameters"]
+    assert {p["type"] for p in shown["properties"].values()} == {"string"}
+    assert "This is JavaScript Bigint type parameter" in shown["properties"]["id"]["description"]
+    assert "deep" in shown["properties"]["opts"]["description"]  # dict schema moved to prose
+    with pytest.raises(ValueError, match="needs the row's tools"):
+        check_calls(calls, truth, "simple_javascript", None)

@@ -42,7 +42,11 @@ Intended differences (BFCL's data never exercises the last three):
 - a dict nested inside a dict parameter also matches an alternative written in possible-answer
   form (BFCL compares nested values by equality only).
 
-BFCL categories toolrl cannot score (Java/JavaScript, multi-turn, agentic) are a clear error.
+Java and JavaScript (``simple_java``, ``simple_javascript``): every argument is a string of
+source code, converted by BFCL's own type converter before the checks above, with the Python
+type BFCL maps the language type to (`toolrl.core.bfcl_languages`); the tools passed to the
+checker are BFCL's own, with the language's types. BFCL categories toolrl's checker does not
+score (multi-turn: `toolrl.core.bfcl_multi_turn`; agentic) are a clear error.
 """
 
 from __future__ import annotations
@@ -52,27 +56,26 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from toolrl.core.bfcl_languages import language_of, presented_tools  # noqa: F401 (public)
 from toolrl.core.types import ParseResult, ToolCall, as_tool_call
 
 # --- categories ------------------------------------------------------------------------------
 CATEGORIES = ("simple", "multiple", "parallel", "parallel_multiple", "irrelevance")
 """toolrl's own row categories (synthetic and converted rows)."""
 
-BFCL_CATEGORIES = ("simple_python", "multiple", "parallel", "parallel_multiple", "irrelevance",
-                   "live_simple", "live_multiple", "live_parallel", "live_parallel_multiple",
-                   "live_irrelevance", "live_relevance")
-"""BFCL v4's single-turn Python categories: the ones toolrl scores exactly."""
+BFCL_CATEGORIES = ("simple_python", "simple_java", "simple_javascript", "multiple", "parallel",
+                   "parallel_multiple", "irrelevance", "live_simple", "live_multiple",
+                   "live_parallel", "live_parallel_multiple", "live_irrelevance",
+                   "live_relevance")
+"""BFCL v4's single-turn categories: the ones toolrl's checker scores (Java and JavaScript
+through BFCL's own type converters, `toolrl.core.bfcl_languages`)."""
 
 SCORABLE = tuple(dict.fromkeys((*CATEGORIES, "relevance", *BFCL_CATEGORIES)))
 
-_JAVA = "its values are Java source strings that BFCL parses with its Java type converter"
-_JS = ("its values are JavaScript source strings that BFCL parses with its JavaScript type "
-       "converter")
 _MULTI = ("multi-turn entries are episodes of toolrl/BFCLMultiTurn-v0 on BFCL's backends "
           "(toolrl data convert --from bfcl writes such rows)")
 _EXEC = "executable categories call real APIs"
 BFCL_UNSCORABLE: dict[str, str] = {  # BFCL's other category names, and why toolrl skips them
-    "simple_java": _JAVA, "simple_javascript": _JS,
     **dict.fromkeys(("multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param",
                      "multi_turn_long_context", "multi_turn_composite"), _MULTI),
     **dict.fromkeys(("memory_kv", "memory_vector", "memory_rec_sum"),
@@ -260,8 +263,14 @@ def match_value(value: Any, acceptable: Sequence[Any], schema: Mapping[str, Any]
 
 
 def check_param(param: str, value: Any, acceptable: Sequence[Any],
-                schema: Mapping[str, Any] | None) -> CheckResult:
-    """One parameter of a call, as BFCL's ``simple_function_checker`` checks it."""
+                schema: Mapping[str, Any] | None, language: str | None = None) -> CheckResult:
+    """One parameter of a call, as BFCL's ``simple_function_checker`` checks it (``language``:
+    ``java`` or ``javascript``, whose values BFCL converts from source code first)."""
+    if language is not None:
+        converted = _convert(param, value, schema, language)
+        if isinstance(converted, CheckResult):
+            return converted
+        return _check_typed(param, *converted, acceptable)
     t = _declared_type(schema, value)
     if t is None:  # no known schema type: the answers' type (BFCL always has one)
         answer_type = _answer_type(acceptable)
@@ -270,6 +279,40 @@ def check_param(param: str, value: Any, acceptable: Sequence[Any],
         t = _Type(answer_type.__name__, answer_type)
     if t.py is float and type(value) is int:  # Python's int -> float, as BFCL allows
         value = float(value)
+    return _check_typed(param, value, t, acceptable)
+
+
+def _convert(param: str, value: Any, schema: Mapping[str, Any] | None,
+             language: str) -> tuple[Any, _Type] | CheckResult:
+    """BFCL's conversion of a Java/JavaScript argument: (the value, its expected type), or the
+    type error of a value that is not a string."""
+    from toolrl.core import bfcl_languages as lang
+
+    if type(value) is not str:
+        return CheckResult(False, f"Incorrect type for parameter {param!r}. Expected type "
+                                  f"String, got {type(value).__name__}. Parameter value: "
+                                  f"{value!r}.",
+                           "type_error:java" if language == "java" else "type_error:js")
+    type_name = (schema or {}).get("type")
+    if not isinstance(type_name, str):
+        raise ValueError(f"parameter {param!r} has no {language} type in the row's tools "
+                         f"(BFCL's own function docs are needed to check {language})")
+    nested = nested_py = None
+    if type_name in lang.NESTED:
+        nested = ((schema or {}).get("items") or {}).get("type")
+        nested_py = lang.python_type(language, nested)
+    py = lang.python_type(language, type_name)
+    try:
+        value = lang.convert(language, value, type_name, nested)
+    except NotImplementedError as exc:  # BFCL's converter leaves Set, Queue, ... unwritten
+        raise ValueError(f"parameter {param!r}: BFCL cannot convert {language} type "
+                         f"{type_name!r} ({exc})") from None
+    if type_name == "tuple" and type(value) is tuple:
+        value = list(value)
+    return value, _Type(type_name, py, nested_py)
+
+
+def _check_typed(param: str, value: Any, t: _Type, acceptable: Sequence[Any]) -> CheckResult:
     verdict, is_variable = _type_check(param, value, acceptable, t)
     if not verdict.valid:
         return verdict
@@ -332,7 +375,7 @@ def _dict_against(value: Mapping[str, Any], expected: Mapping[str, Any]) -> Chec
         if key not in expected:
             return CheckResult(False, f"Unexpected dict key parameter: {key!r}.",
                                "value_error:dict_key")
-        alternatives = _alternatives(expected[key])
+        alternatives = _dict_alternatives(expected[key])
         if _std(v) in [_std(a) for a in alternatives]:
             continue
         if isinstance(v, Mapping) and any(  # a nested dict in possible-answer form
@@ -342,10 +385,18 @@ def _dict_against(value: Mapping[str, Any], expected: Mapping[str, Any]) -> Chec
                                   f"of {[_std(a) for a in alternatives]!r}.",
                            "value_error:dict_value")
     for key, alternatives in expected.items():
-        if key not in value and not any(_is_omit(a) for a in _alternatives(alternatives)):
+        optional = "" in alternatives if isinstance(alternatives, (list, tuple, str)) else \
+            any(_is_omit(a) for a in _alternatives(alternatives))
+        if key not in value and not optional:
             return CheckResult(False, f"Missing dict key parameter: {key!r}.",
                                "value_error:dict_key")
     return _OK
+
+
+def _dict_alternatives(expected: Any) -> list[Any]:
+    """A dict key's acceptable values as BFCL's ``dict_checker`` iterates them: a string that
+    is not in a list (a slip in BFCL's data) is iterated character by character."""
+    return list(expected) if isinstance(expected, (list, tuple, str)) else [expected]
 
 
 def _list_dict_checker(param: str, value: list[Any], acceptable: Sequence[Any]) -> CheckResult:
@@ -370,11 +421,13 @@ def _list_dict_checker(param: str, value: list[Any], acceptable: Sequence[Any]) 
 
 # --- calls -----------------------------------------------------------------------------------
 def check_call(call: ToolCall | Mapping[str, Any], name: str, expected: Mapping[str, list[Any]],
-               schema: Mapping[str, Any] | None = None) -> CheckResult:
+               schema: Mapping[str, Any] | None = None,
+               language: str | None = None) -> CheckResult:
     """One call against one expected call (BFCL's ``simple_function_checker``).
 
     ``schema`` is the tool's parameters schema; None when the tool is not among the schemas,
-    in which case types come from the acceptable values and nothing is required.
+    in which case types come from the acceptable values and nothing is required. ``language``:
+    ``java`` / ``javascript`` (arguments are source code, converted as BFCL converts them).
     """
     call = as_tool_call(call)
     if call.name != name:
@@ -393,7 +446,7 @@ def check_call(call: ToolCall | Mapping[str, Any], name: str, expected: Mapping[
         if (schema is not None and param not in props) or param not in expected:
             return CheckResult(False, f"{name}: Unexpected parameter: {param!r}.",
                                "simple_function_checker:unexpected_param")
-        verdict = check_param(param, value, expected[param], props.get(param))
+        verdict = check_param(param, value, expected[param], props.get(param), language)
         if not verdict.valid:
             return CheckResult(False, f"{name}: {verdict.error}", verdict.error_type)
     for param, acceptable in expected.items():
@@ -413,6 +466,10 @@ def check_calls(calls: Sequence[ToolCall | Mapping[str, Any]], ground_truth: Seq
     expected = parse_ground_truth(ground_truth)
     mode = check_mode(category, len(expected))
     schemas = tool_schemas(tools)
+    language = language_of(category)
+    if language is not None and not schemas:
+        raise ValueError(f"category {category!r} needs the row's tools (BFCL's own function "
+                         f"docs, with their {language} types)")
     calls = [as_tool_call(c) for c in calls]
     if mode == "irrelevance":
         if calls:
@@ -441,7 +498,7 @@ def check_calls(calls: Sequence[ToolCall | Mapping[str, Any]], ground_truth: Seq
                                "toolrl:function_not_offered")
         if mode == "simple":  # BFCL: the name is the offered function's (func_description[0])
             name = next(iter(schemas))
-            return check_call(calls[0], name, expected[0][1], schemas[name])
+            return check_call(calls[0], name, expected[0][1], schemas[name], language)
         missing = next((n for n, _ in expected if n not in schemas), None)
         if missing is not None:  # BFCL's find_description finds nothing (and it raises)
             return CheckResult(False, f"The possible answer calls {missing!r}, which is not "
@@ -503,10 +560,15 @@ def _match_all(calls: list[ToolCall], expected: list[tuple[str, dict[str, list[A
 
 # --- ground truth <-> calls ------------------------------------------------------------------
 def ground_truth_calls(ground_truth: Sequence[Any],
-                       tools: Sequence[Mapping[str, Any]] | None = None) -> list[ToolCall]:
+                       tools: Sequence[Mapping[str, Any]] | None = None,
+                       category: str | None = None) -> list[ToolCall]:
     """Calls that pass the check: per parameter the first acceptable value, dicts (and lists of
     dicts) taken out of possible-answer form; a parameter that may be omitted is omitted unless
-    the schema requires it."""
+    the schema requires it. Java and JavaScript categories: each value as source code
+    (`toolrl.core.bfcl_languages.source`)."""
+    from toolrl.core import bfcl_languages as lang
+
+    language = lang.language_of(category)
     schemas = tool_schemas(tools)
     calls = []
     for name, params in parse_ground_truth(ground_truth):
@@ -519,6 +581,12 @@ def ground_truth_calls(ground_truth: Sequence[Any],
             if not present or (len(present) < len(acceptable) and param not in required):
                 continue
             arguments[param] = _concrete(present[0], props.get(param))
+            if language is not None:
+                spec = props.get(param) or {}
+                nested = (spec.get("items") or {}).get("type") \
+                    if spec.get("type") in lang.NESTED else None
+                arguments[param] = lang.source(language, arguments[param],
+                                               str(spec.get("type")), nested)
         calls.append(ToolCall(name, arguments))
     return calls
 

@@ -5,8 +5,10 @@ and, for the AST categories, its possible-answer file (``possible_answer/BFCL_v4
 ``id``, ``ground_truth``). Each row gets BFCL's category (from the file name, else from the id
 as BFCL's ``extract_test_category_from_id`` reads it), its ground truth (joined by id, after
 which nothing is inferred), the tools as BFCL prompts them (each description ends with BFCL's
-Python language hint) and ``source: "bfcl"``. The schemas keep BFCL's type names, which the
-checker reads exactly; the env presents them to the model as JSON Schema.
+language hint: Python's, Java's or JavaScript's) and ``source: "bfcl"``. The schemas keep BFCL's
+type names (Java's and JavaScript's too), which the checker reads exactly; the env presents them
+to the model as JSON Schema (Java and JavaScript parameters as strings of source code, as BFCL
+does: `toolrl.core.bfcl_languages.presented_tools`).
 """
 
 from __future__ import annotations
@@ -19,10 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from toolrl.core.bfcl import check_mode
+from toolrl.core.bfcl_languages import HINTS, language_of
 from toolrl.data.loader import iter_rows
 
 FUNCTION_CALLING_ENV = "toolrl/FunctionCalling-v0"
-LANGUAGE_HINT = " Note that the provided function is in Python 3 syntax."
+LANGUAGE_HINT = HINTS["python"]
 _FILE = re.compile(r"BFCL_v\d+_(\w+?)(?:_score|_result)?\.json$")
 
 
@@ -57,8 +60,9 @@ def bfcl_row(entry: Mapping[str, Any], category: str,
         messages = [dict(m) for m in question]
     functions = entry["function"]
     functions = functions if isinstance(functions, list) else [functions]
+    hint = HINTS[language_of(category) or "python"]
     tools = [{"type": "function", "function": {
-        **f, "description": str(f.get("description", "")) + LANGUAGE_HINT}} for f in functions]
+        **f, "description": str(f.get("description", "")) + hint}} for f in functions]
     row = {"id": entry["id"], "env": FUNCTION_CALLING_ENV, "source": "bfcl",
            "category": category, "messages": messages, "tools": tools}
     mode = check_mode(category)

@@ -99,7 +99,14 @@ def row_problems(row: Mapping[str, Any], default_env: str = FUNCTION_CALLING_ENV
         return [("malformed row", str(exc))]
     if "tools" not in row:
         return []
-    tools, problems = _tool_problems(row["tools"])
+    raw = row["tools"]
+    language = bfcl.language_of(row.get("category"))
+    if language is not None and isinstance(raw, list):  # checked as the env presents them
+        try:
+            raw = bfcl.presented_tools(raw, language)
+        except (AttributeError, TypeError) as exc:
+            return [("invalid tool schema", f"{type(exc).__name__}: {exc}")]
+    tools, problems = _tool_problems(raw)
     if problems or env_id != FUNCTION_CALLING_ENV:
         return problems
     return _gold_problems(row, tools)
@@ -199,8 +206,13 @@ def _gold_problems(row: Mapping[str, Any], tools: Mapping[str, Any]) -> list[tup
                                         f"which a required parameter cannot be (only a call "
                                         f"passing '' itself passes); give a value or drop "
                                         f"{param!r} from the tool's required list")]
-    calls = bfcl.ground_truth_calls(truth, [t.schema for t in tools.values()])
-    verdict = bfcl.check_calls(calls, truth, row.get("category"), list(row["tools"]))
+    try:
+        own = list(row["tools"]) if bfcl.language_of(row.get("category")) else \
+            [t.schema for t in tools.values()]  # a language's calls need its own types
+        calls = bfcl.ground_truth_calls(truth, own, row.get("category"))
+        verdict = bfcl.check_calls(calls, truth, row.get("category"), list(row["tools"]))
+    except ValueError as exc:
+        return [("gold answer", str(exc))]
     if not verdict.valid:
         return [("gold answer", f"the calls it stands for fail the BFCL check: "
                                 f"{verdict.error}")]
