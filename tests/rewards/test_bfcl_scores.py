@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from toolrl.core.bfcl_scores import LIVE_AST_SIZES, NA, leaderboard
+from toolrl.core.bfcl_scores import (
+    LIVE_AST_SIZES,
+    MEMORY,
+    MULTI_TURN,
+    NA,
+    WEB_SEARCH,
+    leaderboard,
+)
 
 
 def test_every_single_turn_category_evaluated():
@@ -30,7 +37,7 @@ def test_every_single_turn_category_evaluated():
     assert ov["Multi Turn Acc"] == 0.0 and ov["Web Search Acc"] == NA and ov["Memory Acc"] == NA
     assert ov["Overall Acc"] == pytest.approx(0.1 * non_live + 0.1 * live + 0.1 * irrelevance)
     assert ov["Non-Live AST Acc"] == pytest.approx(non_live)
-    assert board["missing"] == []
+    assert board["missing"] == [*MULTI_TURN, *WEB_SEARCH, *MEMORY]  # none single-turn
 
 
 def test_missing_categories_count_as_zero_and_show_na():
@@ -56,4 +63,21 @@ def test_nothing_evaluated():
     board = leaderboard({})
     assert board["overall"]["Overall Acc"] == 0.0
     assert board["non_live"]["AST Summary"] == NA and board["live"]["AST Summary"] == NA
-    assert len(board["missing"]) == 13
+    assert len(board["missing"]) == 22  # BFCL v4's scoring categories
+    assert "SerpAPI" in board["not_run"]["web_search_base"]
+    assert "all-MiniLM-L6-v2" in board["not_run"]["memory_vector"]
+    assert board["not_run"]["multi_turn_base"] == "not among the evaluated rows"
+
+
+def test_multi_turn_and_the_overall_formula():
+    board = leaderboard({"multi_turn_base": (100, 200), "multi_turn_miss_func": (50, 200),
+                         "multi_turn_miss_param": (20, 100), "simple_python": (40, 50)})
+    mt = board["multi_turn"]
+    assert mt["Base"] == 0.5 and mt["Miss Param"] == 0.2 and mt["Long Context"] == NA
+    assert mt["Multi Turn Overall Acc"] == pytest.approx((0.5 + 0.25 + 0.2 + 0.0) / 4)
+    assert board["overall"]["Multi Turn Acc"] == mt["Multi Turn Overall Acc"]
+    non_live = (0.8 / 3) / 4
+    assert board["overall"]["Overall Acc"] == pytest.approx(
+        0.1 * non_live + 0.3 * (0.95 / 4))  # live, irrelevance, agentic: 0
+    assert board["agentic"]["Agentic Overall Acc"] == 0.0
+    assert board["agentic"]["Memory Summary"] == NA

@@ -7,8 +7,14 @@ machine without them is one line naming the overrides that run it on CPU (`check
 Writes ``results.json``: overall success and reward, per category, per env (in a run of
 several envs) and, for BFCL rows (``source: "bfcl"``, as `toolrl data convert --from bfcl`
 writes them), per BFCL category with the summary and overall averages BFCL's leaderboard
-reports (`toolrl.core.bfcl_scores.leaderboard`), so the number can stand beside the
-leaderboard's; and each env's own benchmark figures (``env_metrics``: `ToolEnv.eval_metrics`,
+reports (`toolrl.core.bfcl_scores.leaderboard`: non-live with Java and JavaScript, live,
+multi-turn, agentic and the overall formula over what was run; each category not run named
+with why), so the number can stand beside the leaderboard's. BFCL's figures count only rows
+the run did not train on: a BFCL row that shares its id, its question or a 13-word run with a
+row the config trains on (``data.train_file`` or the env's own training rows, ``data.mixture``'s
+training rows, ``warm_start.train_file``; `toolrl.data.contamination`, the check the
+real-model recipe runs) is left out of them, and ``bfcl.training_overlap`` says how many per
+category. And each env's own benchmark figures (``env_metrics``: `ToolEnv.eval_metrics`,
 e.g. tau2's pass^1..4 per domain; ``--trials K`` plays every row K times for them). Episodes
 the infrastructure failed (`Trajectory.infra_failure`: a tool server
 down, an env that raised) say nothing about the model: as in validation (``val/infra_failed``)
@@ -59,6 +65,7 @@ def run_evaluation(cfg: ExperimentConfig, model: str, output_dir: str | os.PathL
         require_model(model, key="--model")
     except ModelNotFoundError as exc:
         raise ConfigError(str(exc)) from None
+    training, training_note = training_rows(cfg)  # before the val rows stand in for them
     _validation_only(cfg)
     cfg.model.path = model
     cfg.model.build_tiny_if_missing = False
@@ -73,7 +80,8 @@ def run_evaluation(cfg: ExperimentConfig, model: str, output_dir: str | os.PathL
         trajs, scores = _play(trainer, trials, console)
     finally:
         trainer.close()
-    results = summarize(trajs, scores, cfg.env.id)
+    results = summarize(trajs, scores, cfg.env.id, training=training,
+                        training_note=training_note)
     results = {"model": model, "env": cfg.env.id, "trials": trials, **results}
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -120,6 +128,47 @@ def _play(trainer: Any, trials: int, console: Console) -> tuple[list[Trajectory]
     return trajs, scores
 
 
+def training_rows(cfg: ExperimentConfig) -> tuple[list[dict[str, Any]], str]:
+    """The rows the config trains on (RL's rows, from ``data.train_file`` or the env's
+    generator, ``data.mixture``'s training rows, ``warm_start.train_file``) and where they came
+    from; a file that is not here is named in the note, its rows unknown."""
+    from toolrl.data.loader import load_rows
+    from toolrl.trainer.mixture import mixture_rows
+    from toolrl.trainer.trainer import _env_class
+
+    data = cfg.data
+    rows: list[dict[str, Any]] = []
+    found, absent = [], []
+    files = [("data.train_file", data.train_file)]
+    if cfg.warm_start.enabled:
+        files.append(("warm_start.train_file", cfg.warm_start.train_file))
+    for key, path in files:
+        if not path:
+            continue
+        if Path(path).exists():
+            rows += load_rows(path)
+            found.append(f"{key} {path}")
+        else:
+            absent.append(f"{key} {path} (not found: its rows are not checked)")
+    if not data.train_file:
+        try:
+            rows += _env_class(cfg.env.id).make_tasks(data.train_size, seed=cfg.seed,
+                                                      split="train", **data.task_kwargs)
+            found.append(f"{cfg.env.id}'s {data.train_size} generated training rows")
+        except TypeError:  # an env without a generator: nothing to train on here
+            pass
+    if data.mixture:
+        try:
+            more, _ = mixture_rows([m for m in data.mixture
+                                    if not m.train_file or Path(m.train_file).exists()],
+                                   cfg.seed, _env_class)
+            rows += more
+            found.append("data.mixture's training rows")
+        except (OSError, ValueError, TypeError) as exc:
+            absent.append(f"data.mixture ({type(exc).__name__}: {exc})")
+    return rows, "; ".join([*found, *absent]) or "no training rows in the config"
+
+
 def _validation_only(cfg: ExperimentConfig) -> None:
     """Eval reads the validation rows only: a source with a val file needs no train file (its
     train rows are the val rows, loaded and never used), so a config written for training runs
@@ -131,11 +180,13 @@ def _validation_only(cfg: ExperimentConfig) -> None:
             source.train_file = source.val_file
 
 
-def summarize(trajs: Sequence[Trajectory], scores: Sequence[float], default_env: str
+def summarize(trajs: Sequence[Trajectory], scores: Sequence[float], default_env: str, *,
+              training: Sequence[Mapping[str, Any]] = (), training_note: str = ""
               ) -> dict[str, Any]:
     """Success and reward overall, per category, per env and (BFCL rows) BFCL's averages,
     over the episodes the infrastructure did not fail (``n``); those it failed are counted
-    (``infra_failed``) and scored nowhere. A figure over no episode is None."""
+    (``infra_failed``) and scored nowhere. A figure over no episode is None. BFCL's figures
+    leave out the rows ``training`` overlaps (module docstring)."""
     rows = [t.row for t in trajs]
     failed = {i for i, t in enumerate(trajs) if t.infra_failure is not None}
 
@@ -170,12 +221,35 @@ def summarize(trajs: Sequence[Trajectory], scores: Sequence[float], default_env:
     if figures:
         results["env_metrics"] = figures
     if bfcl:
+        seen = trained_on([rows[i] for v in bfcl.values() for i in v], training)
+        left_out = {c: [i for i in v if rows[i].get("id") in seen] for c, v in bfcl.items()}
+        kept = {c: [i for i in v if rows[i].get("id") not in seen] for c, v in bfcl.items()}
         counts = {c: (sum(trajs[i].success for i in v), len(v))
-                  for c, v in sorted(bfcl.items())}
+                  for c, v in sorted(kept.items()) if v}
         results["bfcl"] = {"per_category": {c: {"correct": k, "n": n, "accuracy": k / n}
                                             for c, (k, n) in counts.items()},
-                           **leaderboard(counts)}
+                           **leaderboard(counts),
+                           "training_overlap": {
+                               "training_rows": len(training), "sources": training_note,
+                               "rule": "a BFCL row sharing its id, its question or a 13-word "
+                                       "run with a training row is left out of BFCL's figures",
+                               "left_out": {c: len(v) for c, v in sorted(left_out.items())
+                                            if v},
+                               "scored": {c: len(v) for c, v in sorted(kept.items())}}}
     return results
+
+
+def trained_on(rows: Sequence[Mapping[str, Any]], training: Sequence[Mapping[str, Any]]
+               ) -> set[Any]:
+    """Ids of ``rows`` a training row shares the id, the question or a 13-word run with (the
+    contamination check, `toolrl.data.contamination`)."""
+    from toolrl.data.contamination import check_contamination
+
+    if not training or not rows:
+        return set()
+    ids = {r.get("id") for r in training}
+    report = check_contamination(rows, training)  # flags rows that overlap training's
+    return {r.get("id") for i, r in enumerate(rows) if i in report.flagged or r.get("id") in ids}
 
 
 def env_metrics(trajs: Sequence[Trajectory], default_env: str) -> dict[str, Any]:
@@ -223,6 +297,15 @@ def result_tables(results: Mapping[str, Any], title: str = "eval") -> list[Table
         for k, v in results["bfcl"]["per_category"].items():
             table.add_row(k, str(v["n"]), f"{100 * v['accuracy']:.2f}%")
         tables += [table, *leaderboard_tables(results["bfcl"])]
+        overlap = results["bfcl"].get("training_overlap") or {}
+        if overlap.get("left_out"):
+            table = Table(title="BFCL rows left out: the run trained on them (or on rows "
+                                "sharing their question or a 13-word run)")
+            for col in ("category", "left out", "scored"):
+                table.add_column(col, justify="left" if col == "category" else "right")
+            for k, v in overlap["left_out"].items():
+                table.add_row(k, str(v), str(overlap["scored"].get(k, 0)))
+            tables.append(table)
     for env_id, figures in results.get("env_metrics", {}).items():
         groups = {k: v for k, v in figures.items() if isinstance(v, Mapping)}
         if not groups:
