@@ -337,6 +337,31 @@ def run(categories: list[str], limit: int | None, stop_every: int) -> dict[str, 
     return out
 
 
+def composite_report() -> dict[str, Any]:
+    """The unused composite set: how many of its entries the row check keeps, and what they
+    share with the four scored categories (`toolrl.data.contamination`, the recipe's check:
+    a shared question, a 13-word run; plus identical initial configurations)."""
+    from toolrl.core import bfcl_multi_turn as mt
+    from toolrl.data import check_rows, load_bfcl_multi_turn
+    from toolrl.data.contamination import check_contamination
+
+    rows = load_bfcl_multi_turn("multi_turn_composite")
+    report = check_rows(rows, "composite")
+    bad = {p.index for p in report.blocking}
+    kept = [r for i, r in enumerate(rows) if i not in bad]
+    scored = [r for c in mt.MULTI_TURN_CATEGORIES for r in load_bfcl_multi_turn(c)]
+    overlap = check_contamination(kept, scored)
+    configs = {json.dumps(r["initial_config"], sort_keys=True) for r in scored}
+    return {"entries": len(rows), "playable": len(kept),
+            "refused": {k: n for k, n in report.counts().items()},
+            "shared_questions": len(overlap.shared_questions),
+            "ngram_overlaps": len(overlap.ngram_overlaps),
+            "flagged": len(overlap.flagged),
+            "same_initial_config": sum(json.dumps(r["initial_config"], sort_keys=True)
+                                       in configs for r in kept),
+            "examples": [list(x) for x in overlap.ngram_overlaps[:3]]}
+
+
 def transcript_tokens(transcripts: dict[str, list[Any]], model: Path) -> dict[str, Any] | None:
     """Tokens of each oracle transcript (the model's chat template, tools included), per
     category: max, 95th percentile, median."""
@@ -408,6 +433,23 @@ def report(result: dict[str, Any], tokens: dict[str, Any] | None, seconds: float
         longest = max(t["max"] for t in tokens.values())
         lines += [f"The longest transcript needs `max_model_len` >= {longest:,} tokens "
                   f"(+ the last turn's response).", ""]
+    composite = result.get("composite")
+    if composite:
+        c = composite
+        refused = ", ".join(f"{n} {k}" for k, n in c["refused"].items())
+        lines += [f"The unused `multi_turn_composite` set: the row check keeps {c['playable']} "
+                  f"of its {c['entries']} entries (refused: {refused}: their possible answers "
+                  f"call functions or pass arguments the backends no longer have, or do not "
+                  f"parse). It is **not** free of the scored categories: of the "
+                  f"{c['playable']} kept, {c['flagged']} share a question "
+                  f"({c['shared_questions']}) or a 13-word run ({c['ngram_overlaps']}) with "
+                  f"an entry of the four scored categories (`toolrl data contamination`), "
+                  f"and {c['same_initial_config']} start from an initial configuration one of "
+                  f"them also starts from: composite re-words and re-splits the base "
+                  f"scenarios. A run trained on it has seen those scenarios; `toolrl eval` "
+                  f"leaves the overlapping rows out of BFCL's figures and says how many.", ""]
+        lines += [f"- e.g. composite `{a}` / scored `{b}`: \"{span}\"" for a, b, span in
+                  c["examples"]] + [""]
     for m in result["mismatches"][:10]:
         lines.append(f"- mismatch: {m['id']} ({m['kind']}): env {m['env']}, BFCL {m['bfcl']}")
     return "\n".join(lines).rstrip() + "\n"
@@ -440,6 +482,7 @@ def main(argv: list[str] | None = None) -> int:
     result = run(categories, args.limit, args.stop_every)
     seconds = time.perf_counter() - start
     tokens = transcript_tokens(result.pop("transcripts"), args.model)
+    result["composite"] = composite_report()
     text = report(result, tokens, seconds, argv, machine, args.model)
     benchlib.write_result(args.output, text)
     args.output.with_suffix(".json").write_text(json.dumps(

@@ -94,6 +94,53 @@ def cases(n: int) -> dict[str, tuple[Callable[[], Any], int]]:
     }
 
 
+MT_ENV_ID = "toolrl/BFCLMultiTurn-v0"
+STEPS_PER_RESET = 20
+
+
+def multi_turn_cases(n: int) -> dict[str, tuple[Callable[[], Any], int]]:
+    """BFCLMultiTurn-v0 on BFCL's first base entry: a backend call through astep (BFCL stops an
+    entry after 20 steps in one turn: a reset every 20 calls, whose time is taken out), a reset
+    (fresh backends from the entry's initial config), and the end of an episode (BFCL's
+    multi_turn_checker on the oracle's calls + the per-turn agreement)."""
+    import toolrl
+    from toolrl.data import load_bfcl_multi_turn
+
+    row = load_bfcl_multi_turn("multi_turn_base", limit=1)[0]
+    env = toolrl.make_env(MT_ENV_ID, max_turns=10**9)
+    loop = asyncio.new_event_loop()
+    ls = call_text("ls", {})
+
+    def steps() -> None:  # BFCL stops an entry after 20 steps in a turn: a reset every 20
+        async def run() -> None:
+            for i in range(n):
+                if i % STEPS_PER_RESET == 0:
+                    env.reset(seed=0, options=row)
+                await env.astep(ls)
+        loop.run_until_complete(run())
+
+    def resets() -> None:
+        for _ in range(n):
+            env.reset(seed=0, options=row)
+
+    episode = None
+
+    def verdicts() -> None:
+        nonlocal episode
+        if episode is None:  # the oracle's calls, once
+            episode = toolrl.make_env(MT_ENV_ID)
+            loop.run_until_complete(toolrl.run_episode(episode, row=row))
+        for _ in range(max(1, n // 10)):
+            episode.unwrapped.evaluate()
+
+    return {
+        f"{MT_ENV_ID} astep, one backend call (per call)": (steps, n),
+        f"{MT_ENV_ID} reset: fresh backends (per reset)": (resets, n),
+        f"{MT_ENV_ID} end of episode: BFCL's checker + per-turn agreement, 4 turns, 8 calls "
+        f"(per episode)": (verdicts, max(1, n // 10)),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -110,9 +157,15 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     machine = benchlib.machine_label()
     table = cases(args.calls)
-    times = benchlib.timed_alternating([fn for fn, _ in table.values()], args.reps)
+    multi = multi_turn_cases(args.calls)
+    times = benchlib.timed_alternating([fn for fn, _ in [*table.values(), *multi.values()]],
+                                       args.reps)
     per_call = {name: median(t) / calls * 1e6
-                for (name, (_, calls)), t in zip(table.items(), times, strict=True)}
+                for (name, (_, calls)), t in zip(table.items(), times[:len(table)], strict=True)}
+    per_unit = {name: median(t) / calls * 1e6 for (name, (_, calls)), t in
+                zip(multi.items(), times[len(table):], strict=True)}
+    step_key, reset_key = list(per_unit)[:2]  # the steps' resets taken out of their time
+    per_unit[step_key] -= per_unit[reset_key] / STEPS_PER_RESET
     floor = next(iter(per_call.values()))
     rows = [(name, us, f"{us / floor:.0f}x" if i else "1x", f"{us - floor:.0f}" if i else "")
             for i, (name, us) in enumerate(per_call.items())]
@@ -131,6 +184,12 @@ def main(argv: list[str] | None = None) -> int:
         "",
         f"**A valid tool call costs {valid:.0f} µs in toolrl's env layer ({valid / floor:.0f}x "
         f"the bare JSON decode + function call, {valid - floor:.0f} µs added).**",
+        "",
+        f"`{MT_ENV_ID}` (BFCL's backends and its multi-turn checker; BFCL's first base "
+        f"entry, GorillaFileSystem + TwitterAPI), timed in the same alternation:",
+        "",
+        md_table(["what", "µs", "vs a valid Calculator call"],
+                 [(name, us, f"{us / valid:.1f}x") for name, us in per_unit.items()]),
         "",
         f"A valid call costs {valid:.0f} µs in the env layer: parse, JSON-schema validation, "
         "the tool under its timeout, the observation message and the step info. For scale, "
