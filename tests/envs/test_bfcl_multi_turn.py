@@ -192,3 +192,16 @@ def test_the_row_check_and_the_converter_drop_unplayable_composite_rows(tmp_path
     assert report.written == 3 and not report.errors
     out = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
     assert {r["env"] for r in out} == {ENV} and {r["source"] for r in out} == {"own"}
+
+
+def test_eval_metrics_sum_bfcls_verdicts_and_the_turns_per_category(rows):
+    from toolrl.envs.bfcl_multi_turn import BFCLMultiTurnEnv
+
+    good, _ = play(rows["multi_turn_miss_param"])
+    bad, _ = play(rows["multi_turn_miss_param"], lambda env, messages: "I cannot.")
+    base, _ = play(rows["multi_turn_base"])
+    figures = BFCLMultiTurnEnv.eval_metrics([good, bad, base])
+    miss = figures["multi_turn_miss_param"]
+    assert miss["n"] == 2 and miss["accuracy"] == 0.5
+    assert miss["turn_state_match"] == 0.5 and miss["asked_when_answer_empty"] == 1.0
+    assert figures["multi_turn_base"]["accuracy"] == 1.0

@@ -54,7 +54,9 @@ def bfcl_row(entry: Mapping[str, Any], category: str,
     elif question and all(isinstance(turn, list) for turn in question):
         if len(question) != 1:
             raise ValueError(f"BFCL entry {entry.get('id')!r} has {len(question)} turns; "
-                             f"toolrl scores single-turn categories only")
+                             f"FunctionCalling rows are single-turn (BFCL's multi-turn "
+                             f"entries are toolrl/BFCLMultiTurn-v0 rows: toolrl data "
+                             f"convert --from bfcl)")
         messages = [dict(m) for m in question[0]]
     else:
         messages = [dict(m) for m in question]

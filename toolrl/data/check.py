@@ -66,7 +66,9 @@ def normalize_row(row: Mapping[str, Any]) -> Row:
         elif question and isinstance(question[0], list):  # BFCL: a list of turns
             if len(question) != 1:
                 raise ValueError(f"row {row.get('id')!r} has {len(question)} turns; "
-                                 f"FunctionCalling rows are single-turn")
+                                 f"FunctionCalling rows are single-turn (BFCL's multi-turn "
+                                 f"entries are toolrl/BFCLMultiTurn-v0 rows: toolrl data "
+                                 f"convert --from bfcl)")
             row["messages"] = list(question[0])
         else:
             row["messages"] = list(question)
