@@ -101,6 +101,7 @@ class BFCLMultiTurnEnv(ToolEnv):
                  system_prompt: str | None = None, max_turns: int | None = None,
                  **kwargs: Any) -> None:
         super().__init__(max_turns=max_turns, **kwargs)
+        mt.require_bfcl_eval()  # not installed: one line saying how, before anything else
         self.fixed_max_turns = max_turns
         self.categories = tuple(categories) if categories else None
         for category in self.categories or ():
