@@ -17,17 +17,15 @@ import pytest
 from trainer_runs import ROOT, register_test_rewards, small_run_overrides
 
 from toolrl.trainer.checkpoint import load_trainer_state
-from toolrl.trainer.config import load_config
-from toolrl.trainer.progress import StallError
-from toolrl.trainer.run import run_training
 from toolrl.trainer.tracking import read_metrics
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 PLUGINS = "tests.faults.stall_plugins"
+# The grace before the watchdog's hard exit: a loaded machine took more than 120 s to stop.
 WATCHDOG = {"trainer.watchdog.first_step_s": 600, "trainer.watchdog.after_steps": 1,
             "trainer.watchdog.multiple": 3, "trainer.watchdog.floor_s": 10,
-            "trainer.watchdog.grace_s": 600}  # its hard exit would end pytest itself
+            "trainer.watchdog.grace_s": 600}
 MODES = {
     "sync": ("configs/quickstart.yaml", {"rollout.runner": f"{PLUGINS}:UnansweringRunner"}),
     "pipeline": ("configs/quickstart_pipeline.yaml",
@@ -42,19 +40,38 @@ MODES = {
 }
 
 
+def _child_env(**extra: str) -> dict[str, str]:
+    """The test's environment for a child run, with ``tests/`` importable and SIGINT's default
+    handler (see `_default_sigint`)."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT)]),
+            **extra}
+
+
+def _default_sigint() -> None:
+    """A background job has SIGINT ignored, and children inherit it; the watchdog and the
+    signal tests need Python's handler back in the child."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("mode", list(MODES))
-def test_a_stall_is_reported_and_stops_the_run(mode, ray_cluster, tiny_model_dir, tmp_path,
-                                               capfd):
+def test_a_stall_is_reported_and_stops_the_run(mode, ray_cluster, tiny_model_dir, tmp_path):
+    """The run is a child process on the session's Ray cluster: the watchdog's interrupt and
+    its hard exit after the grace end that process, never the test runner."""
     config, extra = MODES[mode]
-    register_test_rewards()
     out = tmp_path / mode
-    cfg = load_config(ROOT / config, small_run_overrides(tiny_model_dir, out, **{
+    overrides = small_run_overrides(tiny_model_dir, out, **{
         "trainer.total_steps": 4, "trainer.export_hf": False, "actor.weight_bucket_mb": 0.5,
-        "rollout.engine.kv_cache_gib": 0.25, **WATCHDOG, **extra}))
-    with pytest.raises(StallError) as err:
-        run_training(cfg)
-    line = str(err.value)
+        "rollout.engine.kv_cache_gib": 0.25, **WATCHDOG, **extra})
+    address = ray_cluster.get_runtime_context().gcs_address
+    proc = subprocess.run([sys.executable, str(ROOT / "tests/faults/stall_run.py"), config,
+                           *overrides], cwd=ROOT, env=_child_env(RAY_ADDRESS=address),
+                          capture_output=True, text=True, timeout=840,
+                          preexec_fn=_default_sigint)
+    reported = [ln for ln in proc.stdout.splitlines() if ln.startswith("STALL_ERROR ")]
+    assert proc.returncode == 0 and len(reported) == 1, (
+        f"exit {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+    line = reported[0].removeprefix("STALL_ERROR ")
     steps = [r["step"] for r in read_metrics(out / "metrics.jsonl")]
     assert steps[:2] == [0, 1] and steps[-1] < 4, steps  # step 1 trained, the run never ended
     assert line.startswith(f"stall: no progress in step {steps[-1] + 1} ")
@@ -65,7 +82,7 @@ def test_a_stall_is_reported_and_stops_the_run(mode, ray_cluster, tiny_model_dir
     assert any(f.startswith("driver-pid") for f in files)
     workers = [p for p in stalls[0].iterdir() if "-rank" in p.name]
     assert workers and all("Thread 0x" in p.read_text() for p in workers), files
-    printed = [ln for ln in capfd.readouterr().err.splitlines() if ln.startswith("stall:")]
+    printed = [ln for ln in proc.stderr.splitlines() if ln.startswith("stall:")]
     assert printed == [line]  # one line
 
 
@@ -102,16 +119,15 @@ def test_a_signal_ends_the_run_cleanly(sig, tiny_model_dir, tmp_path):
     args = small_run_overrides(tiny_model_dir, out, **{
         "trainer.total_steps": 50, "trainer.save_every": 0, "trainer.export_hf": False,
         "trainer.stop_grace_s": 120 if sig == signal.SIGTERM else 0})
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT)])}
+    env = _child_env()
     env.pop("RAY_ADDRESS", None)  # its own local cluster, which it must stop whole
-    # a background job has SIGINT ignored, and children inherit it: restore the default
     proc = subprocess.Popen(
         [sys.executable, "-c", "import sys, trainer_runs; trainer_runs.register_test_rewards();"
          " from toolrl.cli import main; sys.exit(main(sys.argv[1:]))", "train", "--config",
          str(ROOT / "configs/quickstart.yaml"), *args],
         cwd=ROOT, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE, text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        preexec_fn=_default_sigint)
     try:
         deadline = time.monotonic() + 600
         while 1 not in [r["step"] for r in read_metrics(out / "metrics.jsonl")]:

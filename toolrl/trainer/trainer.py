@@ -51,6 +51,7 @@ from toolrl.trainer.config import (
     optimizer_steps,
     save_config,
     to_dict,
+    validates_after,
     worker_rollout_config,
 )
 from toolrl.trainer.failures import RolloutFailedError, describe, settle
@@ -468,7 +469,7 @@ class Trainer:
         last: dict[str, float] = {}
         try:
             with watching(self.make_watchdog()) as self.watchdog:
-                if self.step == 0:
+                if self.step == 0 and validates_after(0, cfg):
                     note_phase("validation")
                     val = self.validate()
                     first_val = val["val/success"]
@@ -549,7 +550,7 @@ class Trainer:
         metrics = self.train_step()
         self.step += 1
         metrics["timing/step_s"] = time.perf_counter() - start
-        if (cfg.val_every and self.step % cfg.val_every == 0) or self.step == cfg.total_steps:
+        if validates_after(self.step, cfg):
             note_phase("validation")
             metrics.update(self.validate())
         metrics["trainer/rollout_retries"] = float(self._retries_total)
