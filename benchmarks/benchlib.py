@@ -57,7 +57,8 @@ def machine_label(**versions: str) -> str:
     (`toolrl.machine`), then the versions given."""
     from toolrl.machine import this_machine
 
-    parts = [this_machine(load_at_start=START_LOAD).label()]
+    parts = [this_machine(load_at_start=START_LOAD).label(),
+             f"measured {time.strftime('%Y-%m-%d')}"]
     parts += [f"{k} {v}" for k, v in versions.items()]
     return ", ".join(parts)
 

@@ -54,7 +54,7 @@ from toolrl.trainer.config import (
     validates_after,
     worker_rollout_config,
 )
-from toolrl.trainer.failures import RolloutFailedError, describe, settle
+from toolrl.trainer.failures import RetryCount, RolloutFailedError, describe, settle
 from toolrl.trainer.health import HealthMonitor, HealthReport
 from toolrl.trainer.memory import check_memory
 from toolrl.trainer.mixture import RewardSets, env_of, mixture_rows, success_by
@@ -84,6 +84,7 @@ class Trainer:
         self.reward = RewardSets(cfg.reward, cfg.env_rewards)
         self.env_ids: list[str] = [cfg.env.id]  # every env of the run's rows (load_tasks)
         self.tracker: Tracker | None = None
+        self.retries = RetryCount(cfg.trainer.max_retries)  # trainer.on_rollout_failure: retry
 
     # --- setup ---------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -553,7 +554,7 @@ class Trainer:
         if validates_after(self.step, cfg):
             note_phase("validation")
             metrics.update(self.validate())
-        metrics["trainer/rollout_retries"] = float(self._retries_total)
+        metrics["trainer/rollout_retries"] = float(self.retries.total)
         health = self.check_health()
         metrics.update(health.metrics)
         assert self.tracker is not None
@@ -563,7 +564,7 @@ class Trainer:
         if cfg.save_every and self.step % cfg.save_every == 0:
             note_phase("checkpoint")
             self.save()
-        self._retries = 0  # max_retries counts failures in a row
+        self.retries.step_done(self.step)
         if self.watchdog is not None:
             self.watchdog.step_done()
         return metrics
@@ -573,19 +574,18 @@ class Trainer:
         """Raise `RolloutFailedError` unless ``on_rollout_failure=retry`` has a retry left;
         else count one."""
         cfg = self.cfg.trainer
-        if cfg.on_rollout_failure != "retry" or self._retries >= cfg.max_retries:
+        if cfg.on_rollout_failure != "retry" or not self.retries.allows():
             why = ("trainer.on_rollout_failure=stop" if cfg.on_rollout_failure != "retry"
-                   else f"{self._retries} retries in a row (trainer.max_retries="
+                   else f"{self.retries.in_a_row} retries in a row (trainer.max_retries="
                         f"{cfg.max_retries})")
             what = str(error) if isinstance(error, RolloutFailedError) else describe(error)
             raise RolloutFailedError(
                 f"{what}; the run stops ({why}) after step {self.step}, the last "
                 f"step trained, synced and logged: no step trained on any part of the failed "
                 f"batch. trainer.resume=auto continues from the last checkpoint") from error
-        self._retries += 1
-        self._retries_total += 1
+        self.retries.failed(self.step)
         self.console.log(f"[yellow]rollout failed[/] ({error}); retry "
-                         f"{self._retries} of {cfg.max_retries}")
+                         f"{self.retries.in_a_row} of {cfg.max_retries}")
 
     def recover(self, error: BaseException) -> None:
         """After a failed step: stop, or redo it. A rollout that raised on a healthy worker
@@ -740,8 +740,6 @@ class Trainer:
     _last_batch: TensorDict | None = None
     watchdog: ProgressWatchdog | None = None
     _infra_failed: Sequence[Trajectory] = ()  # the last batch's, as generated (health notes)
-    _retries = 0  # failed steps in a row (trainer.max_retries)
-    _retries_total = 0
     _step_data: dict[str, int] | None = None
 
 
