@@ -33,6 +33,7 @@ from toolrl.algo import (
     uniform_groups,
 )
 from toolrl.controller import ResourcePoolManager, RoleSpec, init_ray
+from toolrl.controller.cluster import kill_local_cluster, kill_process_tree
 from toolrl.controller.worker_group import WorkerDiedError, WorkerGroupError, spawn
 from toolrl.core.trajectory import Trajectory
 from toolrl.data import TaskLoader, load_rows
@@ -500,7 +501,7 @@ class Trainer:
             return None
         return ProgressWatchdog(wd, self.run_dir, step=lambda: self.step,
                                 waits=self.stall_waits, dump_workers=self.dump_worker_stacks,
-                                kill_workers=self.kill_workers)
+                                kill_workers=self.kill_workers, recover=self.recover_stall)
 
     def worker_groups(self) -> list[Any]:
         return list({id(h.group): h.group for h in self.handles.values()}.values())
@@ -514,12 +515,25 @@ class Trainer:
 
     def kill_workers(self) -> None:
         """The watchdog's hard stop: SIGKILL every worker process (and what they started)."""
-        from toolrl.controller.cluster import kill_local_cluster, kill_process_tree
-
         for group in self.worker_groups():
             for pid in group.pids:
                 kill_process_tree(pid)
         kill_local_cluster()
+
+    def recover_stall(self, phase: str) -> str | None:
+        """The watchdog's first resort, the same in every mode: with
+        ``trainer.on_rollout_failure: retry`` and a retry left, a stall in the rollout kills
+        the rollout workers, so the driver's wait fails as on a dead worker and the retry path
+        restarts them and redoes the batch. None: the run stops."""
+        cfg = self.cfg.trainer
+        if cfg.on_rollout_failure != "retry" or not self.retries.allows() or \
+                not phase.startswith("rollout") or "rollout" not in self.handles:
+            return None
+        pids = list(self.handles["rollout"].group.pids)
+        for pid in pids:
+            kill_process_tree(pid)
+        return (f"killed the rollout worker(s) (pids {pids}): trainer.on_rollout_failure=retry "
+                f"restarts them and redoes the batch")
 
     @property
     def stalled(self) -> bool:
