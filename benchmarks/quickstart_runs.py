@@ -99,7 +99,8 @@ def render(entries: list[dict[str, Any]]) -> str:
     """The markdown report: one table per CPU, a row per run."""
     lines = ["# The quickstart's learning: held-out success per run", "",
              "Written by `benchmarks/quickstart_runs.py` from "
-             "`benchmarks/results/quickstart.json`. Each row is one whole `toolrl train` run from a clean run directory (its own warm "
+             "`benchmarks/results/quickstart.json`. Each row is one whole `toolrl train` run "
+             "from a clean run directory (its own warm "
              "start, as `make demo`), alone on the machine: held-out greedy success on 128 tasks "
              "at each validation step, the gain from step 0 to the end, the wall time of the "
              "whole command and the median step.", ""]
