@@ -29,6 +29,8 @@ import benchlib
 ROOT = benchlib.ROOT
 RESULTS_JSON = benchlib.RESULTS_DIR / "quickstart.json"
 PLOT = ROOT / "docs" / "quickstart_success.png"
+# async mode's accounting, from the last step (cumulative) or over the steps
+ASYNC_KEYS = ("async/submitted", "async/trained", "async/dropped_stale")
 # mode -> (config, extra overrides, extra PYTHONPATH)
 MODES: dict[str, tuple[str, tuple[str, ...], str | None]] = {
     "sync": ("configs/quickstart.yaml", (), None),
@@ -63,6 +65,11 @@ def run_one(mode: str, seed: int, out_root: Path, overrides: tuple[str, ...] = (
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     curve = {int(r["step"]): r["val/success"] for r in rows if "val/success" in r}
     steps = [r for r in rows if "timing/step_s" in r]
+    stream = {k: steps[-1][k] for k in ASYNC_KEYS if steps and k in steps[-1]}
+    if stream:
+        stream["async/push_pause_s"] = benchlib.median(
+            [r["async/push_pause_s"] for r in steps if "async/push_pause_s" in r])
+        stream["async/staleness_max"] = max(r.get("async/staleness_max", 0) for r in steps)
     warm = out / "warm_start_metrics.json"
     warm_info = json.loads(warm.read_text()) if warm.exists() else {}
     return {"mode": mode, "seed": seed, "command": " ".join(
@@ -71,6 +78,7 @@ def run_one(mode: str, seed: int, out_root: Path, overrides: tuple[str, ...] = (
                                                        *overrides]),
             "val_success": curve, "wall_s": seconds,
             "step_s_median": benchlib.median([r["timing/step_s"] for r in steps]),
+            "stream": stream,
             "warm_start_steps": warm_info.get("steps"),
             "machine": benchlib.machine_label(), "cpu": _cpu(),
             "date": time.strftime("%Y-%m-%d")}
@@ -119,6 +127,19 @@ def render(entries: list[dict[str, Any]]) -> str:
                          f"{gain:+.1f}", f"{e['wall_s'] / 60:.1f} min",
                          f"{e['step_s_median']:.1f} s", e["date"]])
         lines += [benchlib.md_table(header, rows), ""]
+        streamed = [e for e in runs if e.get("stream")]
+        if streamed:
+            lines += ["Async runs (`trainer.mode: async`): groups submitted, trained and dropped "
+                      "as stale by the end, the largest staleness of a trained sample, and the "
+                      "median time a weight push held generation.", "",
+                      benchlib.md_table(
+                          ["run", "submitted", "trained", "dropped stale", "max staleness",
+                           "push pause (median)"],
+                          [[f"{e['mode']}, seed {e['seed']}",
+                            *(int(e["stream"].get(k, 0)) for k in ASYNC_KEYS),
+                            int(e["stream"]["async/staleness_max"]),
+                            f"{1000 * e['stream']['async/push_pause_s']:.0f} ms"]
+                           for e in streamed]), ""]
         sync = [e for e in runs if e["mode"] == "sync"]
         if sync:
             gains = [100 * (e["val_success"][max(e["val_success"], key=int)]

@@ -36,7 +36,7 @@ def _unbacked(path: Path) -> list[str]:
     for i, block in enumerate(blocks):
         if not MEASURED.search(re.sub(r"`[^`]*`", "", block)):
             continue
-        near = " ".join(blocks[max(i - 1, 0): i + 2])
+        near = " ".join(blocks[max(i - 3, 0): i + 2])  # a list item: its intro above
         if not RESULTS.search(near):
             out.append(f"{path.relative_to(ROOT)}: {block.strip()[:160]!r}")
     return out
