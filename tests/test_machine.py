@@ -48,3 +48,17 @@ def test_this_machine_labels_itself():
     assert label.startswith(f"{m.vendor} family {m.family} model {m.model} [")
     assert "torch threads 2" in label and "load average at start 0.2" in label
     assert m.to_dict()["cpu"] == m.cpu
+
+
+def test_the_matmul_rate_is_a_rate():
+    from toolrl.machine import matmul_rate
+
+    assert 1e6 < matmul_rate("float32", n=128, seconds=0.05) < 1e14
+
+
+def test_flops_per_token():
+    from toolrl.machine import transformer_flops_per_token
+
+    # 100 parameters, 2 layers, hidden 4, 8 positions: 2*100 + 2*2*8*4 forward
+    assert transformer_flops_per_token(100, 2, 4, 8, training=False) == 328
+    assert transformer_flops_per_token(100, 2, 4, 8, training=True) == 3 * 328

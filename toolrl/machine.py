@@ -105,4 +105,35 @@ def this_machine(load_at_start: float | None = None, torch_threads: int | None =
                                   f"{platform.python_version()}")
 
 
-__all__ = ["KERNEL_FLAGS", "Machine", "parse_cpuinfo", "this_machine"]
+
+
+def matmul_rate(dtype: str = "float32", n: int = 2048, seconds: float = 2.0) -> float:
+    """The machine's bare matmul rate in FLOP/s: ``n x n`` by ``n x n`` GEMMs in ``dtype`` on
+    torch's current threads, timed for about ``seconds`` after a warm-up. Measure it alone on
+    the machine: load from other processes lowers it several times."""
+    import time
+
+    import torch
+
+    kind = getattr(torch, dtype)
+    a, b = torch.randn(n, n, dtype=kind), torch.randn(n, n, dtype=kind)
+    torch.mm(a, b)  # warm-up: kernel selection, page faults
+    reps, start = 0, time.perf_counter()
+    while True:
+        torch.mm(a, b)
+        reps += 1
+        elapsed = time.perf_counter() - start
+        if elapsed >= seconds and reps >= 3:
+            return 2 * n**3 * reps / elapsed
+
+
+def transformer_flops_per_token(params: int, layers: int, hidden: int, context: int,
+                                training: bool) -> float:
+    """FLOP per token of a decoder (Kaplan et al.'s count): ``2 N + 2 L C d`` forward (the
+    weights, and attention over ``context`` positions), three times that with the backward."""
+    forward = 2 * params + 2 * layers * context * hidden
+    return 3 * forward if training else forward
+
+
+__all__ = ["KERNEL_FLAGS", "Machine", "matmul_rate", "parse_cpuinfo", "this_machine",
+           "transformer_flops_per_token"]
