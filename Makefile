@@ -61,7 +61,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
 test: lint $(SMOLLM2)/toolrl_import.json
-	TOOLRL_TINY_MODEL=$(abspath $(TINY)) TOOLRL_SMOLLM2=$(abspath $(SMOLLM2)) $(VENV)/bin/pytest
+	TOOLRL_REQUIRE_STACK=ray,vllm TOOLRL_TINY_MODEL=$(abspath $(TINY)) TOOLRL_SMOLLM2=$(abspath $(SMOLLM2)) $(VENV)/bin/pytest
 
 # the documentation site, strict (a broken link, a stale config key or any warning fails it);
 # tests/test_docs.py runs the same build. Preview: .venv/bin/mkdocs serve

@@ -28,12 +28,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import platform
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+import benchlib
 
 RESULTS = Path(__file__).resolve().parent / "results" / "rollout.md"
 ENV_ID = "toolrl-bench/Latency-v0"
@@ -83,19 +84,10 @@ def latency_env_class():
 
 
 def machine_label() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
     import torch
     import vllm
 
-    return (f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, "
-            f"torch {torch.__version__}, vllm {vllm.__version__}")
+    return benchlib.machine_label(torch=torch.__version__, vllm=vllm.__version__)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -47,23 +46,20 @@ def set_bench_env() -> None:
 
 
 # --- machine and results ---------------------------------------------------------------------
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+# The load when this benchmark process started (the report's, not the end's).
+with contextlib.suppress(OSError):
+    START_LOAD: float | None = os.getloadavg()[0]
 
 
 def machine_label(**versions: str) -> str:
-    """One line naming the machine the absolute numbers came from."""
-    parts = [f"{cpu_model()}", f"{os.cpu_count()} cores", f"{platform.system()} "
-             f"{platform.machine()}", f"Python {platform.python_version()}"]
+    """One line naming the machine the absolute numbers came from: the CPU's vendor, family,
+    model and kernel-selecting ISA flags, cores, torch's threads and the load at start
+    (`toolrl.machine`), then the versions given."""
+    from toolrl.machine import this_machine
+
+    parts = [this_machine(load_at_start=START_LOAD).label(),
+             f"measured {time.strftime('%Y-%m-%d')}"]
     parts += [f"{k} {v}" for k, v in versions.items()]
-    with contextlib.suppress(OSError):
-        parts.append(f"load average at start {os.getloadavg()[0]:.1f}")
     return ", ".join(parts)
 
 

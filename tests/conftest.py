@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import importlib.util
+import functools
+import importlib
 import os
 import re
 import signal
@@ -53,27 +54,44 @@ def pytest_collection_modifyitems(config, items):
 
 
 # What the lent GPU box lacks (it has CUDA torch, transformers and pytest): a test module that
-# cannot import one of these where it is not installed is skipped with the reason, not an
-# error; where the package is installed, the same ImportError stays a collection error.
+# cannot be imported because one of these cannot be imported (not installed, or installed but
+# raising ImportError) is skipped with the reason, not a collection error. `make test` names
+# them in TOOLRL_REQUIRE_STACK: there a broken install stays an error instead of a quiet skip.
 OPTIONAL_STACK = ("ray", "vllm")
 
 
-def _not_installed(name: str) -> bool:
+@functools.cache
+def _import_error(name: str) -> str | None:
+    """Why ``import name`` fails here, or None when it imports."""
     try:
-        return importlib.util.find_spec(name) is None
-    except (ImportError, ValueError):
-        return True
+        importlib.import_module(name)
+    except ImportError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def _missing_stack(text: str) -> tuple[str, str] | None:
+    required = set(filter(None, os.environ.get("TOOLRL_REQUIRE_STACK", "").split(",")))
+    for name in OPTIONAL_STACK:
+        pattern = rf"No module named '{name}\b|^\s*(import|from) {name}\b|importorskip\(\"{name}\""
+        mentioned = re.search(pattern, text, re.MULTILINE)
+        if mentioned and name not in required and (why := _import_error(name)):
+            return name, why
+    return None
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_make_collect_report(collector):
     report = yield
     if report.failed and isinstance(collector, pytest.Module):
-        missing = re.search(r"No module named '(\w+)", str(report.longrepr))
-        if missing and missing.group(1) in OPTIONAL_STACK and _not_installed(missing.group(1)):
-            report.outcome = "skipped"
-            report.longrepr = (str(collector.path), 0,
-                               f"Skipped: needs {missing.group(1)}, which is not installed")
+        text = str(report.longrepr)
+        if "ImportError" in text or "ModuleNotFoundError" in text:
+            missing = _missing_stack(text)
+            if missing:
+                report.outcome = "skipped"
+                report.longrepr = (str(collector.path), 0,
+                                   f"Skipped: needs {missing[0]}, which cannot be imported "
+                                   f"here ({missing[1]})")
     return report
 
 

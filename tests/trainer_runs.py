@@ -37,7 +37,7 @@ def small_run_overrides(model: Path, out: Path, **extra: object) -> list[str]:
         "algorithm.group_size": 4, "rollout.max_tokens_per_turn": 16,
         "rollout.max_total_tokens": 256, "rollout.max_prompt_tokens": 192,
         "rollout.engine.max_model_len": 256,
-        "rollout.max_turns": 2, "trainer.val_every": 0, "trainer.log_rollouts": 2,
+        "rollout.max_turns": 2, "trainer.val_every": 1000, "trainer.log_rollouts": 2,
         "resources.ray_num_cpus": 8,
         "reward": "{rewards: [{name: test_digit_fraction}, {name: success}]}",
     }

@@ -5,7 +5,9 @@ sets the watchdog's bound, and a later step never finishes."""
 from __future__ import annotations
 
 import asyncio
+import tempfile
 import time
+from pathlib import Path
 
 from toolrl.rollout.episode import EpisodeRunner
 
@@ -17,6 +19,32 @@ class NeverReturningRunner(EpisodeRunner):
 
     async def run(self, env, row=None, **kwargs):
         if self.engine.weight_version >= 1:
+            await asyncio.Event().wait()
+        return await super().run(env, row, **kwargs)
+
+
+def first_time(what: str) -> bool:
+    """True once per Ray job (the driver run): a marker file keyed on the node and job id
+    (job ids repeat across clusters), so a worker that the retry path started anew does not
+    stall again."""
+    import ray
+
+    ctx = ray.get_runtime_context()
+    marker = Path(tempfile.gettempdir()) / f"toolrl-stall-{what}-{ctx.get_node_id()[:16]}-" \
+                                           f"{ctx.get_job_id()}"
+    try:
+        marker.touch(exist_ok=False)
+    except FileExistsError:
+        return False
+    return True
+
+
+class StallsOnceRunner(EpisodeRunner):
+    """`NeverReturningRunner`, but only in the first rollout worker of the run: the one
+    ``trainer.on_rollout_failure: retry`` restarts episodes normally."""
+
+    async def run(self, env, row=None, **kwargs):
+        if self.engine.weight_version >= 1 and first_time("once"):
             await asyncio.Event().wait()
         return await super().run(env, row, **kwargs)
 

@@ -14,6 +14,7 @@ path with the real engine and actor is in test_fault_trainer.py.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 
@@ -26,6 +27,7 @@ from toolrl import batch as B
 from toolrl.core.registration import register_env
 from toolrl.core.tools import tool
 from toolrl.core.trajectory import Trajectory
+from toolrl.rollout import loop_hold
 from toolrl.rollout.episode import EpisodeRunner
 from toolrl.rollout.worker import make_rollout_input
 from toolrl.trainer.evaluate import result_tables, summarize
@@ -131,21 +133,27 @@ def test_each_failure_is_classified_infra_or_policy(worker):
 
 
 @pytest.mark.timeout(120)
-def test_env_timeout_stops_a_step_that_blocks_its_thread(worker):
+def test_env_timeout_stops_a_step_that_blocks_its_thread(worker, caplog, monkeypatch):
     """An env that declares ``blocking_step`` steps on a daemon thread: its step blocks until
     the test releases it, which happens only after the rollout returned, so the rollout can
     only return because ``env_timeout_s`` (0.5 s) stopped the wait. An env that blocks the
-    loop without declaring it is timed out when its step returns past the limit."""
+    loop without declaring it is timed out when its step returns past the limit, and named
+    in one warning with the fix (the loop-hold probe)."""
+    monkeypatch.setattr(loop_hold, "_warned", set())
     blocking = {**fault_row("blocks", "echo", "blocking_step", text="x"),
                 "env": "toolrl-faults/Blocking-v0"}
     undeclared = {**fault_row("undeclared", "echo", "blocking_step", text="x"),
                   "env": "toolrl-faults/UndeclaredBlocking-v0"}
     fine = {**ok(0), "env": "toolrl-faults/Blocking-v0"}
     try:
-        got = {t.id: t for t in B.trajectories(worker.rollout(make_rollout_input(
-            [blocking, undeclared, fine])))}
+        with caplog.at_level(logging.WARNING, logger="toolrl.rollout.loop_hold"):
+            got = {t.id: t for t in B.trajectories(worker.rollout(make_rollout_input(
+                [blocking, undeclared, fine])))}
     finally:
         RELEASE.set()
+    held = [r.getMessage() for r in caplog.records if r.name == "toolrl.rollout.loop_hold"]
+    assert len(held) == 1 and "env UndeclaredBlockingEnv held the rollout's event loop" in \
+        held[0] and "blocking_step = True" in held[0], held
     for rid in ("blocks", "undeclared"):
         assert got[rid].infra_failure == "env_timeout", (rid, got[rid].error)
         assert "env_timeout_s=0.5" in got[rid].error

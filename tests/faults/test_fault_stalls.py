@@ -1,6 +1,9 @@
 """Issue 32: a run that stops making progress says so. One run per mode with a stall injected
 after step 1 (`stall_plugins`): the watchdog fires within its bound, the stacks of the driver
-and the workers are written, and the run stops with its one line. Signals: SIGTERM and SIGINT
+and the workers are written, and the run stops with its one line. With
+``trainer.on_rollout_failure: retry`` (pipeline and async here; the watchdog's path is the same
+in every mode, issue 49) the stall kills the rollout workers instead, the retry path restarts
+them and the run trains to its end. Signals: SIGTERM and SIGINT
 end a real ``toolrl train`` with one line, 143 / 130, and no process of the run left
 (SIGTERM after the step in flight, with a checkpoint; SIGINT without a grace at once)."""
 
@@ -17,24 +20,23 @@ import pytest
 from trainer_runs import ROOT, register_test_rewards, small_run_overrides
 
 from toolrl.trainer.checkpoint import load_trainer_state
-from toolrl.trainer.config import load_config
-from toolrl.trainer.progress import StallError
-from toolrl.trainer.run import run_training
 from toolrl.trainer.tracking import read_metrics
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 PLUGINS = "tests.faults.stall_plugins"
+# The grace before the watchdog's hard exit: a loaded machine took more than 120 s to stop.
 WATCHDOG = {"trainer.watchdog.first_step_s": 600, "trainer.watchdog.after_steps": 1,
             "trainer.watchdog.multiple": 3, "trainer.watchdog.floor_s": 10,
-            "trainer.watchdog.grace_s": 600}  # its hard exit would end pytest itself
-MODES = {
+            "trainer.watchdog.grace_s": 600}
+RETRY = {"trainer.on_rollout_failure": "retry", "trainer.max_retries": 1}
+MODES = {  # stop: the stall ends the run; retry: the rollout workers are restarted, it goes on
     "sync": ("configs/quickstart.yaml", {"rollout.runner": f"{PLUGINS}:UnansweringRunner"}),
     "pipeline": ("configs/quickstart_pipeline.yaml",
-                 {"rollout.runner": f"{PLUGINS}:NeverReturningRunner"}),
+                 {"rollout.runner": f"{PLUGINS}:StallsOnceRunner", **RETRY}),
     "async": ("configs/quickstart_async.yaml",
-              {"rollout.runner": f"{PLUGINS}:NeverReturningRunner",
-               "trainer.max_staleness": 1}),
+              {"rollout.runner": f"{PLUGINS}:StallsOnceRunner", "trainer.max_staleness": 1,
+               **RETRY}),
     "gateway": ("configs/quickstart.yaml",
                 {"rollout.agent": f"{PLUGINS}:hangs_after_step_1",
                  "rollout.agent_timeout_s": 3600,
@@ -42,31 +44,59 @@ MODES = {
 }
 
 
+def _child_env(**extra: str) -> dict[str, str]:
+    """The test's environment for a child run, with ``tests/`` importable and SIGINT's default
+    handler (see `_default_sigint`)."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT)]),
+            **extra}
+
+
+def _default_sigint() -> None:
+    """A background job has SIGINT ignored, and children inherit it; the watchdog and the
+    signal tests need Python's handler back in the child."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("mode", list(MODES))
-def test_a_stall_is_reported_and_stops_the_run(mode, ray_cluster, tiny_model_dir, tmp_path,
-                                               capfd):
+def test_a_stall_is_reported_and_stops_the_run(mode, ray_cluster, tiny_model_dir, tmp_path):
+    """The run is a child process on the session's Ray cluster: the watchdog's interrupt and
+    its hard exit after the grace end that process, never the test runner. Stop: the stall
+    ends the run with its one line. Retry: the line says the rollout workers were killed; the
+    retry path restarts them and the run trains to its end."""
     config, extra = MODES[mode]
-    register_test_rewards()
     out = tmp_path / mode
-    cfg = load_config(ROOT / config, small_run_overrides(tiny_model_dir, out, **{
+    overrides = small_run_overrides(tiny_model_dir, out, **{
         "trainer.total_steps": 4, "trainer.export_hf": False, "actor.weight_bucket_mb": 0.5,
-        "rollout.engine.kv_cache_gib": 0.25, **WATCHDOG, **extra}))
-    with pytest.raises(StallError) as err:
-        run_training(cfg)
-    line = str(err.value)
+        "rollout.engine.kv_cache_gib": 0.25, **WATCHDOG, **extra})
+    address = ray_cluster.get_runtime_context().gcs_address
+    proc = subprocess.run([sys.executable, str(ROOT / "tests/faults/stall_run.py"), config,
+                           *overrides], cwd=ROOT, env=_child_env(RAY_ADDRESS=address),
+                          capture_output=True, text=True, timeout=840,
+                          preexec_fn=_default_sigint)
+    output = f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-4000:]}"
+    assert proc.returncode == 0, output
     steps = [r["step"] for r in read_metrics(out / "metrics.jsonl")]
-    assert steps[:2] == [0, 1] and steps[-1] < 4, steps  # step 1 trained, the run never ended
-    assert line.startswith(f"stall: no progress in step {steps[-1] + 1} ")
-    assert "phase 'rollout" in line and "pid " in line, line  # which worker, which wait
-    stalls = list((out / "stalls").iterdir())
-    assert len(stalls) == 1
+    printed = [ln for ln in proc.stderr.splitlines() if ln.startswith("stall:")]
+    stalls = sorted((out / "stalls").iterdir())
+    assert len(stalls) == 1 and len(printed) == 1, (printed, output)
     files = sorted(p.name for p in stalls[0].iterdir())
     assert any(f.startswith("driver-pid") for f in files)
     workers = [p for p in stalls[0].iterdir() if "-rank" in p.name]
     assert workers and all("Thread 0x" in p.read_text() for p in workers), files
-    printed = [ln for ln in capfd.readouterr().err.splitlines() if ln.startswith("stall:")]
-    assert printed == [line]  # one line
+    (line,) = printed  # one line
+    assert line.startswith("stall: no progress in step ")
+    assert "phase 'rollout" in line and "pid " in line, line  # which worker, which wait
+    if "trainer.on_rollout_failure" in extra:  # the same in every mode: restart, go on
+        assert line.endswith("trainer.on_rollout_failure=retry restarts them and redoes the "
+                             "batch"), line
+        assert "FINISHED" in proc.stdout and "retry 1 of 1" in proc.stdout + proc.stderr
+        assert steps[-1] == 4 and steps == sorted(set(steps)), steps
+        last = read_metrics(out / "metrics.jsonl")[-1]
+        assert last["trainer/rollout_retries"] == 1
+    else:
+        assert proc.stdout.splitlines()[-1] == f"STALL_ERROR {line}", output
+        assert steps[:2] == [0, 1] and steps[-1] == 1, steps  # step 1 trained, then no step
 
 
 def _run_tree(pid: int) -> list[int]:
@@ -102,16 +132,15 @@ def test_a_signal_ends_the_run_cleanly(sig, tiny_model_dir, tmp_path):
     args = small_run_overrides(tiny_model_dir, out, **{
         "trainer.total_steps": 50, "trainer.save_every": 0, "trainer.export_hf": False,
         "trainer.stop_grace_s": 120 if sig == signal.SIGTERM else 0})
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT)])}
+    env = _child_env()
     env.pop("RAY_ADDRESS", None)  # its own local cluster, which it must stop whole
-    # a background job has SIGINT ignored, and children inherit it: restore the default
     proc = subprocess.Popen(
         [sys.executable, "-c", "import sys, trainer_runs; trainer_runs.register_test_rewards();"
          " from toolrl.cli import main; sys.exit(main(sys.argv[1:]))", "train", "--config",
          str(ROOT / "configs/quickstart.yaml"), *args],
         cwd=ROOT, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE, text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        preexec_fn=_default_sigint)
     try:
         deadline = time.monotonic() + 600
         while 1 not in [r["step"] for r in read_metrics(out / "metrics.jsonl")]:

@@ -5,11 +5,19 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from tensordict import TensorDict
 
 import toolrl
 from toolrl import batch as B
-from toolrl.trainer.config import load_config
+from toolrl.trainer.config import (
+    ConfigError,
+    ExperimentConfig,
+    TrainerConfig,
+    load_config,
+    validate,
+    validates_after,
+)
 from toolrl.trainer.trainer import Trainer
 
 
@@ -36,3 +44,19 @@ def test_validate_reports_the_configured_reward_apart_from_success(monkeypatch):
     assert out["val/reward/success"] == 0.5 and out["val/reward/turn_penalty"] == -0.75
     assert out["val/reward/errors/success"] == 0.0
     assert out["val/env_reward_mean"] == 0.5  # what the env's steps returned
+
+
+@pytest.mark.parametrize(("every", "total", "steps"), [
+    (5, 12, [0, 5, 10, 12]),  # before, every 5, after the last
+    (4, 12, [0, 4, 8, 12]),
+    (12, 12, [0, 12]),  # before and after only
+    (0, 12, []),  # never means never (issue 49)
+])
+def test_validation_steps(every, total, steps):
+    cfg = TrainerConfig(val_every=every, total_steps=total)
+    assert [s for s in range(total + 1) if validates_after(s, cfg)] == steps
+
+
+def test_a_negative_val_every_is_refused():
+    with pytest.raises(ConfigError, match=r"trainer\.val_every must be >= 0, got -1"):
+        validate(ExperimentConfig(trainer=TrainerConfig(val_every=-1)))

@@ -47,6 +47,7 @@ from toolrl.core.trajectory import TokenStream, Trajectory, TurnRecord, plain
 from toolrl.rollout.chat import ChatRenderer, TemplateError
 from toolrl.rollout.engine import Completion, SamplingConfig, VLLMEngine
 from toolrl.rollout.env_model import EngineChatModel
+from toolrl.rollout.loop_hold import Hold, held, run_coroutine, timed_call, warn_if_held
 
 logger = logging.getLogger(__name__)
 
@@ -243,7 +244,11 @@ class EpisodeRunner:
             return await asyncio.wait_for(in_daemon_thread(env.reset, seed=seed,
                                                            options=dict(row) or None),
                                           self.config.env_timeout_s)
-        return env.reset(seed=seed, options=dict(row) or None)
+        hold = Hold()
+        try:
+            return timed_call(env.reset, hold, seed=seed, options=dict(row) or None)
+        finally:
+            warn_if_held(base, "reset", hold)
 
     def env_model(self, seed: int | None) -> EngineChatModel:
         """The engine as the chat model of one episode's env (`ToolEnv.rollout_model`): the
@@ -366,16 +371,21 @@ class EpisodeRunner:
         inline tools, calls of `ToolEnv.rollout_model`) steps on a daemon thread through its
         sync ``step`` (with or without a limit), so it never blocks this loop and the wait
         ends at the limit however long the code blocks (the thread is abandoned with the
-        env). Any other env steps on this event loop; one whose step blocked the loop past
-        the limit (so no timer could fire) is timed out all the same when it returns, with a
-        warning naming ``blocking_step``.
+        env). Any other env steps on this event loop: a stretch of its step that holds the
+        loop past `loop_hold.HOLD_WARN_S` is named in one warning, and a step that blocked the
+        loop past the limit (so no timer could fire) is timed out all the same when it
+        returns.
         """
         if getattr(state.env.unwrapped, "blocking_step", False):
             return await asyncio.wait_for(in_daemon_thread(state.env.step, text), limit)
-        if limit is None:
-            return await self.step_env(state, text)
-        start = time.monotonic()
-        out = await asyncio.wait_for(self.step_env(state, text), limit)
+        hold = Hold()  # the longest stretch the step runs without an await (loop_hold.py)
+        try:
+            if limit is None:
+                return await held(self.step_env(state, text), hold)
+            start = time.monotonic()
+            out = await asyncio.wait_for(run_coroutine(self.step_env(state, text), hold), limit)
+        finally:
+            warn_if_held(state.env.unwrapped, "step", hold)
         if time.monotonic() - start > limit:
             logger.warning("an env step of %s blocked the event loop past env_timeout_s=%g s: "
                            "set blocking_step = True on the env class so the timeout can stop "

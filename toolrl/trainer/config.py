@@ -164,7 +164,9 @@ class TrainerConfig:
     """The loop: steps, validation, checkpoints, tracking."""
 
     total_steps: int = 20  # RL steps (each: rollout, reward, update, weight push)
-    val_every: int = 5  # 0: only before training and at the end
+    # held-out validation before the first step, every val_every steps and after the last;
+    # 0: never (before and after only: val_every = total_steps)
+    val_every: int = 5
     save_every: int = 0  # 0: no intermediate checkpoints
     keep_checkpoints: int = 2  # newest checkpoints kept in <run dir>/checkpoints/
     resume: str = "auto"  # auto | never | a checkpoint directory
@@ -202,6 +204,14 @@ class TrainerConfig:
     # SIGTERM / SIGINT: the step in flight may finish within this many seconds, then a
     # checkpoint of it is written and the run ends (0: stop at once; trainer/stopping.py)
     stop_grace_s: float = 120.0
+
+
+def validates_after(step: int, trainer: TrainerConfig) -> bool:
+    """Whether held-out validation runs after ``step`` steps (0: before training):
+    ``trainer.val_every`` > 0 validates before training, every ``val_every`` steps and after
+    the last step; 0 never validates."""
+    every = trainer.val_every
+    return every > 0 and (step % every == 0 or step == trainer.total_steps)
 
 
 @dataclass
@@ -320,7 +330,8 @@ def validate(cfg: ExperimentConfig) -> None:
     for key in positive:
         if _get(cfg, key) < 1:
             raise ConfigError(f"{key} must be >= 1, got {_get(cfg, key)}")
-    for key in ("trainer.max_retries", "trainer.infra_failures.refill_attempts"):
+    for key in ("trainer.max_retries", "trainer.infra_failures.refill_attempts",
+                "trainer.val_every", "trainer.save_every"):
         if _get(cfg, key) < 0:
             raise ConfigError(f"{key} must be >= 0, got {_get(cfg, key)}")
     if not 0.0 <= cfg.trainer.infra_failures.max_fraction <= 1.0:

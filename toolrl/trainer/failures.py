@@ -44,6 +44,34 @@ class RolloutFailedError(WorkerGroupError):
     the worker and the step. No step trained on any part of the failed batch."""
 
 
+@dataclass
+class RetryCount:
+    """Tries of ``trainer.on_rollout_failure: retry``: at most ``max_retries`` failures in a
+    row. A retry that restarts the workers resumes from the last checkpoint and redoes the
+    steps up to the one that failed; those are not progress, so only a step past the last
+    failed one starts a new row (else a failure that repeats at the same step retries
+    forever)."""
+
+    max_retries: int
+    in_a_row: int = 0
+    total: int = 0
+    failed_after: int = -1  # the last step trained before the latest failure
+
+    def allows(self) -> bool:
+        """Whether one more retry is allowed now."""
+        return self.in_a_row < self.max_retries
+
+    def failed(self, step: int) -> None:
+        """A retry begins; ``step`` is the last step trained before the failure."""
+        self.in_a_row += 1
+        self.total += 1
+        self.failed_after = max(self.failed_after, step)
+
+    def step_done(self, step: int) -> None:
+        if step > self.failed_after:
+            self.in_a_row = 0
+
+
 def describe(error: BaseException) -> str:
     """One line for an error from a worker group: its message's last line and Ray's notes
     (which name the group, role and rank)."""

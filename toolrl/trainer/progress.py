@@ -8,7 +8,11 @@ finished, then ``multiple`` x their median step time, never under ``floor_s``) i
    (`toolrl.controller.RayWorkerGroup.dump_stacks`) into ``<run dir>/stalls/<time>/``;
 2. prints ONE line on stderr naming the step, the driver's phase and the worker call it was
    waiting on (``stall: ...``);
-3. interrupts the driver's main thread; `Trainer.fit` raises `StallError` (``toolrl train``
+3. with ``trainer.on_rollout_failure: retry`` and a retry left, a stall in the rollout is a
+   rollout failure like a dead worker's, in every mode: the rollout workers are killed, the
+   driver's wait on them fails, and the retry path restarts them and redoes the batch (the
+   line says so; the clock starts again, with ``first_step_s`` as after a start). Otherwise it
+4. interrupts the driver's main thread; `Trainer.fit` raises `StallError` (``toolrl train``
    exits 1). If the main thread has not left `fit` within ``grace_s`` (stuck in native code),
    the watchdog kills the run's worker processes and exits the process itself (exit 1).
 
@@ -86,6 +90,8 @@ class ProgressWatchdog:
             [0] (pid 123)"]``.
         dump_workers: writes every worker's stacks into a directory; returns the files.
         kill_workers: the hard stop's last resort (the workers' processes).
+        recover: the first resort, given the driver's phase: returns what it did to turn the
+            stall into a failure the run retries (e.g. killed the rollout workers), or None.
         err: where the line goes (stderr).
     """
 
@@ -93,6 +99,7 @@ class ProgressWatchdog:
                  waits: Callable[[], list[str]],
                  dump_workers: Callable[[Path], list[Path]],
                  kill_workers: Callable[[], None] = lambda: None,
+                 recover: Callable[[str], str | None] = lambda phase: None,
                  err: Callable[[str], None] | None = None) -> None:
         self.config = config
         self.run_dir = Path(run_dir)
@@ -100,6 +107,7 @@ class ProgressWatchdog:
         self._waits = waits
         self._dump_workers = dump_workers
         self._kill_workers = kill_workers
+        self._recover = recover
         self._err = err or (lambda line: print(line, file=sys.stderr, flush=True))
         self._durations: list[float] = []
         self._last = time.monotonic()
@@ -125,7 +133,9 @@ class ProgressWatchdog:
         self._last = now
 
     def restart_clock(self) -> None:
-        """Start the clock again without counting a step (after a restart of the workers)."""
+        """Start the clock again without counting a step (after a restart of the workers): the
+        next step gets ``first_step_s``, as after a start."""
+        self._durations.clear()
         self._last = time.monotonic()
 
     def start(self) -> ProgressWatchdog:
@@ -148,12 +158,14 @@ class ProgressWatchdog:
             if left > 0:
                 self._wake.wait(min(left, 5.0))
                 continue
-            self.fire()
+            if self.fire() is None:  # recovered: restarted workers get a first step's bound
+                self.restart_clock()
+                continue
             return
 
-    def fire(self) -> StallError:
-        """Dump the stacks, print the line, interrupt the driver (and if that does not stop
-        it within ``grace_s``, end the process)."""
+    def fire(self) -> StallError | None:
+        """Dump the stacks, print the line; then recover (None) or interrupt the driver (and
+        if that does not stop it within ``grace_s``, end the process)."""
         waited = time.monotonic() - self._last
         step = self._step() + 1
         phase = current_phase()
@@ -169,6 +181,10 @@ class ProgressWatchdog:
         line = (f"stall: no progress in step {step} for {waited:.0f} s (trainer.watchdog bound "
                 f"{self.bound():.0f} s), phase {phase!r}, waiting on: {on}; stacks of the "
                 f"driver and {len(files)} worker(s) in {where}")
+        recovered = self._safe(lambda: self._recover(phase), None)
+        if recovered:
+            self._err(f"{line}; {recovered}")
+            return None
         self.fired = StallError(line)
         self._err(line)
         if not self._interrupt_main():

@@ -33,6 +33,7 @@ from toolrl.algo import (
     uniform_groups,
 )
 from toolrl.controller import ResourcePoolManager, RoleSpec, init_ray
+from toolrl.controller.cluster import kill_local_cluster, kill_process_tree
 from toolrl.controller.worker_group import WorkerDiedError, WorkerGroupError, spawn
 from toolrl.core.trajectory import Trajectory
 from toolrl.data import TaskLoader, load_rows
@@ -51,9 +52,10 @@ from toolrl.trainer.config import (
     optimizer_steps,
     save_config,
     to_dict,
+    validates_after,
     worker_rollout_config,
 )
-from toolrl.trainer.failures import RolloutFailedError, describe, settle
+from toolrl.trainer.failures import RetryCount, RolloutFailedError, describe, settle
 from toolrl.trainer.health import HealthMonitor, HealthReport
 from toolrl.trainer.memory import check_memory
 from toolrl.trainer.mixture import RewardSets, env_of, mixture_rows, success_by
@@ -83,6 +85,7 @@ class Trainer:
         self.reward = RewardSets(cfg.reward, cfg.env_rewards)
         self.env_ids: list[str] = [cfg.env.id]  # every env of the run's rows (load_tasks)
         self.tracker: Tracker | None = None
+        self.retries = RetryCount(cfg.trainer.max_retries)  # trainer.on_rollout_failure: retry
 
     # --- setup ---------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -468,7 +471,7 @@ class Trainer:
         last: dict[str, float] = {}
         try:
             with watching(self.make_watchdog()) as self.watchdog:
-                if self.step == 0:
+                if self.step == 0 and validates_after(0, cfg):
                     note_phase("validation")
                     val = self.validate()
                     first_val = val["val/success"]
@@ -498,7 +501,7 @@ class Trainer:
             return None
         return ProgressWatchdog(wd, self.run_dir, step=lambda: self.step,
                                 waits=self.stall_waits, dump_workers=self.dump_worker_stacks,
-                                kill_workers=self.kill_workers)
+                                kill_workers=self.kill_workers, recover=self.recover_stall)
 
     def worker_groups(self) -> list[Any]:
         return list({id(h.group): h.group for h in self.handles.values()}.values())
@@ -512,12 +515,25 @@ class Trainer:
 
     def kill_workers(self) -> None:
         """The watchdog's hard stop: SIGKILL every worker process (and what they started)."""
-        from toolrl.controller.cluster import kill_local_cluster, kill_process_tree
-
         for group in self.worker_groups():
             for pid in group.pids:
                 kill_process_tree(pid)
         kill_local_cluster()
+
+    def recover_stall(self, phase: str) -> str | None:
+        """The watchdog's first resort, the same in every mode: with
+        ``trainer.on_rollout_failure: retry`` and a retry left, a stall in the rollout kills
+        the rollout workers, so the driver's wait fails as on a dead worker and the retry path
+        restarts them and redoes the batch. None: the run stops."""
+        cfg = self.cfg.trainer
+        if cfg.on_rollout_failure != "retry" or not self.retries.allows() or \
+                not phase.startswith("rollout") or "rollout" not in self.handles:
+            return None
+        pids = list(self.handles["rollout"].group.pids)
+        for pid in pids:
+            kill_process_tree(pid)
+        return (f"killed the rollout worker(s) (pids {pids}): trainer.on_rollout_failure=retry "
+                f"restarts them and redoes the batch")
 
     @property
     def stalled(self) -> bool:
@@ -549,10 +565,10 @@ class Trainer:
         metrics = self.train_step()
         self.step += 1
         metrics["timing/step_s"] = time.perf_counter() - start
-        if (cfg.val_every and self.step % cfg.val_every == 0) or self.step == cfg.total_steps:
+        if validates_after(self.step, cfg):
             note_phase("validation")
             metrics.update(self.validate())
-        metrics["trainer/rollout_retries"] = float(self._retries_total)
+        metrics["trainer/rollout_retries"] = float(self.retries.total)
         health = self.check_health()
         metrics.update(health.metrics)
         assert self.tracker is not None
@@ -562,7 +578,7 @@ class Trainer:
         if cfg.save_every and self.step % cfg.save_every == 0:
             note_phase("checkpoint")
             self.save()
-        self._retries = 0  # max_retries counts failures in a row
+        self.retries.step_done(self.step)
         if self.watchdog is not None:
             self.watchdog.step_done()
         return metrics
@@ -572,19 +588,18 @@ class Trainer:
         """Raise `RolloutFailedError` unless ``on_rollout_failure=retry`` has a retry left;
         else count one."""
         cfg = self.cfg.trainer
-        if cfg.on_rollout_failure != "retry" or self._retries >= cfg.max_retries:
+        if cfg.on_rollout_failure != "retry" or not self.retries.allows():
             why = ("trainer.on_rollout_failure=stop" if cfg.on_rollout_failure != "retry"
-                   else f"{self._retries} retries in a row (trainer.max_retries="
+                   else f"{self.retries.in_a_row} retries in a row (trainer.max_retries="
                         f"{cfg.max_retries})")
             what = str(error) if isinstance(error, RolloutFailedError) else describe(error)
             raise RolloutFailedError(
                 f"{what}; the run stops ({why}) after step {self.step}, the last "
                 f"step trained, synced and logged: no step trained on any part of the failed "
                 f"batch. trainer.resume=auto continues from the last checkpoint") from error
-        self._retries += 1
-        self._retries_total += 1
+        self.retries.failed(self.step)
         self.console.log(f"[yellow]rollout failed[/] ({error}); retry "
-                         f"{self._retries} of {cfg.max_retries}")
+                         f"{self.retries.in_a_row} of {cfg.max_retries}")
 
     def recover(self, error: BaseException) -> None:
         """After a failed step: stop, or redo it. A rollout that raised on a healthy worker
@@ -739,8 +754,6 @@ class Trainer:
     _last_batch: TensorDict | None = None
     watchdog: ProgressWatchdog | None = None
     _infra_failed: Sequence[Trajectory] = ()  # the last batch's, as generated (health notes)
-    _retries = 0  # failed steps in a row (trainer.max_retries)
-    _retries_total = 0
     _step_data: dict[str, int] | None = None
 
 
