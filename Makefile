@@ -40,15 +40,15 @@ $(SMOLLM2)/toolrl_import.json: $(STAMP) toolrl/models/templates.py
 
 smollm2: $(SMOLLM2)/toolrl_import.json
 
-# The real-model recipe (configs/real_fc.yaml, benchmarks/real_fc.py): SmolLM2 + NESTFUL rows +
+# The real-model recipe (configs/real_fc.yaml, recipes/real_fc.py): SmolLM2 + NESTFUL rows +
 # BFCL v4 non-live rows (real-fc-data; the dry run needs them), then evals of the base model,
 # warm start, GRPO, evals of both checkpoints, a table and a plot in outputs/real_fc/.
 # ARGS: e.g. ARGS="--seed 1" or ARGS="--bfcl-limit 20 -- trainer.total_steps=2"
 real-fc-data: $(STAMP)
-	$(PY) benchmarks/real_fc.py --only data
+	$(PY) recipes/real_fc.py --only data
 
 real-fc: $(STAMP)
-	$(PY) benchmarks/real_fc.py $(ARGS)
+	$(PY) recipes/real_fc.py $(ARGS)
 
 # the trainer builds models/tiny itself when it is missing (model.build_tiny_if_missing): one
 # process start (torch, transformers) less than a separate make-tiny-model. ARGS: config

@@ -44,7 +44,7 @@ def test_a_missing_warm_start_file_is_one_line(smollm2_dir, tmp_path, capsys):
 
 
 def test_the_recipe_splits_rows_nine_to_one_by_id(tmp_path):
-    spec = importlib.util.spec_from_file_location("real_fc", ROOT / "benchmarks" / "real_fc.py")
+    spec = importlib.util.spec_from_file_location("real_fc", ROOT / "recipes" / "real_fc.py")
     real_fc = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(real_fc)
     source = tmp_path / "rows.jsonl"
@@ -56,7 +56,7 @@ def test_the_recipe_splits_rows_nine_to_one_by_id(tmp_path):
 
 
 def test_the_recipe_caps_rl_rows_per_category_by_id(tmp_path):
-    spec = importlib.util.spec_from_file_location("real_fc", ROOT / "benchmarks" / "real_fc.py")
+    spec = importlib.util.spec_from_file_location("real_fc", ROOT / "recipes" / "real_fc.py")
     real_fc = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(real_fc)
     rows = [{"id": f"{c}_{i}", "category": c} for c, n in (("a", 9), ("b", 2)) for i in range(n)]
@@ -72,7 +72,7 @@ def test_the_recipe_caps_rl_rows_per_category_by_id(tmp_path):
 
 
 def test_the_recipe_gives_half_the_live_rows_to_the_warm_start(tmp_path):
-    spec = importlib.util.spec_from_file_location("real_fc", ROOT / "benchmarks" / "real_fc.py")
+    spec = importlib.util.spec_from_file_location("real_fc", ROOT / "recipes" / "real_fc.py")
     real_fc = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(real_fc)
     for name in ("nestful_train", "nestful_val"):
@@ -96,7 +96,7 @@ def test_the_recipe_gives_half_the_live_rows_to_the_warm_start(tmp_path):
 
 
 def test_the_recipe_pairs_one_call_rows_into_two_call_rows():
-    spec = importlib.util.spec_from_file_location("real_fc", ROOT / "benchmarks" / "real_fc.py")
+    spec = importlib.util.spec_from_file_location("real_fc", ROOT / "recipes" / "real_fc.py")
     real_fc = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(real_fc)
 
@@ -127,7 +127,7 @@ def test_the_recipe_pairs_one_call_rows_into_two_call_rows():
 
 
 def test_the_recipe_gives_questions_tools_that_do_not_fit_as_no_call_rows():
-    spec = importlib.util.spec_from_file_location("real_fc", ROOT / "benchmarks" / "real_fc.py")
+    spec = importlib.util.spec_from_file_location("real_fc", ROOT / "recipes" / "real_fc.py")
     real_fc = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(real_fc)
 
@@ -153,7 +153,7 @@ def test_the_recipe_gives_questions_tools_that_do_not_fit_as_no_call_rows():
 
 def test_more_sft_trains_on_rl_rows_gold_calls_for_the_rl_steps_wall_time(
         tiny_model_dir, tmp_path, monkeypatch):
-    spec = importlib.util.spec_from_file_location("real_fc", ROOT / "benchmarks" / "real_fc.py")
+    spec = importlib.util.spec_from_file_location("real_fc", ROOT / "recipes" / "real_fc.py")
     real_fc = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(real_fc)
     rows = tmp_path / "data" / "real_fc" / "nestful.jsonl"
@@ -182,7 +182,7 @@ def test_recorded_scores_render_to_bfcl_columns_and_a_plot(tmp_path):
     """The guide's table comes from the counts kept in benchmarks/results/real_fc.json: the mean
     of the five and BFCL's Non-Live Overall (Simple AST = Python, Java, JavaScript averaged,
     irrelevance outside it) computed here, not typed in."""
-    spec = importlib.util.spec_from_file_location("real_fc", ROOT / "benchmarks" / "real_fc.py")
+    spec = importlib.util.spec_from_file_location("real_fc", ROOT / "recipes" / "real_fc.py")
     real_fc = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(real_fc)
     source = tmp_path / "scores.json"

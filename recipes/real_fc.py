@@ -20,10 +20,10 @@ Phases, each a ``toolrl`` command whose progress shows as it runs, each timed:
 6. ``report``: BFCL's accuracy per category and the non-live average for the three (four)
    checkpoints (``report.md``, ``bfcl.png``) with the wall time of every phase.
 
-    .venv/bin/python benchmarks/real_fc.py [--only data] [--bfcl-limit N] [--seed S]
+    .venv/bin/python recipes/real_fc.py [--only data] [--bfcl-limit N] [--seed S]
         [--sft-comparison]
         [--out outputs/real_fc] [-- key=value ...]   # overrides for train and eval
-    .venv/bin/python benchmarks/real_fc.py --recorded benchmarks/results/real_fc.json
+    .venv/bin/python recipes/real_fc.py --recorded benchmarks/results/real_fc.json
 
 ``--bfcl-limit N`` takes the first N questions of each category (a quick look, not BFCL's
 number). Finished phases are not redone: a phase whose output exists is skipped (delete it,
@@ -318,7 +318,7 @@ def recorded(path: Path, markdown: Path, png: Path) -> str:
         return p.relative_to(ROOT) if p.is_relative_to(ROOT) else p
 
     lines = [f"# {data['title']}", "", *data.get("notes", []), "", text,
-             f"Rendered by `benchmarks/real_fc.py --recorded {rel(path)}` "
+             f"Rendered by `recipes/real_fc.py --recorded {rel(path)}` "
              f"(the plot: `{rel(png)}`)."]
     markdown.write_text("\n".join(lines) + "\n")
     return text
