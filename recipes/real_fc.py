@@ -279,7 +279,7 @@ def sft_more(out: Path, overrides: list[str]) -> None:
     metrics = sft(start, transcripts, dest, steps=ws.steps, lr=ws.lr,
                   batch_size=ws.batch_size, seed=cfg.seed, stop_loss=ws.stop_loss,
                   val_transcripts=held_out, eval_every=ws.eval_every if held_out else 0,
-                  patience=ws.patience, seconds=seconds)
+                  patience=ws.patience, seconds=seconds, save_every=ws.save_every)
     (dest / "warm_start_metrics.json").write_text(json.dumps(
         {"base_model": str(start), "rl_seconds": seconds, **metrics}, indent=2))
 

@@ -293,3 +293,55 @@ def test_a_missing_held_out_file_is_named_before_anything_runs(tmp_path):
     with pytest.raises(ConfigError, match=r"^warm_start\.val_file=.*none\.jsonl'?: the task "
                        r"file does not exist"):
         check_task_files(cfg)
+
+
+def test_an_interrupted_warm_start_resumes_to_the_same_checkpoint(tiny_model_dir, tokenizer,
+                                                                  tmp_path, monkeypatch):
+    """Cut off after its 7th step (snapshots every 3) and started again with the same inputs,
+    the warm start goes on from step 6 and ends with the weights, losses and held-out curve of
+    the run that was never interrupted (issue 53)."""
+    from safetensors.torch import load_file
+
+    from toolrl.trainer import warm_start
+
+    transcripts = oracle_transcripts("toolrl/Calculator-v0", ROWS, tokenizer)
+    kwargs = dict(steps=10, batch_size=2, seed=3, val_transcripts=transcripts[:2],
+                  eval_every=4, patience=5, save_every=3)
+    whole = sft(tiny_model_dir, transcripts[2:], tmp_path / "whole", **kwargs)
+
+    real, calls = warm_start.action_nll, {"n": 0}
+
+    def cut_off(model, batch):
+        if model.training:
+            calls["n"] += 1
+            if calls["n"] == 8:
+                raise KeyboardInterrupt  # the machine went away inside step 8
+        return real(model, batch)
+
+    monkeypatch.setattr(warm_start, "action_nll", cut_off)
+    with pytest.raises(KeyboardInterrupt):
+        sft(tiny_model_dir, transcripts[2:], tmp_path / "cut", **kwargs)
+    assert (tmp_path / "cut" / ".resume" / "state.pt").exists()
+    monkeypatch.setattr(warm_start, "action_nll", real)
+    resumed = sft(tiny_model_dir, transcripts[2:], tmp_path / "cut", **kwargs)
+    assert not (tmp_path / "cut" / ".resume").exists()  # dropped once done
+    for key in ("warm_start/steps", "warm_start/loss_first", "warm_start/loss_last",
+                "warm_start/val_curve", "warm_start/best_step", "warm_start/val_loss_best"):
+        assert resumed[key] == whole[key], key
+    a = load_file(tmp_path / "whole" / "model.safetensors")
+    b = load_file(tmp_path / "cut" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_snapshot_of_another_warm_start_is_not_resumed(tiny_model_dir, tokenizer, tmp_path):
+    transcripts = oracle_transcripts("toolrl/Calculator-v0", ROWS, tokenizer)
+    sft(tiny_model_dir, transcripts, tmp_path / "a", steps=4, batch_size=2, save_every=2)
+    state = tmp_path / "a" / ".resume" / "state.pt"
+    assert not state.exists()  # a finished warm start leaves no snapshot
+    # a snapshot left by a run with another seed: set aside, the run starts from step 0
+    from toolrl.trainer.warm_start import _fingerprint, _Snapshot
+
+    _Snapshot(state.parent, 2, _fingerprint(tiny_model_dir, transcripts, (), seed=99)).save(
+        {"step": 2})
+    out = sft(tiny_model_dir, transcripts, tmp_path / "a", steps=4, batch_size=2, save_every=2)
+    assert out["warm_start/steps"] == 4

@@ -155,6 +155,10 @@ class WarmStartConfig:
     # evaluations without a new best held-out loss before it stops; the checkpoint kept is the
     # best one (saved to disk at each new best, no copy in memory)
     patience: int = 3
+    # steps between snapshots of the warm start's whole state (weights, AdamW, data order) in
+    # <output>/.resume: started again after an interruption it goes on from the last one and
+    # ends as if never interrupted (0: no snapshots)
+    save_every: int = 0
     env_kwargs: dict[str, Any] = field(default_factory=dict)  # over env.kwargs, oracle env only
     output: str | None = None  # where the warm-started HF checkpoint goes (default: run dir)
 
@@ -331,7 +335,7 @@ def validate(cfg: ExperimentConfig) -> None:
         if _get(cfg, key) < 1:
             raise ConfigError(f"{key} must be >= 1, got {_get(cfg, key)}")
     for key in ("trainer.max_retries", "trainer.infra_failures.refill_attempts",
-                "trainer.val_every", "trainer.save_every"):
+                "trainer.val_every", "trainer.save_every", "warm_start.save_every"):
         if _get(cfg, key) < 0:
             raise ConfigError(f"{key} must be >= 0, got {_get(cfg, key)}")
     if not 0.0 <= cfg.trainer.infra_failures.max_fraction <= 1.0:

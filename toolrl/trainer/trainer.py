@@ -169,7 +169,7 @@ class Trainer:
         metrics = sft(base, transcripts, out, steps=ws.steps, lr=ws.lr,
                       batch_size=ws.batch_size, seed=self.cfg.seed, stop_loss=ws.stop_loss,
                       val_transcripts=held_out, eval_every=ws.eval_every,
-                      patience=ws.patience, console=self.console)
+                      patience=ws.patience, save_every=ws.save_every, console=self.console)
         if held_out:
             self.console.log(f"warm start: best held-out loss "
                              f"{metrics['warm_start/val_loss_best']:.4f} after "

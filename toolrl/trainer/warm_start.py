@@ -9,11 +9,15 @@ checkpoint that emits the format but is often wrong: where RL starts.
 
 With held-out transcripts (`sft`'s ``val_transcripts``, or `hold_out`) it evaluates their loss
 every ``eval_every`` steps, stops once ``patience`` evaluations bring no new best, and keeps the
-checkpoint of the best one.
+checkpoint of the best one. With ``save_every`` it writes a snapshot of its whole state (weights,
+AdamW, schedule, data order, losses, held-out record) every that many steps, and a warm start
+started again with the same inputs goes on from the last one: interrupted and resumed, it ends
+with the same checkpoint as without the interruption.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import random
 import shutil
@@ -191,11 +195,52 @@ class _HeldOut:
                 "warm_start/val_transcripts": len(self.transcripts)}
 
 
+@dataclass
+class _Snapshot:
+    """The warm start's whole state every ``every`` steps in ``path`` (a snapshot of another
+    warm start, told by ``fingerprint``, is set aside, never resumed from)."""
+
+    path: Path
+    every: int
+    fingerprint: str
+
+    def load(self, console: Console) -> dict[str, Any] | None:
+        file = self.path / "state.pt"
+        if not file.exists():
+            return None
+        state = torch.load(file, weights_only=False)
+        if state.get("fingerprint") != self.fingerprint:
+            console.log(f"warm start: {self.path} holds a snapshot of another warm start "
+                        f"(other model, data or settings): starting from step 0")
+            shutil.rmtree(self.path, ignore_errors=True)
+            return None
+        console.log(f"warm start: resuming from its snapshot after {state['step']} steps")
+        return state
+
+    def save(self, state: dict[str, Any]) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+        tmp = self.path / "state.pt.tmp"
+        torch.save({**state, "fingerprint": self.fingerprint}, tmp)
+        tmp.replace(self.path / "state.pt")  # a cut-off save never replaces the last one
+
+    def drop(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+def _fingerprint(model_path: str | Path, transcripts: Sequence[Transcript],
+                 val_transcripts: Sequence[Transcript], **settings: Any) -> str:
+    digest = hashlib.sha256(f"{Path(model_path).resolve()}|{sorted(settings.items())}".encode())
+    for t in (*transcripts, None, *val_transcripts):
+        digest.update(b"|" if t is None else repr((t.input_ids, t.loss_mask)).encode())
+    return digest.hexdigest()
+
+
 def sft(model_path: str | Path, transcripts: Sequence[Transcript], out_dir: str | Path, *,
         steps: int = 300, lr: float = 3e-3, batch_size: int = 16, seed: int = 0,
         warmup_steps: int = 20, stop_loss: float | None = None, stop_window: int = 50,
         val_transcripts: Sequence[Transcript] = (), eval_every: int = 0, patience: int = 3,
-        seconds: float | None = None, console: Console | None = None) -> dict[str, Any]:
+        seconds: float | None = None, save_every: int = 0,
+        console: Console | None = None) -> dict[str, Any]:
     """Train on the action tokens of ``transcripts`` and save an HF checkpoint to ``out_dir``.
 
     AdamW with linear warmup and cosine decay over ``steps``; loss = mean cross-entropy over
@@ -206,7 +251,9 @@ def sft(model_path: str | Path, transcripts: Sequence[Transcript], out_dir: str 
     ``eval_every`` steps and after the last; the run ends once ``patience`` evaluations in a
     row bring no new best, and the checkpoint saved is the best one (``steps`` stays the cap).
     With ``seconds`` it also ends after the first step that brings its training time (held-out
-    evaluations included) to ``seconds``: SFT given the wall time another method spent.
+    evaluations included) to ``seconds``: SFT given the wall time another method spent. With
+    ``save_every`` it snapshots its state to ``out_dir/.resume`` every that many steps and, called
+    again with the same inputs after an interruption, goes on from the last snapshot.
     Returns summary metrics (first / last loss, steps taken, tokens per second, why it stopped;
     with held-out transcripts the best held-out loss, its step and the held-out curve).
 
@@ -223,14 +270,20 @@ def sft(model_path: str | Path, transcripts: Sequence[Transcript], out_dir: str 
         raise ValueError("held-out transcripts need eval_every >= 1 (steps between evaluations)")
     if patience < 1:
         raise ValueError(f"patience must be >= 1, got {patience}")
+    if save_every < 0:
+        raise ValueError(f"save_every must be >= 0, got {save_every}")
     out_dir = Path(out_dir)
     held = _HeldOut(val_transcripts, eval_every, patience, out_dir / ".best") \
         if val_transcripts else None
+    snapshot = _Snapshot(out_dir / ".resume", save_every, _fingerprint(
+        model_path, transcripts, val_transcripts, steps=steps, lr=lr, batch_size=batch_size,
+        seed=seed, warmup_steps=warmup_steps, stop_loss=stop_loss, stop_window=stop_window,
+        eval_every=eval_every, patience=patience, seconds=seconds)) if save_every else None
     try:
         return _train(model_path, transcripts, out_dir, steps=steps, lr=lr,
                       batch_size=batch_size, seed=seed, warmup_steps=warmup_steps,
                       stop_loss=stop_loss, stop_window=stop_window, held=held,
-                      seconds=seconds, console=console or Console())
+                      seconds=seconds, snapshot=snapshot, console=console or Console())
     finally:  # the model and optimizer died with _train's frame
         release_memory()
 
@@ -238,7 +291,8 @@ def sft(model_path: str | Path, transcripts: Sequence[Transcript], out_dir: str 
 def _train(model_path: str | Path, transcripts: Sequence[Transcript], out_dir: Path, *,
            steps: int, lr: float, batch_size: int, seed: int, warmup_steps: int,
            stop_loss: float | None, stop_window: int, held: _HeldOut | None,
-           seconds: float | None, console: Console) -> dict[str, Any]:
+           seconds: float | None, snapshot: _Snapshot | None,
+           console: Console) -> dict[str, Any]:
     """`sft`'s training loop and checkpoint."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -258,19 +312,31 @@ def _train(model_path: str | Path, transcripts: Sequence[Transcript], out_dir: P
 
     sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
     enable_scoring(model)
-    if held is not None:
-        shutil.rmtree(held.best_dir, ignore_errors=True)  # a crashed run's
     losses: list[float] = []
-    tokens = 0
+    tokens, first, before = 0, 0, 0.0
+    state = snapshot.load(console) if snapshot is not None else None
+    if state is not None:
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        sched.load_state_dict(state["schedule"])
+        rng.setstate(state["rng"])
+        torch.set_rng_state(state["torch_rng"])
+        losses, tokens, first, before = (state["losses"], state["tokens"], state["step"],
+                                         state["seconds"])
+        if held is not None:
+            held.curve, held.best, held.best_step, held.since_best = state["held"]
+    elif held is not None:
+        shutil.rmtree(held.best_dir, ignore_errors=True)  # a crashed run's
     stopped = "steps"
-    start = time.perf_counter()
+    start = time.perf_counter() - before
+    shown = time.perf_counter()
     progress = Progress(TextColumn("[bold]warm start"), BarColumn(),
                         TextColumn("{task.completed}/{task.total} loss {task.fields[loss]}"),
                         TimeElapsedColumn(), console=console,
                         disable=not console.is_terminal)
     with progress:
-        task = progress.add_task("sft", total=steps, loss="-")
-        for step in range(steps):
+        task = progress.add_task("sft", total=steps, loss="-", completed=first)
+        for step in range(first, steps):
             batch = shared_prefix_batch(
                 [transcripts[rng.randrange(len(transcripts))] for _ in range(batch_size)], pad)
             nll, count = action_nll(model, batch)
@@ -286,9 +352,13 @@ def _train(model_path: str | Path, transcripts: Sequence[Transcript], out_dir: P
             progress.update(task, advance=1, loss=f"{losses[-1]:.3f}")
             recent = sum(losses[-stop_window:]) / min(len(losses), stop_window)
             done = stop_loss is not None and len(losses) >= stop_window and recent <= stop_loss
-            if step % 50 == 0 or step == steps - 1 or done:
-                console.log(f"warm start step {step}: loss {losses[-1]:.4f} (mean of the last "
-                            f"{min(len(losses), stop_window)}: {recent:.4f})")
+            if step % 50 == 0 or step == steps - 1 or done or time.perf_counter() - shown > 60:
+                shown, spent = time.perf_counter(), time.perf_counter() - start
+                per_step = spent / (step + 1)
+                left = (steps - step - 1) * per_step / 60
+                console.log(f"warm start step {step + 1}/{steps}: loss {losses[-1]:.4f} (mean "
+                            f"of the last {min(len(losses), stop_window)}: {recent:.4f}); "
+                            f"{per_step:.1f} s a step, at most {left:.0f} min left")
             if done:
                 console.log(f"warm start: mean loss <= {stop_loss} after {step + 1} steps, "
                             f"stopping")
@@ -306,6 +376,14 @@ def _train(model_path: str | Path, transcripts: Sequence[Transcript], out_dir: P
                 stopped, done = "patience", True
             if done:
                 break
+            if snapshot is not None and (step + 1) % snapshot.every == 0:
+                snapshot.save({
+                    "model": model.state_dict(), "optimizer": opt.state_dict(),
+                    "schedule": sched.state_dict(), "rng": rng.getstate(),
+                    "torch_rng": torch.get_rng_state(), "losses": losses, "tokens": tokens,
+                    "step": step + 1, "seconds": time.perf_counter() - start,
+                    "held": None if held is None else (held.curve, held.best, held.best_step,
+                                                       held.since_best)})
     elapsed = time.perf_counter() - start
     out_dir.mkdir(parents=True, exist_ok=True)
     if held is None:
@@ -313,6 +391,8 @@ def _train(model_path: str | Path, transcripts: Sequence[Transcript], out_dir: P
     else:
         held.publish(out_dir)
     tokenizer.save_pretrained(out_dir)
+    if snapshot is not None:
+        snapshot.drop()
     return {"warm_start/loss_first": losses[0], "warm_start/loss_last": losses[-1],
             "warm_start/steps": float(len(losses)), "warm_start/tokens_per_s": tokens / elapsed,
             "warm_start/seconds": elapsed, "warm_start/transcripts": float(len(transcripts)),
