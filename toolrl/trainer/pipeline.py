@@ -13,9 +13,9 @@ workers on GPU) and the next rollout starts with them::
 
 Every sample carries the version of the weights that generated it (``POLICY_VERSION``); a batch
 is at most one version behind the actor that trains on it (``pipeline/staleness_max`` and
-``pipeline/staleness_mean`` per step; a larger gap is a bug and raises). Truncated importance
-sampling (``actor.loss.tis_cap``) corrects for the lag; this mode turns it on with a cap of
-`DEFAULT_TIS_CAP` unless the config sets one.
+``pipeline/staleness_mean`` per step; a larger gap is a bug and raises). The lag is corrected
+by ``actor.loss.corrections`` (`toolrl.algo.corrections`); a config without one is refused
+unless it sets ``trainer.allow_uncorrected`` (`toolrl.trainer.config`).
 
 The step reuses the sync trainer: `Trainer.learn` (reward, log-probs, advantage, update) runs
 between launching the next rollout and syncing; validation, logging, checkpoints are
@@ -29,7 +29,6 @@ gets the actor's current weights, and the failed batch is generated again from t
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,8 +42,6 @@ from toolrl.trainer.config import ExperimentConfig
 from toolrl.trainer.failures import RolloutFailedError, describe
 from toolrl.trainer.trainer import Trainer, _first, _timed
 from toolrl.workers.actor import ActorWorker
-
-DEFAULT_TIS_CAP = 2.0  # actor.loss.tis_cap of pipeline runs whose config leaves it unset
 
 
 @dataclass
@@ -63,7 +60,7 @@ class PipelineTrainer(Trainer):
     keep_inflight = False  # pushes land between rollouts (async mode: while one runs)
 
     def __init__(self, cfg: ExperimentConfig, console: Console | None = None) -> None:
-        super().__init__(with_tis_default(cfg), console)
+        super().__init__(cfg, console)
         self.pending: PendingRollout | None = None
         self.version = 0  # the actor's policy version: pushes so far
         self.sync_backend = "nccl" if cfg.rollout.engine.backend == "gpu" else "gloo"
@@ -241,13 +238,4 @@ class PipelineTrainer(Trainer):
             self.loader.load_state_dict(ahead)
 
 
-def with_tis_default(cfg: ExperimentConfig) -> ExperimentConfig:
-    """``cfg`` with ``actor.loss.tis_cap = DEFAULT_TIS_CAP`` if it has none (a copy)."""
-    if cfg.actor.loss.tis_cap is not None:
-        return cfg
-    loss = dataclasses.replace(cfg.actor.loss, tis_cap=DEFAULT_TIS_CAP)
-    return dataclasses.replace(cfg, actor=dataclasses.replace(cfg.actor, loss=loss))
-
-
-__all__ = ["DEFAULT_TIS_CAP", "PendingRollout", "PipelineTrainer", "RolloutFailedError",
-           "describe", "with_tis_default"]
+__all__ = ["PendingRollout", "PipelineTrainer", "RolloutFailedError", "describe"]
