@@ -119,6 +119,9 @@ def test_pipeline_bounds_staleness_syncs_the_actors_weights_and_resumes(
         assert all(r["pipeline/staleness_mean"] <= r["pipeline/staleness_max"] <= 1
                    for r in train)
         assert [r["policy_version"] for r in train] == [1.0, 2.0, 3.0]
+        # per trained token: pushes land between rollouts, so every token has its sample's lag
+        assert [r["pipeline/token_lag_1"] for r in train] == [0.0, 1.0, 1.0]
+        assert [r["pipeline/token_staleness_max"] for r in train] == [0.0, 1.0, 1.0]
         assert all(0 <= r["actor/tis_capped"] <= 1 for r in train)  # the config's correction
         # per sample: every dumped trajectory carries the version that generated it
         for step, version in ((1, 0), (2, 0), (3, 1)):

@@ -40,6 +40,7 @@ from toolrl.controller import GroupFuture, RayWorkerGroup, ResourcePoolManager, 
 from toolrl.rollout.worker import RolloutWorker, make_rollout_input
 from toolrl.trainer.config import ExperimentConfig
 from toolrl.trainer.failures import RolloutFailedError, describe
+from toolrl.trainer.staleness import check_bound, token_lags, token_staleness_metrics
 from toolrl.trainer.trainer import Trainer, _first, _timed
 from toolrl.workers.actor import ActorWorker
 
@@ -196,15 +197,18 @@ class PipelineTrainer(Trainer):
                 f"rollout of the batch for step {pending.step} failed ({describe(e)})") from e
 
     def staleness(self, batch: TensorDict) -> dict[str, float]:
-        """Per-sample lag between the weights that generated ``batch`` and the actor that is
-        about to train on it (0 on-policy, 1 one step behind)."""
+        """Per-sample and per-trained-token lag between the weights that generated ``batch``
+        and the actor that is about to train on it (0 on-policy, 1 one step behind)."""
         lag = (self.version - batch[B.POLICY_VERSION]).float()
         if lag.numel() and (lag.max() > 1 or lag.min() < 0):
             raise RuntimeError(f"pipeline staleness out of [0, 1]: sample versions "
                                f"{sorted(set(batch[B.POLICY_VERSION].tolist()))}, actor "
                                f"version {self.version}")
+        lags = token_lags(batch, self.version)
+        check_bound(lags, 1, "pipeline staleness")
         return {"pipeline/staleness_max": float(lag.max()),
-                "pipeline/staleness_mean": float(lag.mean())}
+                "pipeline/staleness_mean": float(lag.mean()),
+                **token_staleness_metrics(lags, 1, "pipeline")}
 
     def sync_weights(self, checksum: bool = False) -> int:
         """Actor rank 0 broadcasts the weights, every rollout engine loads them; returns the new
