@@ -99,7 +99,7 @@ def test_async_trains_within_the_staleness_bound_and_counts_every_group(
             assert len(uids) == BATCH and not uids & seen  # whole groups, none trained twice
             seen |= uids
         assert max(r["async/staleness_max"] for r in rows[1:]) >= 1  # it did run ahead
-        assert max(r["async/token_lag_0"] for r in rows[1:]) < 1  # stale tokens trained
+        assert min(r["async/token_lag_0"] for r in rows[1:]) < 1  # stale tokens trained
         assert trainer.buffer is not None
         trainer.buffer.check()
     finally:
