@@ -171,7 +171,7 @@ def render(raw: dict[str, Any], args: argparse.Namespace, command: str, machine:
                             f"{gain:+.1f} points against sync's (target >= -2: "
                             f"{'met' if gain >= -2 else 'not met'}).")
     table = md_table(["run", "step (s)", "vs sync", "held-out before", "held-out after",
-                      "vs sync (points)", "ratio p1", "ratio p99", "|Δ log p| p99",
+                      "vs sync (points)", "ratio p1", "ratio p99", "Δ log p p99",
                       "tis capped", "mis masked", "icepop masked", "token staleness"], rows)
     return "\n".join([
         "# Async vs sync GRPO on SmolLM2-135M-Instruct (the real-model recipe)", "",
@@ -181,8 +181,9 @@ def render(raw: dict[str, Any], args: argparse.Namespace, command: str, machine:
         f"{args.seed}, `actor.loss.corrections={args.corrections}` in every run; held-out: "
         f"greedy success on the first {args.val_rows} rows of data/real_fc/sft_val.jsonl "
         f"before the first step and after the last. Step time: the median of steps 2 .. N. "
-        f"Ratio, |Δ log p| (engine vs trainer) and the corrections' shares are means over the "
-        f"steps; token staleness: the mean lag of the trained tokens behind the actor (async). "
+        f"Ratio, Δ log p (abs(log p_engine - log p_trainer)) and the corrections' shares are "
+        f"means over the steps; token staleness: the mean lag of the trained tokens behind "
+        f"the actor (async). "
         f"Sync runs colocated (one process, both cores); async on split pools (one core "
         f"each).", "", table, "", *verdicts, ""])
 

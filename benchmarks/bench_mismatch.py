@@ -79,22 +79,28 @@ def rollout_worker(args: argparse.Namespace, dtype: str) -> Any:
     from toolrl.rollout.worker import RolloutConfig, RolloutWorker
 
     return RolloutWorker(RolloutConfig(
-        engine=EngineConfig(model=str(args.model), dtype=dtype, max_model_len=1024,
+        engine=EngineConfig(model=str(args.model), dtype=dtype, max_model_len=2048,
                             kv_cache_gib=0.5, multiprocessing=False, seed=args.seed,
                             logprobs_mode="raw_logprobs"),
         env_id=ENV_ID, max_tokens_per_turn=args.max_tokens_per_turn, max_turns=args.max_turns,
-        max_total_tokens=1024, concurrency=max(args.episodes, 1), temperature=1.0,
-        seed=args.seed))
+        max_prompt_tokens=1024, max_total_tokens=1536, concurrency=max(args.episodes, 1),
+        temperature=1.0, seed=args.seed))
 
 
 def episodes(worker: Any, args: argparse.Namespace) -> Any:
     """The rollout batch of ``--episodes`` Calculator tasks (one sample each)."""
     from toolrl.envs.calculator import CalculatorEnv
 
+    from toolrl import batch as B
     from toolrl.rollout.worker import make_rollout_input
 
     rows = CalculatorEnv.make_tasks(args.episodes, seed=args.seed, split="val")
-    return worker.rollout(make_rollout_input(rows, n=1), seed=args.seed)
+    batch = worker.rollout(make_rollout_input(rows, n=1), seed=args.seed)
+    if not batch[B.RESPONSE_MASK].any():
+        reasons = sorted({t.finish_reason for t in B.trajectories(batch)})
+        raise RuntimeError(f"no episode sampled a token (finish reasons {reasons}): the "
+                           f"prompt budget is too small for the env's prompt")
+    return batch
 
 
 def grammar_samples(worker: Any, args: argparse.Namespace) -> Any:
@@ -183,13 +189,13 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
 # --- the report -------------------------------------------------------------------------------
 def render(rows: list[dict[str, Any]], args: argparse.Namespace, command: str,
            machine: str) -> str:
-    head = ["dtype", "samples", "tokens", "|Δ log p| mean", "p50", "p99", "max",
+    head = ["dtype", "samples", "tokens", "Δ mean", "Δ p50", "Δ p99", "Δ max",
             "ratio p1", "ratio p99", *[label for label, _ in CORRECTIONS]]
     table = md_table(head, [
         [f"{r['dtype']}, {r['what']}", int(r["samples"]), int(r["tokens"]),
          f"{r['log_prob_diff_abs_mean']:.2g}", f"{r['log_prob_diff_abs_p50']:.2g}",
          f"{r['log_prob_diff_abs_p99']:.2g}", f"{r['log_prob_diff_abs_max']:.3g}",
-         f"{r['ratio_p1']:.3g}", f"{r['ratio_p99']:.3g}",
+         f"{r['ratio_p1']:.4g}", f"{r['ratio_p99']:.4g}",
          *[f"{100 * r[label]:.2f}%" for label, _ in CORRECTIONS]] for r in rows])
     return "\n".join([
         "# Engine vs trainer log-probs on SmolLM2-135M-Instruct, and what each correction does",
@@ -206,7 +212,7 @@ def render(rows: list[dict[str, Any]], args: argparse.Namespace, command: str,
         f"{args.max_tokens_per_turn} tokens through the rollout worker (observations masked "
         f"out); grammar-constrained calls: {args.grammar} samples of a JSON call of a "
         f"Calculator tool through vLLM structured outputs (a forced token has the engine's "
-        f"log-prob 0). Per sampled token: |Δ log p| = |log p_engine - log p_trainer|, ratio = "
+        f"log-prob 0). Per sampled token: Δ = abs(log p_engine - log p_trainer), ratio = "
         f"p_trainer / p_engine; each correction column is the share of sampled tokens it "
         f"capped (tis) or masked (mis, icepop: tokens masked at the token or the sequence "
         f"level).",

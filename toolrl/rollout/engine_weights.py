@@ -96,7 +96,8 @@ class EngineWeights:
         """Set the version and vLLM's label of the outputs (an engine call when it changes;
         call it while no request generates, as the push routes do, or tokens sampled by the
         old weights may carry the new label)."""
-        if version != self._weight_version and getattr(self, "_llm", None) is not None:
+        current = getattr(self, "_weight_version", None)  # None: not set yet (no label)
+        if current is not None and version != current and getattr(self, "_llm", None):
             self._call(self._require().update_weight_version(str(version)), timeout)
         self._weight_version = version
 

@@ -773,7 +773,7 @@ def uncorrected_warning(metrics: Mapping[str, float], cfg: ExperimentConfig) -> 
     return (f"{calls:.0f} of this step's agent calls were sampled through a grammar "
             f"(tool_choice required or a named function): their tokens are off the actor's "
             f"distribution and actor.loss.corrections is empty; list one (e.g. "
-            f"'actor.loss.corrections=[{{name: icepop}}]', docs/guides/algorithms.md) or set "
+            f"'actor.loss.corrections=[{{name: mis}}]', docs/guides/algorithms.md) or set "
             f"trainer.allow_uncorrected=true")
 
 
