@@ -182,7 +182,7 @@ def test_a_grammar_constrained_call_is_counted_on_its_episode(gateway, server):
     """``tool_choice: required`` samples through a grammar: the capture says so, and so do the
     trajectory and ``rollout/gateway_constrained_calls`` (the trainer warns on it without a
     correction)."""
-    from toolrl.rollout.gateway.agent import gateway_metrics
+    from toolrl.rollout.gateway.agent import episode_rows, gateway_metrics
 
     eid = gateway.open_episode()
     with openai.OpenAI(base_url=server.episode_url(eid), api_key="x", max_retries=0,
@@ -194,9 +194,10 @@ def test_a_grammar_constrained_call_is_counted_on_its_episode(gateway, server):
     capture = gateway.close_episode(eid)
     assert [c.constrained for c in capture.calls] == [False, True]
     assert all(len(c.versions) == len(c.completion_ids) for c in capture.calls)
-    traj, _ = capture.trajectory({}, format="hermes")
+    traj, samples = capture.trajectory({}, format="hermes")
     assert traj.extra["gateway"]["constrained"] == 1
-    assert gateway_metrics([traj])["rollout/gateway_constrained_calls"] == 1.0
+    _, _, rows = episode_rows([{}], ["u"], [(traj, samples)])  # the batch's rows
+    assert gateway_metrics(rows)["rollout/gateway_constrained_calls"] == 1.0
 
 
 def test_auto_parses_calls_with_the_configured_format_and_none_does_not(engine):
