@@ -95,12 +95,17 @@ def overrides(args: argparse.Namespace, mode: str, k: int | None, val_file: Path
         f"trainer.val_every={args.steps}", "trainer.save_every=0", "trainer.export_hf=false",
         "trainer.resume=never", f"trainer.output_dir={run}", "trainer.trackers=[jsonl]",
         f"data.val_file={val_file}", f"warm_start.steps={args.warm_start_steps}",
-        f"warm_start.output={args.out / 'warm_start'}",
+        f"warm_start.output={warm_start_dir(args)}",
         f"actor.loss.corrections={args.corrections}", f"trainer.mode={mode}",
     ]
     if k is not None:  # split pools: one core each
         over += [f"trainer.max_staleness={k}", "resources.cpus_per_process=1"]
     return [*over, *args.overrides]
+
+
+def warm_start_dir(args: argparse.Namespace) -> Path:
+    """The shared warm start, named by its budget (a run reuses only the same warm start)."""
+    return args.out / f"warm_start_{args.warm_start_steps}steps{'_quick' if args.quick else ''}"
 
 
 def held_out_file(args: argparse.Namespace) -> Path:
