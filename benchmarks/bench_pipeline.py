@@ -139,7 +139,8 @@ def overrides(args: argparse.Namespace, out: Path, mode: str, workload: str,
         "trainer.total_steps": args.steps, "trainer.output_dir": str(out),
         "trainer.trackers": "[jsonl]", "trainer.log_rollouts": 0, "trainer.export_hf": False,
         "trainer.resume": "never", "trainer.mode": MODES[mode][0],
-        "actor.loss.tis_cap": 2.0,  # the same loss in every mode (pipeline's default)
+        # the same loss in every mode (the pipeline and async quickstarts' correction)
+        "actor.loss.corrections": "[{name: tis, cap: 2.0}]",
         "trainer.health.on_unhealthy": "warn",  # a speed benchmark: a drifting policy goes on
     }
     if MODES[mode][0] == "async":

@@ -33,6 +33,9 @@ ATTENTION_MASK = "attention_mask"  # [B, P+R] 1 on real tokens, 0 on padding
 POSITION_IDS = "position_ids"  # [B, P+R] position of each real token, 0 on left padding
 RESPONSE_MASK = "response_mask"  # [B, R] 1 on tokens the policy sampled: the loss mask
 ROLLOUT_LOG_PROBS = "rollout_log_probs"  # [B, R] log-probs the inference engine reported
+# [B, R] the weight version that sampled each response token (-1 where the policy sampled
+# nothing: observations, padding); a push inside a request splits it (toolrl/rollout/engine.py)
+TOKEN_VERSIONS = "token_versions"
 OLD_LOG_PROBS = "old_log_probs"  # [B, R] log-probs of the training actor before the update
 REF_LOG_PROBS = "ref_log_probs"  # [B, R] log-probs of the frozen reference policy
 VALUES = "values"  # [B, R] critic values
@@ -87,6 +90,7 @@ def build_rollout_batch(
     pad_token_id: int,
     rollout_log_probs: Sequence[Sequence[float]] | None = None,
     non_tensor: Mapping[str, Sequence[Any]] | None = None,
+    token_versions: Sequence[Sequence[int]] | None = None,
     max_prompt_len: int | None = None,
     max_response_len: int | None = None,
 ) -> TensorDict:
@@ -115,6 +119,8 @@ def build_rollout_batch(
     if rollout_log_probs is not None:
         width = r_ids.shape[1]
         data[ROLLOUT_LOG_PROBS], _ = right_pad(rollout_log_probs, 0.0, width, torch.float32)
+    if token_versions is not None:
+        data[TOKEN_VERSIONS], _ = right_pad(token_versions, -1, r_ids.shape[1])
     td = TensorDict(data, batch_size=[n])
     for key, values in (non_tensor or {}).items():
         set_non_tensor(td, key, values)

@@ -1,4 +1,4 @@
-"""Policy losses (PPO clip / dual-clip / clip-higher / TIS, GSPO, CISPO), the full actor
+"""Policy losses (PPO clip / dual-clip / clip-higher / corrections, GSPO, CISPO), the full actor
 objective and the critic's value loss, against hand-computed values and gradients."""
 
 from __future__ import annotations
@@ -78,20 +78,20 @@ def test_symmetric_clip_clips_token_zero_too():
 def test_truncated_importance_sampling_hand_values():
     # raw weights pi_old / pi_rollout = [1, 1.5, 0.5, 3, 1, 7]; cap 2 -> [1, 1.5, 0.5, 2, 1]
     rollout = OLD - T([[1.0, 1.5, 0.5, 3.0, 1.0, 7.0]]).log()
-    config = dataclasses.replace(CONFIG, tis_cap=2.0)
+    config = dataclasses.replace(CONFIG, corrections=[{"name": "tis", "cap": 2.0}])
     lp = _log_probs()
     loss, m = ppo_clip_loss(lp, OLD, ADV, MASK, config=config, agg=TOKEN_MEAN,
                             rollout_log_probs=rollout)
     # (-1.1 * 1 - 1.28 * 1.5 + 0.8 * 0.5 + 3 * 2 + 2 * 1) / 5 = 5.38 / 5
     assert loss.item() == pytest.approx(1.076)
-    assert m["tis_weight_mean"] == pytest.approx(6.0 / 5)
-    assert m["tis_clipped_frac"] == pytest.approx(0.2)
+    assert m["is_weight_mean"] == pytest.approx(6.0 / 5)
+    assert m["tis_capped"] == pytest.approx(0.2)
     (grad,) = torch.autograd.grad(loss, lp)  # the weights are constants: -A r w / 5
     torch.testing.assert_close(grad, T([[-0.22, 0.0, 0.0, 0.0, 0.4, 0.0]]))
 
 
-def test_tis_without_rollout_log_probs_is_an_error():
-    config = dataclasses.replace(CONFIG, tis_cap=2.0)
+def test_corrections_without_rollout_log_probs_are_an_error():
+    config = dataclasses.replace(CONFIG, corrections=["tis"])
     with pytest.raises(ValueError, match="rollout_log_probs"):
         ppo_clip_loss(_log_probs(), OLD, ADV, MASK, config=config, agg=TOKEN_MEAN)
 
@@ -236,7 +236,9 @@ def test_value_loss_hand_values():
         ({"clip_ratio_c": 1.0}, "clip_ratio_c"),
         ({"clip_ratio_low": 1.5}, "clip_ratio_low"),
         ({"clip_ratio_high": -0.1}, "clip_ratio_high"),
-        ({"tis_cap": 0.0}, "tis_cap"),
+        ({"corrections": [{"name": "tis", "cap": 0.0}]}, "cap must be > 0"),
+        ({"corrections": ["tis", "tis"]}, "one correction twice"),
+        ({"corrections": ["nope"]}, "unknown correction 'nope'"),
         ({"kl_loss_coef": -1.0}, "kl_loss_coef"),
         ({"entropy_coeff": math.nan}, "entropy_coeff"),
     ],

@@ -25,6 +25,7 @@ import run_all  # noqa: E402
 SCRIPTS = ["bench_trl.py", "bench_weight_sync.py", "bench_env_overhead.py", "bench_scaling.py",
            "bench_scale.py", "bench_update.py", "bench_mcp.py", "bench_lora.py",
            "bench_gateway.py", "bench_canary.py", "bench_bfcl_multi_turn.py", "bench_bfcl_ast.py",
+           "bench_mismatch.py", "bench_async_real.py",
            "run_all.py"]
 
 
@@ -291,3 +292,43 @@ def test_canary_report_from_fake_rows():
     assert "lr 0.0001: 0.3000 (1 step / 1 steps behind; past it)" in text
     assert "past the bound in this run: missed (1 step old) at lr 0.0001" in text
     assert text.splitlines()[4].startswith("**bf16 canary")
+
+
+def test_mismatch_report_from_fake_rows():
+    """bench_mismatch's table: per dtype and sample kind, the |Δ log p| distribution and the
+    share of tokens each correction capped or masked."""
+    import bench_mismatch
+
+    args = bench_mismatch.parse(["--quick"])
+    row = {"dtype": "bfloat16", "what": "Calculator episodes", "samples": 4.0, "tokens": 200.0,
+           "log_prob_diff_abs_mean": 0.012, "log_prob_diff_abs_p50": 0.008,
+           "log_prob_diff_abs_p99": 0.09, "log_prob_diff_abs_max": 0.31, "ratio_p1": 0.91,
+           "ratio_p99": 1.1, **{label: 0.005 for label, _ in bench_mismatch.CORRECTIONS}}
+    text = bench_mismatch.render([row], args, "cmd", "machine")
+    assert "| bfloat16, Calculator episodes | 4 | 200 | 0.012 | 0.008 | 0.09 | 0.31 | 0.91 | " \
+        "1.1 | 0.50% | 0.50% | 0.50% | 0.50% |" in text
+    assert "`cmd`" in text and "Machine: machine." in text
+
+
+def test_async_real_report_states_the_ratio_and_the_held_out_change():
+    """bench_async_real's table and verdicts: async's step time as a ratio of sync's and its
+    held-out change in points, against the issue's targets."""
+    import bench_async_real
+
+    def run(mode, k, step_s, after):
+        steps = [{"step": 0, "val/success": 0.25}]
+        steps += [{"step": i, "timing/step_s": step_s * (3 if i == 1 else 1),
+                   "actor/tis_capped": 0.01, "correction/ratio_p99": 1.2,
+                   **({"async/token_staleness_mean": 0.5} if k else {})} for i in (1, 2, 3)]
+        steps[-1]["val/success"] = after
+        return {"mode": mode, "staleness": k, "steps": steps}
+
+    args = bench_async_real.parse(["--steps", "3"])
+    raw = {"runs": [run("sync", None, 10.0, 0.40), run("async", 1, 7.0, 0.39),
+                    run("async", 2, 8.0, 0.30)]}
+    text = bench_async_real.render(raw, args, "cmd", "machine")
+    assert "| async (max_staleness 1) | 7.0 | 0.70x | 0.250 | 0.390 | -1.0 |" in text
+    assert "async (max_staleness 1): step time 0.70x sync's (target <= 0.75x: met); " \
+        "held-out -1.0 points against sync's (target >= -2: met)." in text
+    assert "async (max_staleness 2): step time 0.80x sync's (target <= 0.75x: not met); " \
+        "held-out -10.0 points against sync's (target >= -2: not met)." in text

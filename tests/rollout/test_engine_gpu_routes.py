@@ -51,6 +51,9 @@ class FakeLLM:
     async def reset_prefix_cache(self, reset_running_requests=False):
         return True
 
+    async def update_weight_version(self, version: str):
+        self.calls.append(f"label:{version}")
+
     async def wake_up(self, tags):
         self.calls.append(f"wake_up:{tags}")
 
@@ -84,6 +87,8 @@ def test_a_failed_broadcast_receive_finishes_the_update_and_the_next_one_is_serv
     assert engine.calls == ["start", "update", "finish"]  # before: no finish, engine stuck
     engine._llm.fail_update = False
     assert engine.receive_broadcast(META) == 1
+    assert engine.calls[-1] == "label:1"  # vLLM labels the next tokens with the new version
+    assert engine.receive_broadcast(META, version=7) == 7 and engine.calls[-1] == "label:7"
 
 
 def test_a_broadcast_receive_is_bounded(engine):

@@ -178,6 +178,28 @@ def test_required_and_named_tool_choice_give_a_valid_call(client, choice):
         assert call.function.name in ("add", "submit")
 
 
+def test_a_grammar_constrained_call_is_counted_on_its_episode(gateway, server):
+    """``tool_choice: required`` samples through a grammar: the capture says so, and so do the
+    trajectory and ``rollout/gateway_constrained_calls`` (the trainer warns on it without a
+    correction)."""
+    from toolrl.rollout.gateway.agent import episode_rows, gateway_metrics
+
+    eid = gateway.open_episode()
+    with openai.OpenAI(base_url=server.episode_url(eid), api_key="x", max_retries=0,
+                       timeout=60) as cl:
+        for choice in ("auto", "required"):
+            cl.chat.completions.create(model=MODEL, messages=MESSAGES, tools=TOOLS,
+                                       tool_choice=choice, temperature=1.0, seed=5,
+                                       max_tokens=40)
+    capture = gateway.close_episode(eid)
+    assert [c.constrained for c in capture.calls] == [False, True]
+    assert all(len(c.versions) == len(c.completion_ids) for c in capture.calls)
+    traj, samples = capture.trajectory({}, format="hermes")
+    assert traj.extra["gateway"]["constrained"] == 1
+    _, _, rows = episode_rows([{}], ["u"], [(traj, samples)])  # the batch's rows
+    assert gateway_metrics(rows)["rollout/gateway_constrained_calls"] == 1.0
+
+
 def test_auto_parses_calls_with_the_configured_format_and_none_does_not(engine):
     gw = Gateway(engine, ChatRenderer(engine.tokenizer), model=MODEL,
                  format="test-every-message-calls-submit", max_tokens=8)
@@ -332,6 +354,9 @@ def test_a_three_turn_agent_episode_equals_the_env_path(engine, gateway, server)
     assert got.response_ids == want.response_ids[:end]
     assert got.response_mask == want.response_mask[:end]
     assert got.log_probs == pytest.approx(want.log_probs[:end], abs=1e-6)
+    assert got.versions == want.versions[:end]  # the engine's version on every sampled token
+    assert {v for v, m in zip(got.versions, got.response_mask, strict=True) if m} == \
+        {engine.weight_version}
     assert [t.action_span for t in traj.turns] == [t.action_span for t in ref.turns]
     assert [t.action for t in traj.turns] == [t.action for t in ref.turns]
     assert traj.extra["gateway"]["splits"] == 0 and traj.sampled_tokens == sum(got.response_mask)

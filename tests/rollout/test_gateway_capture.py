@@ -22,7 +22,7 @@ class FakeRenderer:
         return [50] * len(new) + ([51] if after_eos else [52, 51])
 
 
-def call(capture, messages, completion, tools=(), calls=()):
+def call(capture, messages, completion, tools=(), calls=(), versions=(), constrained=False):
     """Record one call as the gateway does: prompt_for, then the reply."""
     messages = template_messages(messages)
     prompt, extends = capture.prompt_for(messages, list(tools), FakeRenderer())
@@ -36,7 +36,8 @@ def call(capture, messages, completion, tools=(), calls=()):
         messages=messages, tools=list(tools), prompt_ids=prompt,
         completion_ids=list(completion), log_probs=[-0.5] * len(completion), reply=reply_t,
         text="t", parse=ParseResult(calls=[ToolCall(n, {"a": 1}) for n in calls], text=""),
-        finish_reason="stop", extends=extends))
+        finish_reason="stop", extends=extends, versions=list(versions),
+        constrained=constrained))
     return reply
 
 
@@ -45,17 +46,18 @@ USER = [{"role": "user", "content": "hi"}]
 
 def test_calls_that_extend_merge_into_one_sample():
     cap = EpisodeCapture("e")
-    r1 = call(cap, USER, [7, 8, EOS], calls=["add"])
+    r1 = call(cap, USER, [7, 8, EOS], calls=["add"], versions=[3, 3, 4])  # a push landed
     # the SDK echoes the reply with its own extra keys and the call ids
     echo = {**r1, "refusal": None, "annotations": []}
     tool = {"role": "tool", "tool_call_id": "call_0", "name": "add", "content": "2"}
-    call(cap, [*USER, echo, tool], [9, EOS])
+    call(cap, [*USER, echo, tool], [9, EOS], versions=[4, 4])
     [s] = cap.samples()
     assert cap.splits == 0 and [c.extends for c in cap.calls] == [False, True]
     assert s.tokens.prompt_ids == [101]
     assert s.tokens.response_ids == [7, 8, EOS, 50, 51, 9, EOS]
     assert s.tokens.response_mask == [1, 1, 1, 0, 0, 1, 1]
     assert s.tokens.log_probs == [-0.5, -0.5, -0.5, 0.0, 0.0, -0.5, -0.5]
+    assert s.tokens.versions == [3, 3, 4, -1, -1, 4, 4]  # each sampled token's weights
     assert s.spans == [(0, 3), (5, 7)] and s.deltas == [(3, 5)]
     traj, samples = cap.trajectory({"id": 1, "ground_truth": 2}, format="hermes",
                                    info={"success": True})
@@ -89,14 +91,14 @@ def test_a_history_that_does_not_extend_starts_a_new_sample(change):
         new_tools = [*tools, {"type": "function", "function": {"name": "mul"}}]
     else:
         history = [*USER, {**r1, "content": "something else"}, more]
-    call(cap, history, [9, EOS], tools=new_tools)
+    call(cap, history, [9, EOS], tools=new_tools, constrained=True)
     samples = cap.samples()
     assert cap.splits == 1 and len(samples) == 2
     assert samples[1].tokens.prompt_ids == FakeRenderer().render_prompt(history)
     assert samples[1].tokens.response_mask == [1, 1]
     traj, _ = cap.trajectory({}, format="hermes")
     assert traj.extra["gateway"] == {"calls": 2, "samples": 2, "splits": 1,
-                                     "turn_sample": [0, 1]}
+                                     "turn_sample": [0, 1], "constrained": 1}
     assert traj.turns[0].results == []  # the next call did not extend: nothing observed
 
 

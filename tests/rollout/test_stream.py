@@ -101,6 +101,8 @@ def test_a_push_lands_inside_a_request_in_flight(engine, prompt, models):
     assert old_ok[:switch].all()
     assert new_ok[switch:].all(), (got - by_new).abs()[switch:].max()
     assert (by_old - by_new).abs().max() > 1e-2  # the two weights are told apart
+    # each token knows the weights that sampled it: the switch is where the versions change
+    assert out.versions == [version] * switch + [version + 1] * (len(got) - switch)
     push(engine, weights_of(old), keep=True)  # idle engine: a keep push works too
 
 
@@ -163,8 +165,17 @@ def test_a_group_that_raises_fails_the_poll(worker, monkeypatch):
 
 def test_a_partial_rollout_keeps_each_tokens_log_prob_and_the_loss_mask(worker, models):
     """A push lands while a group's multi-turn episodes run: in each sample the sampled
-    tokens (response mask 1) before the push carry the old weights' log-probs and those after
-    it the new weights' (one switch per sample), and observation tokens stay masked out."""
+    tokens (response mask 1) before the push carry the old weights' log-probs and version and
+    those after it the new weights' (one switch per sample), and observation tokens stay
+    masked out. Trained at the new version, the old tokens are 1 version stale, the new ones
+    0: the staleness metrics count them token by token, and a bound of 0 refuses them."""
+    from toolrl.trainer.staleness import (
+        check_bound,
+        oldest_version,
+        token_lags,
+        token_staleness_metrics,
+    )
+
     engine, tasks = worker.engine, rows(8)
     before, after = models
     # the push must land while the group runs: retry, sooner each time, if it did not (a
@@ -183,7 +194,7 @@ def test_a_partial_rollout_keeps_each_tokens_log_prob_and_the_loss_mask(worker, 
     assert group.partial and group.end_version == group.start_version + 1
     td = group.batch
     assert set(td[B.POLICY_VERSION].tolist()) == {group.start_version}  # the oldest weights
-    switches = []
+    switches, v0 = [], group.start_version
     for i in range(B.batch_len(td)):
         keep = td[B.ATTENTION_MASK][i].bool()
         ids = td[B.INPUT_IDS][i][keep].tolist()
@@ -199,6 +210,20 @@ def test_a_partial_rollout_keeps_each_tokens_log_prob_and_the_loss_mask(worker, 
         new_ok = (got - scored[1]).abs() < 1e-4
         switch = int((~old_ok).nonzero()[0]) if (~old_ok).any() else len(got)
         assert old_ok[:switch].all() and new_ok[switch:].all(), (i, switch)
+        versions = td[B.TOKEN_VERSIONS][i][:n_resp]
+        assert (versions[~mask] == -1).all()
+        assert versions[mask].tolist() == [v0] * switch + [v0 + 1] * (len(got) - switch)
         switches.append((switch, len(got)))
     assert any(s > 0 for s, _ in switches) and any(s < n for s, n in switches), switches
+    old_tokens, tokens = sum(s for s, _ in switches), sum(n for _, n in switches)
+    lags = token_lags(td, v0 + 1)  # the actor trains on it at the new version
+    assert lags.numel() == tokens == int(td[B.RESPONSE_MASK].sum())
+    m = token_staleness_metrics(lags, 1, "async")
+    assert m["async/token_lag_1"] == pytest.approx(old_tokens / tokens)
+    assert m["async/token_lag_0"] == pytest.approx(1 - old_tokens / tokens)
+    assert m["async/token_staleness_max"] == 1.0
+    assert oldest_version(td, group.start_version) == v0
+    check_bound(lags, 1, "async staleness")
+    with pytest.raises(RuntimeError, match="outside"):  # max_staleness=0: never trained
+        check_bound(lags, 0, "async staleness")
     push(engine, weights_of(models[0]), keep=True)

@@ -80,6 +80,10 @@ def test_async_trains_within_the_staleness_bound_and_counts_every_group(
             s = r["step"]
             assert r["policy_version"] == s
             assert 0 <= r["async/staleness_mean"] <= r["async/staleness_max"] <= k
+            # per trained token (a partial rollout's new tokens are less stale than its group)
+            assert 0 <= r["async/token_staleness_mean"] <= r["async/token_staleness_max"] \
+                <= r["async/staleness_max"]
+            assert sum(r[f"async/token_lag_{j}"] for j in range(k + 1)) == pytest.approx(1.0)
             # counted in and out: trained so far, the rest dropped or still out there
             assert r["async/trained"] == s * BATCH
             assert r["async/submitted"] == r["async/trained"] + r["async/dropped_stale"] + \
@@ -95,6 +99,7 @@ def test_async_trains_within_the_staleness_bound_and_counts_every_group(
             assert len(uids) == BATCH and not uids & seen  # whole groups, none trained twice
             seen |= uids
         assert max(r["async/staleness_max"] for r in rows[1:]) >= 1  # it did run ahead
+        assert min(r["async/token_lag_0"] for r in rows[1:]) < 1  # stale tokens trained
         assert trainer.buffer is not None
         trainer.buffer.check()
     finally:

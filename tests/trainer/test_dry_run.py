@@ -200,6 +200,10 @@ def test_cli_exit_status(tiny_model_dir, capsys):
     assert main([*base, "rollout.max_prompt_tokens=64"]) == 1
     assert "PROBLEM" in capsys.readouterr().out
     assert main([*base, "env.id=nope/Nothing-v0"]) == 2  # not an env: one clear line
+    capsys.readouterr()
+    assert main([*base, "trainer.mode=pipeline"]) == 2  # off-policy with no correction
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "actor.loss.corrections is empty" in err
 
 
 def test_an_oracle_longer_than_the_rollout_cap_and_mixed_envs(tiny_model_dir):

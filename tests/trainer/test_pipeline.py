@@ -19,11 +19,9 @@ from toolrl.rollout.worker import RolloutWorker, make_rollout_input
 from toolrl.trainer import checkpoint as ckpt
 from toolrl.trainer.config import ConfigError, load_config
 from toolrl.trainer.pipeline import (
-    DEFAULT_TIS_CAP,
     PendingRollout,
     PipelineTrainer,
     RolloutFailedError,
-    with_tis_default,
 )
 from toolrl.trainer.run import run_training
 from toolrl.trainer.tracking import read_metrics
@@ -34,26 +32,30 @@ CONFIG = ROOT / "configs" / "quickstart_pipeline.yaml"
 
 
 def overrides(model: Path, out: Path, **extra: object) -> list[str]:
-    """The shared small run, with room for two turns' context, no lag correction by default;
-    weight pushes in many small buckets (each received straight into the engine's staging)."""
+    """The shared small run, with room for two turns' context; weight pushes in many small
+    buckets (each received straight into the engine's staging)."""
     register_test_rewards()
     return small_run_overrides(model, out, **{
         "actor.weight_bucket_mb": 0.5,
         "rollout.max_total_tokens": 512, "rollout.engine.max_model_len": 512,
         "rollout.engine.kv_cache_gib": 0.25, "trainer.log_rollouts": 8,
-        "trainer.call_timeout_s": 300, "trainer.export_hf": False, "actor.loss.tis_cap": None,
+        "trainer.call_timeout_s": 300, "trainer.export_hf": False,
         "reward": "{rewards: [{name: test_digit_fraction}]}", **extra})
 
 
 # --- config ------------------------------------------------------------------------------------
-def test_tis_is_on_by_default_in_pipeline_mode_unless_set(tmp_path):
-    cfg = load_config(CONFIG, overrides(tmp_path, tmp_path))
-    assert cfg.trainer.mode == "pipeline" and cfg.actor.loss.tis_cap is None
-    assert with_tis_default(cfg).actor.loss.tis_cap == DEFAULT_TIS_CAP
-    assert cfg.actor.loss.tis_cap is None  # a copy: the caller's config is untouched
-    own = load_config(CONFIG, overrides(tmp_path, tmp_path, **{"actor.loss.tis_cap": 1.5}))
-    assert with_tis_default(own).actor.loss.tis_cap == 1.5
-    assert load_config(CONFIG).actor.loss.tis_cap == DEFAULT_TIS_CAP  # the shipped config
+def test_pipeline_mode_without_a_correction_is_refused_unless_on_purpose(tmp_path):
+    none = {"actor.loss.corrections": "[]"}
+    with pytest.raises(ConfigError, match=r"trainer.mode=pipeline trains on samples of older "
+                                          r"weights but actor.loss.corrections is empty"):
+        load_config(CONFIG, overrides(tmp_path, tmp_path, **none))
+    cfg = load_config(CONFIG, overrides(tmp_path, tmp_path, **none,
+                                        **{"trainer.allow_uncorrected": True}))
+    assert cfg.actor.loss.corrections == []
+    shipped = load_config(CONFIG).actor.loss.corrections
+    assert [(c.name, c.cap) for c in shipped] == [("tis", 2.0)]
+    with pytest.raises(ConfigError, match=r"allow_uncorrected=true with actor\.loss\.corrections"):
+        load_config(CONFIG, overrides(tmp_path, tmp_path, **{"trainer.allow_uncorrected": True}))
 
 
 def test_sync_stays_the_default_mode():
@@ -66,8 +68,9 @@ def test_the_pipeline_quickstart_is_the_quickstart_in_pipeline_mode():
     sync = to_dict(load_config(ROOT / "configs" / "quickstart.yaml"))
     pipe = to_dict(load_config(CONFIG))
     assert pipe["trainer"].pop("mode") == "pipeline" and sync["trainer"].pop("mode") == "sync"
-    assert pipe["actor"]["loss"].pop("tis_cap") == DEFAULT_TIS_CAP
-    sync["actor"]["loss"].pop("tis_cap")
+    assert pipe["actor"]["loss"].pop("corrections") == [
+        {"name": "tis", "cap": 2.0, "low": None, "high": None, "level": None}]
+    assert sync["actor"]["loss"].pop("corrections") == []
     assert sync["resources"].pop("cpus_per_process") == 2  # one colocated process, both cores
     assert pipe["resources"].pop("cpus_per_process") == 1  # one core per pool
     pipe["resources"].pop("rollout_processes_per_node")
@@ -116,7 +119,10 @@ def test_pipeline_bounds_staleness_syncs_the_actors_weights_and_resumes(
         assert all(r["pipeline/staleness_mean"] <= r["pipeline/staleness_max"] <= 1
                    for r in train)
         assert [r["policy_version"] for r in train] == [1.0, 2.0, 3.0]
-        assert all("actor/tis_weight_mean" in r for r in train)  # TIS on by default
+        # per trained token: pushes land between rollouts, so every token has its sample's lag
+        assert [r["pipeline/token_lag_1"] for r in train] == [0.0, 1.0, 1.0]
+        assert [r["pipeline/token_staleness_max"] for r in train] == [0.0, 1.0, 1.0]
+        assert all(0 <= r["actor/tis_capped"] <= 1 for r in train)  # the config's correction
         # per sample: every dumped trajectory carries the version that generated it
         for step, version in ((1, 0), (2, 0), (3, 1)):
             assert {d["policy_version"] for d in _dumped(out, step)} == {version}, step

@@ -65,8 +65,7 @@ def test_split_pools_receive_over_nccl_in_vllms_worker(ray_cluster, tiny_model_d
 
     register_test_rewards()
     cfg = load_config(ROOT / "configs" / "quickstart_pipeline.yaml", small_run_overrides(
-        tiny_model_dir, tmp_path, **GPU, **{"trainer.total_steps": 2, "actor.lr": 1e-3,
-                                            "actor.loss.tis_cap": None}))
+        tiny_model_dir, tmp_path, **GPU, **{"trainer.total_steps": 2, "actor.lr": 1e-3}))
     trainer = PipelineTrainer(cfg)
     try:
         trainer.fit()

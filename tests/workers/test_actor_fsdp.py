@@ -29,7 +29,8 @@ def _gradients(rank: int, cfg: ActorConfig, shards: list) -> tuple[dict, dict]:
     return full_gradients(actor.model), metrics
 
 
-LOSS = PolicyLossConfig(entropy_coeff=0.01, kl_loss_coef=0.1, kl_loss_kind="k3", tis_cap=2.0,
+LOSS = PolicyLossConfig(entropy_coeff=0.01, kl_loss_coef=0.1, kl_loss_kind="k3",
+                        corrections=[{"name": "tis", "cap": 2.0}, {"name": "icepop"}],
                         clip_ratio_high=0.28)
 
 

@@ -11,6 +11,13 @@ from toolrl.algo.advantage import (
     register_advantage,
     uniform_groups,
 )
+from toolrl.algo.corrections import (
+    CORRECTIONS,
+    CorrectionConfig,
+    apply_corrections,
+    ratio_stats,
+    register_correction,
+)
 from toolrl.algo.credit import episode_advantage, place_rewards, share_advantages
 from toolrl.algo.kl import KL_KINDS, apply_kl_in_reward, kl_penalty
 from toolrl.algo.loss import (
@@ -33,14 +40,17 @@ from toolrl.algo.masked import masked_mean, masked_sum, masked_var, masked_white
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
     "AGG_MODES",
+    "CORRECTIONS",
     "KL_KINDS",
     "POLICY_LOSSES",
     "AdvantageEstimator",
+    "CorrectionConfig",
     "LossAggregator",
     "PolicyLoss",
     "PolicyLossConfig",
     "actor_loss",
     "agg_loss",
+    "apply_corrections",
     "apply_kl_in_reward",
     "batch_totals",
     "compute_advantage",
@@ -54,7 +64,9 @@ __all__ = [
     "masked_var",
     "masked_whiten",
     "place_rewards",
+    "ratio_stats",
     "register_advantage",
+    "register_correction",
     "register_policy_loss",
     "share_advantages",
     "uniform_groups",

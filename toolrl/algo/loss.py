@@ -4,7 +4,8 @@ A policy loss has the signature of `PolicyLoss` and is registered by name in `PO
 (``@register_policy_loss("name")`` or the ``toolrl.policy_losses`` entry-point group).
 Built-ins: ``ppo_clip`` (PPO clip with asymmetric clip-higher and dual-clip), ``gspo``
 (sequence-level ratio) and ``cispo`` (clipped, detached IS weight on a REINFORCE term). Every
-one supports token-level truncated importance sampling against the rollout engine's log-probs.
+one takes the off-policy corrections of `toolrl.algo.corrections` (``tis``, ``mis``,
+``icepop``: detached per-token weights against the rollout engine's log-probs).
 `actor_loss` adds the entropy bonus and the KL-to-reference loss term around any of them.
 
 Aggregation and gradient accumulation: `agg_loss` reduces a ``[B, R]`` per-token loss to a
@@ -18,12 +19,13 @@ gradients over ranks, multiply each rank's loss by the world size.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
 from torch import Tensor
 
+from toolrl.algo.corrections import CorrectionConfig, apply_corrections, correction_config, resolve
 from toolrl.algo.kl import KL_KINDS, kl_penalty
 from toolrl.algo.masked import masked_mean
 from toolrl.registry import Registry
@@ -162,9 +164,10 @@ class PolicyLossConfig:
       ``high > low`` is DAPO's clip-higher (e.g. 0.2 / 0.28).
     * ``clip_ratio_c``: dual-clip bound for negative advantages (the loss of a token with
       ``A < 0`` is at most ``-A * c``); None disables. Must be > 1.
-    * ``tis_cap``: token-level truncated importance sampling: each token's loss is multiplied
-      by ``min(exp(old_log_probs - rollout_log_probs), tis_cap)`` (detached), correcting for
-      the mismatch between the inference engine and the trainer. None disables.
+    * ``corrections``: off-policy corrections against the rollout engine's log-probs
+      (`toolrl.algo.corrections`: ``tis``, ``mis``, ``icepop`` or registered ones, each a
+      `CorrectionConfig`, a mapping or a name); each token's loss is multiplied by the
+      detached weight they make of ``exp(old_log_probs - rollout_log_probs)``. Empty: none.
     * ``loss_agg_mode``: how token losses become the loss (see `agg_loss`): ``token-mean``,
       ``seq-mean-token-sum``, ``seq-mean-token-mean`` (original GRPO),
       ``seq-mean-token-sum-norm`` (Dr.GRPO). ``entropy_coeff``: entropy bonus weight.
@@ -177,7 +180,7 @@ class PolicyLossConfig:
     clip_ratio_low: float = 0.2
     clip_ratio_high: float = 0.2
     clip_ratio_c: float | None = 3.0
-    tis_cap: float | None = None
+    corrections: list[CorrectionConfig] = field(default_factory=list)
     loss_agg_mode: str = "token-mean"
     entropy_coeff: float = 0.0
     kl_loss_coef: float = 0.0
@@ -203,8 +206,13 @@ class PolicyLossConfig:
             raise ValueError(
                 f"clip_ratio_c (dual-clip) must be > 1 or None, got {self.clip_ratio_c}"
             )
-        if self.tis_cap is not None and not self.tis_cap > 0.0:
-            raise ValueError(f"tis_cap must be > 0 or None, got {self.tis_cap}")
+        specs = [correction_config(c) for c in self.corrections]
+        for spec in specs:
+            resolve(spec)  # unknown name, a parameter it does not take, a bad value
+        names = [s.name for s in specs]
+        if len(set(names)) != len(names):
+            raise ValueError(f"corrections lists one correction twice: {names}")
+        object.__setattr__(self, "corrections", specs)
         if not math.isfinite(self.entropy_coeff):
             raise ValueError(f"entropy_coeff must be finite, got {self.entropy_coeff}")
         if not self.kl_loss_coef >= 0.0:
@@ -250,35 +258,35 @@ def _check_inputs(name: str, log_probs: Tensor, *others: Tensor | None) -> None:
             )
 
 
-def _tis_weights(
-    old_log_probs: Tensor, rollout_log_probs: Tensor | None, config: PolicyLossConfig
-) -> Tensor | None:
-    """Detached truncated IS weights ``min(pi_old / pi_rollout, cap)``, or None if disabled."""
-    if config.tis_cap is None:
-        return None
+def _correction_weights(
+    old_log_probs: Tensor, rollout_log_probs: Tensor | None, mask: Tensor,
+    config: PolicyLossConfig,
+) -> tuple[Tensor | None, dict[str, Tensor]]:
+    """Detached per-token weights of ``config.corrections`` and their statistics (None and
+    nothing without corrections)."""
+    if not config.corrections:
+        return None, {}
     if rollout_log_probs is None:
-        raise ValueError("tis_cap is set: pass rollout_log_probs (the inference engine's)")
-    lr = (old_log_probs - rollout_log_probs).detach().clamp(
-        -config.log_ratio_clamp, config.log_ratio_clamp
-    )
-    return lr.exp()
+        raise ValueError("actor.loss.corrections are set: pass rollout_log_probs (the "
+                         "inference engine's)")
+    return apply_corrections(old_log_probs, rollout_log_probs, mask, config.corrections,
+                             config.log_ratio_clamp)
 
 
 def _finish(
     pg_losses: Tensor,
     mask: Tensor,
     agg: LossAggregator,
-    config: PolicyLossConfig,
-    raw_tis: Tensor | None,
+    weights: tuple[Tensor | None, dict[str, Tensor]],
     stats: dict[str, Tensor],
 ) -> tuple[Tensor, dict[str, float]]:
-    """Apply TIS weights, aggregate, and turn the statistics into floats with one sync."""
+    """Apply the corrections' weights, aggregate, and turn the statistics into floats with
+    one sync."""
     m = mask.to(pg_losses.dtype)
-    if raw_tis is not None:
-        w = raw_tis.clamp(max=config.tis_cap)
-        pg_losses = pg_losses * w
-        stats["tis_weight_mean"] = masked_mean(w, m)
-        stats["tis_clipped_frac"] = masked_mean((raw_tis > config.tis_cap).to(m.dtype), m)
+    w, corr_stats = weights
+    if w is not None:
+        pg_losses = pg_losses * w.to(pg_losses.dtype)
+        stats.update(corr_stats)
     loss = agg(pg_losses, mask)
     stats["pg_loss"] = loss.detach()
     stats["tokens"] = m.sum()
@@ -338,7 +346,8 @@ def ppo_clip_loss(
     ``L = min(L, -A * c)``. Clipped tokens have zero gradient. Metrics: ``pg_clipfrac``
     (``_upper``: A > 0 and r > 1 + high; ``_lower``: A < 0 and r < 1 - low),
     ``pg_dualclip_frac`` (A < 0 and r > c), ``ppo_kl_k1`` / ``ppo_kl_k3``, ``ratio_mean`` /
-    ``ratio_max``, ``tis_weight_mean`` / ``tis_clipped_frac`` with TIS, ``pg_loss``, ``tokens``.
+    ``ratio_max``, with corrections ``is_weight_mean`` and each one's shares (``tis_capped``,
+    ``mis_masked``, ``icepop_masked``...), ``pg_loss``, ``tokens``.
     """
     _check_inputs("ppo_clip", log_probs, old_log_probs, advantages, response_mask,
                   rollout_log_probs)
@@ -357,8 +366,8 @@ def ppo_clip_loss(
         stats["pg_dualclip_frac"] = masked_mean(((adv < 0) & (r > config.clip_ratio_c)).to(m.dtype),
                                                 m)
     stats.update(_ratio_stats(log_ratio, ratio, m))
-    raw_tis = _tis_weights(old_log_probs, rollout_log_probs, config)
-    return _finish(pg_losses, response_mask, agg, config, raw_tis, stats)
+    weights = _correction_weights(old_log_probs, rollout_log_probs, response_mask, config)
+    return _finish(pg_losses, response_mask, agg, weights, stats)
 
 
 @register_policy_loss("gspo")
@@ -391,8 +400,8 @@ def gspo_loss(
     stats = _clip_stats(ratio.detach(), lo, hi, m, adv)
     tok_log_ratio = (log_probs - old_log_probs).detach()
     stats.update(_ratio_stats(tok_log_ratio, tok_log_ratio.exp(), m))
-    raw_tis = _tis_weights(old_log_probs, rollout_log_probs, config)
-    return _finish(pg_losses, response_mask, agg, config, raw_tis, stats)
+    weights = _correction_weights(old_log_probs, rollout_log_probs, response_mask, config)
+    return _finish(pg_losses, response_mask, agg, weights, stats)
 
 
 @register_policy_loss("cispo")
@@ -421,8 +430,8 @@ def cispo_loss(
     pg_losses = -weight * adv * log_probs
     stats = _clip_stats(ratio.detach(), lo, hi, m)
     stats.update(_ratio_stats(log_ratio, ratio, m))
-    raw_tis = _tis_weights(old_log_probs, rollout_log_probs, config)
-    return _finish(pg_losses, response_mask, agg, config, raw_tis, stats)
+    weights = _correction_weights(old_log_probs, rollout_log_probs, response_mask, config)
+    return _finish(pg_losses, response_mask, agg, weights, stats)
 
 
 def actor_loss(

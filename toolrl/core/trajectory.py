@@ -168,23 +168,28 @@ class TurnRecord:
 class TokenStream:
     """The episode's tokens: the prompt, then the response (sampled turns and observation
     deltas); ``response_mask`` is 1 exactly on sampled tokens, ``log_probs`` the engine's
-    log-prob beside each response token (0.0 where nothing was sampled)."""
+    log-prob beside each response token (0.0 where nothing was sampled), ``versions`` the
+    weight version that sampled each response token (-1 where nothing was sampled; empty: not
+    recorded)."""
 
     prompt_ids: list[int] = field(default_factory=list)
     response_ids: list[int] = field(default_factory=list)
     response_mask: list[int] = field(default_factory=list)
     log_probs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {"prompt_ids": list(self.prompt_ids), "response_ids": list(self.response_ids),
-                "response_mask": list(self.response_mask), "log_probs": list(self.log_probs)}
+                "response_mask": list(self.response_mask), "log_probs": list(self.log_probs),
+                "versions": list(self.versions)}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TokenStream:
         return cls(prompt_ids=[int(t) for t in data.get("prompt_ids") or []],
                    response_ids=[int(t) for t in data.get("response_ids") or []],
                    response_mask=[int(m) for m in data.get("response_mask") or []],
-                   log_probs=[float(x) for x in data.get("log_probs") or []])
+                   log_probs=[float(x) for x in data.get("log_probs") or []],
+                   versions=[int(v) for v in data.get("versions") or []])
 
 
 @dataclass

@@ -317,12 +317,16 @@ class Completion:
         finish_reason: ``"stop"`` (eos, a stop token or a stop string), ``"length"``
             (max_tokens or the context window) or ``"abort"``.
         stop_reason: the stop string or stop token id that ended it, if any.
+        versions: the weight version that sampled each token (same length; a push that
+            landed while the request ran splits it into an old prefix and a new suffix), or
+            None where vLLM reported no label.
     """
 
     token_ids: list[int]
     log_probs: list[float] | None
     finish_reason: str
     stop_reason: int | str | None = None
+    versions: list[int] | None = None
 
 
 # --- the engine ------------------------------------------------------------------------------
@@ -367,7 +371,9 @@ class VLLMEngine(EngineWeights):
         from vllm.v1.engine.async_llm import AsyncLLM
 
         engine_guard.install()  # on this loop's thread, which the engine's processes follow
-        return AsyncLLM.from_engine_args(args)
+        llm = AsyncLLM.from_engine_args(args)
+        await llm.update_weight_version("0")  # the label of every token until the first push
+        return llm
 
     def _check_backend(self) -> None:
         from vllm.platforms import current_platform
@@ -594,7 +600,24 @@ async def _shutdown_llm(llm: Any, timeout: float) -> None:
 def _completion(out: Any, want_logprobs: bool) -> Completion:
     ids = [int(t) for t in out.token_ids]
     log_probs = _sampled_logprobs(ids, out.logprobs) if want_logprobs else None
-    return Completion(ids, log_probs, str(out.finish_reason or "abort"), out.stop_reason)
+    return Completion(ids, log_probs, str(out.finish_reason or "abort"), out.stop_reason,
+                      _token_versions(len(ids), getattr(out, "weight_versions", None)))
+
+
+def _token_versions(n: int, spans: Any) -> list[int] | None:
+    """Per-token versions from vLLM's weight-version spans (``[start, end)`` of output tokens
+    per label); None when they do not cover the ``n`` tokens with integer labels."""
+    if not spans:
+        return None if n else []
+    out: list[int] = []
+    for span in spans:
+        if span.start != len(out):
+            return None
+        try:
+            out += [int(span.version)] * (span.end - span.start)
+        except ValueError:  # a label toolrl did not set (vLLM's "default")
+            return None
+    return out if len(out) == n else None
 
 
 def _sampled_logprobs(ids: list[int], logprobs: Any) -> list[float]:

@@ -2,7 +2,7 @@
 
 `EngineWeights` is the half of `VLLMEngine` that pushes weights (the other half generates,
 sleeps and shuts down); every route ends the same way (`EngineWeights._after_push`: the prefix
-cache reset, the weight version bumped):
+cache reset, the weight version bumped, or set to the trainer's, while generation is still held):
 
 - `load_weights_sync`: a full set of checkpoint-named weights, cast to the engine's dtype, one
   bucket of ``weight_bucket_mb`` at a time: shared-memory staging files on CPU
@@ -14,6 +14,11 @@ cache reset, the weight version bumped):
 - `begin_staged_push` / `finish_staged_push`: CPU, a push whose buckets the caller fills (a
   rollout worker receiving the actor's broadcast over gloo, `toolrl.rollout.worker`);
 - ``keep_inflight``: requests in flight are frozen for the push instead of refused (async mode).
+
+The weight version is also vLLM's weight-version label (``AsyncLLM.update_weight_version``),
+set while no request generates: the engine core stamps every step's outputs with it, so each
+sampled token carries the version of the weights that sampled it, also across a push that lands
+inside a request (`toolrl.rollout.engine.Completion.versions`).
 
 How each route's bytes travel is `toolrl.rollout.weight_transfer`; this module is the engine's
 side of the session around them (names checked, requests held, updates finished on error).
@@ -53,7 +58,7 @@ class EngineWeights:
     and its event-loop helpers (``_call``, ``_require``, ``_not_on_loop``)."""
 
     config: Any  # the engine's resolved EngineConfig
-    weight_version: int
+    _weight_version: int
     last_push_buckets: int  # buckets of the last push (diagnostics, benchmarks)
     last_pause_s: float  # how long the last keep_inflight push held generation
     _lora: Any  # the LoRARequest every generate uses (adapter pushes)
@@ -68,7 +73,7 @@ class EngineWeights:
     _not_on_loop: Callable[[str], None]
 
     def _init_weight_routes(self, model: str) -> None:
-        self.weight_version = 0
+        self._weight_version = 0  # vLLM's label is set to it once the engine runs
         self.last_push_buckets = 0
         self.last_pause_s = 0.0
         self._lora = None
@@ -76,6 +81,25 @@ class EngineWeights:
         self._paused_at = None
         self._checkpoint_names, self._largest_weight_numel = _checkpoint_weights(model)
         self._tied = _ties_embeddings(model)
+
+    @property
+    def weight_version(self) -> int:
+        """The policy version of the weights the engine holds (0: those it was built with);
+        every token it samples is labelled with it (`Completion.versions`)."""
+        return self._weight_version
+
+    @weight_version.setter
+    def weight_version(self, version: int) -> None:
+        self._set_version(int(version))
+
+    def _set_version(self, version: int, timeout: float | None = None) -> None:
+        """Set the version and vLLM's label of the outputs (an engine call when it changes;
+        call it while no request generates, as the push routes do, or tokens sampled by the
+        old weights may carry the new label)."""
+        current = getattr(self, "_weight_version", None)  # None: not set yet (no label)
+        if current is not None and version != current and getattr(self, "_llm", None):
+            self._call(self._require().update_weight_version(str(version)), timeout)
+        self._weight_version = version
 
     def load_weights_sync(self, weights: Iterable[tuple[str, torch.Tensor]] | Mapping[str, Any],
                           timeout: float | None = None) -> int:
@@ -183,10 +207,11 @@ class EngineWeights:
 
     def receive_broadcast(self, metadata: Sequence[tuple[str, str, Sequence[int]]],
                           timeout: float | None = BROADCAST_TIMEOUT_S,
-                          keep_inflight: bool = False) -> int:
+                          keep_inflight: bool = False, version: int | None = None) -> int:
         """GPU, split pools: receive one push of the trainer straight into vLLM's workers
         (``metadata``: name, dtype, shape of every tensor in send order); returns the new
-        weight version. Runs while the trainer broadcasts. ``keep_inflight``: see
+        weight version (``version``, the trainer's, or the old one + 1). Runs while the trainer
+        broadcasts. ``keep_inflight``: see
         `begin_staged_push`. ``timeout`` bounds each engine call (a trainer that died
         mid-broadcast is an `EngineError`, not a hang); a failed receive still finishes the
         engine's update session, so the next push is served."""
@@ -207,7 +232,7 @@ class EngineWeights:
                     self._call(llm.finish_weight_update(), timeout)
                 raise
             self._call(llm.finish_weight_update(), timeout)
-            return self._after_push(timeout)
+            return self._after_push(timeout, version)
         finally:
             self._release(timeout)
 
@@ -225,9 +250,7 @@ class EngineWeights:
             raise ValueError(f"LoRA version must be >= 1, got {version}")
         self._call(self._require_idle(), timeout)
         self._call(self._swap_adapter(str(path), int(version)), timeout)
-        self._after_push(timeout)
-        self.weight_version = int(version)
-        return self.weight_version
+        return self._after_push(timeout, int(version))
 
     async def _swap_adapter(self, path: str, version: int) -> None:
         from vllm.lora.request import LoRARequest
@@ -259,23 +282,27 @@ class EngineWeights:
             raise
         return push
 
-    def finish_staged_push(self, push: SharedMemoryPush, timeout: float | None = None) -> int:
+    def finish_staged_push(self, push: SharedMemoryPush, timeout: float | None = None,
+                           version: int | None = None) -> int:
+        """Load the staged push; the new version is ``version`` (the trainer's) or the old one
+        + 1, set before generation resumes."""
         try:
             push.finish()
             self.last_push_buckets = push.buckets
-            return self._after_push(timeout)
+            return self._after_push(timeout, version)
         finally:
             self._release(timeout)
 
-    def _after_push(self, timeout: float | None) -> int:
+    def _after_push(self, timeout: float | None, version: int | None = None) -> int:
         # frozen requests lose their KV (computed by the old weights): vLLM preempts them and
         # recomputes it with the new weights when they resume
         reset = self._require().reset_prefix_cache(reset_running_requests=self._paused_at
                                                    is not None)
         if not self._call(reset, timeout):
             raise EngineError("could not reset the prefix cache after the weight push")
-        self.weight_version += 1
-        return self.weight_version
+        # before requests held by keep_inflight resume: their next tokens carry the new label
+        self._set_version(self._weight_version + 1 if version is None else int(version), timeout)
+        return self._weight_version
 
     # --- pushes while generating (trainer.mode=async) ---------------------------------------
     def _hold(self, keep_inflight: bool, timeout: float | None) -> None:

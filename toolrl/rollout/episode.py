@@ -86,23 +86,27 @@ class EpisodeConfig:
 
 @dataclass
 class TurnOutput:
-    """The tokens of one model turn: ids, engine log-probs and which tokens were sampled."""
+    """The tokens of one model turn: ids, engine log-probs, which tokens were sampled and the
+    weight version that sampled each (-1: not sampled, or not known)."""
 
     token_ids: list[int] = field(default_factory=list)
     log_probs: list[float] = field(default_factory=list)
     mask: list[int] = field(default_factory=list)
     finish_reason: str = "stop"
     stop_reason: int | str | None = None
+    versions: list[int] = field(default_factory=list)
 
     @classmethod
     def from_completion(cls, completion: Completion) -> TurnOutput:
         out = cls(finish_reason=completion.finish_reason, stop_reason=completion.stop_reason)
-        out.extend(completion.token_ids, completion.log_probs, sampled=True)
+        out.extend(completion.token_ids, completion.log_probs, sampled=True,
+                   versions=completion.versions)
         return out
 
     def extend(self, token_ids: Sequence[int], log_probs: Sequence[float] | None = None,
-               sampled: bool = True) -> None:
-        """Add tokens: sampled ones need their log-probs; inserted ones get mask 0, log-prob 0."""
+               sampled: bool = True, versions: Sequence[int] | None = None) -> None:
+        """Add tokens: sampled ones need their log-probs (and may say the weight version that
+        sampled each, `Completion.versions`); inserted ones get mask 0, log-prob 0."""
         ids = [int(t) for t in token_ids]
         if sampled:
             if log_probs is None or len(log_probs) != len(ids):
@@ -110,12 +114,15 @@ class TurnOutput:
             self.log_probs.extend(float(x) for x in log_probs)
         else:
             self.log_probs.extend([0.0] * len(ids))
+        known = sampled and versions is not None and len(versions) == len(ids)
+        self.versions.extend([int(v) for v in versions] if known else [-1] * len(ids))
         self.token_ids.extend(ids)
         self.mask.extend([int(sampled)] * len(ids))
 
     def add(self, completion: Completion) -> None:
         """Append another engine completion (e.g. the second stage of a turn)."""
-        self.extend(completion.token_ids, completion.log_probs, sampled=True)
+        self.extend(completion.token_ids, completion.log_probs, sampled=True,
+                    versions=completion.versions)
         self.finish_reason, self.stop_reason = completion.finish_reason, completion.stop_reason
 
 
@@ -131,6 +138,8 @@ class EpisodeState:
     response_ids: list[int] = field(default_factory=list)
     response_mask: list[int] = field(default_factory=list)
     log_probs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    start_version: int = 0  # the engine's weight version when the episode started
     final_info: dict[str, Any] = field(default_factory=dict)
     done: bool = False
     finish_reason: str | None = None
@@ -147,13 +156,18 @@ class EpisodeState:
         return self.max_response_len - len(self.response_ids)
 
     def append(self, token_ids: Sequence[int], log_probs: Sequence[float] | None = None,
-               mask: Sequence[int] | None = None) -> tuple[int, int]:
-        """Append response tokens; returns their [start, end) span in the response."""
+               mask: Sequence[int] | None = None, versions: Sequence[int] | None = None
+               ) -> tuple[int, int]:
+        """Append response tokens; returns their [start, end) span in the response.
+        ``versions``: the weight version that sampled each token; a sampled token without
+        one (-1, or None for all) gets ``start_version``, the oldest it can have."""
         n = len(token_ids)
         mask = [0] * n if mask is None else list(mask)
         log_probs = [0.0] * n if log_probs is None else list(log_probs)
-        if not (len(mask) == len(log_probs) == n):
-            raise ValueError(f"{n} tokens, {len(mask)} mask values, {len(log_probs)} log-probs")
+        versions = [-1] * n if versions is None else list(versions)
+        if not (len(mask) == len(log_probs) == len(versions) == n):
+            raise ValueError(f"{n} tokens, {len(mask)} mask values, {len(log_probs)} log-probs, "
+                             f"{len(versions)} versions")
         if n > self.room:
             raise ValueError(f"{n} tokens do not fit the {self.room} left in the budget")
         start = len(self.response_ids)
@@ -161,6 +175,8 @@ class EpisodeState:
         self.response_mask.extend(int(m) for m in mask)
         self.log_probs.extend(float(x) if m else 0.0 for x, m in zip(log_probs, mask,
                                                                     strict=True))
+        self.versions.extend((int(v) if v >= 0 else self.start_version) if m else -1
+                             for v, m in zip(versions, mask, strict=True))
         return start, len(self.response_ids)
 
     def end(self, reason: str, error: str | None = None, infra: str | None = None) -> None:
@@ -226,7 +242,8 @@ class EpisodeRunner:
         budget = min(self.config.max_response_len or limit, limit)
         traj = Trajectory(messages=list(messages), row=row, tools=tools,
                           format=info.get("format"), seed=seed)
-        state = EpisodeState(env, traj, prompt, max(budget, 0))
+        state = EpisodeState(env, traj, prompt, max(budget, 0),
+                             start_version=int(getattr(self.engine, "weight_version", 0)))
         if len(prompt) > self.max_prompt_len:  # keep a (cut) prompt so the row is not empty
             state.prompt_ids, state.max_response_len = prompt[-self.max_prompt_len:], 0
             state.end("context", f"the prompt has {len(prompt)} tokens, more than "
@@ -287,7 +304,8 @@ class EpisodeRunner:
         if not out.token_ids:
             state.end("error", "the turn produced no tokens")
             return
-        span = state.append(out.token_ids, out.log_probs, out.mask)
+        span = state.append(out.token_ids, out.log_probs, out.mask,
+                            out.versions if len(out.versions) == len(out.token_ids) else None)
         text = self.decode(state, out)
         traj.messages.append({"role": "assistant", "content": text})
         if out.finish_reason == "length" and state.room <= 0:
@@ -440,7 +458,8 @@ class EpisodeRunner:
         traj.timing = {"generate_s": sum(t.generate_s for t in traj.turns),
                        "env_s": sum(t.env_s for t in traj.turns)}
         traj.tokens = TokenStream(list(state.prompt_ids), list(state.response_ids),
-                                  list(state.response_mask), list(state.log_probs))
+                                  list(state.response_mask), list(state.log_probs),
+                                  list(state.versions))
         return traj
 
 

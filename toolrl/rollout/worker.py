@@ -40,7 +40,7 @@ from tensordict import TensorDict
 
 from toolrl import batch as B
 from toolrl.controller.worker import Dispatch, Worker, remote
-from toolrl.core.trajectory import Trajectory
+from toolrl.core.trajectory import TokenStream, Trajectory
 from toolrl.registry import import_object
 from toolrl.rollout.chat import ChatRenderer
 from toolrl.rollout.engine import EngineConfig, SamplingConfig, VLLMEngine
@@ -320,9 +320,9 @@ class RolloutWorker(Worker):
             if checksum:
                 raise ValueError("checksum=True is not available on the NCCL route (the "
                                  "weights land in vLLM's workers, not in this process)")
-            self.engine.receive_broadcast(metadata, keep_inflight=keep_inflight)
+            self.engine.receive_broadcast(metadata, keep_inflight=keep_inflight,
+                                          version=int(version))
             self._loaded_checksum = None
-            self.engine.weight_version = int(version)
             return int(version)
         if self._sync is None:
             raise RuntimeError("receive_weights before connect_weight_sync: no sync group")
@@ -336,11 +336,11 @@ class RolloutWorker(Worker):
             with contextlib.suppress(Exception):
                 push.finish()
             raise
-        self.engine.finish_staged_push(push)
+        # samples are tagged with the actor's version, set before held requests resume
+        self.engine.finish_staged_push(push, version=got)
         if version is not None and got != version:
             raise RuntimeError(f"weight sync: received version {got}, expected {version}")
         self._loaded_checksum = acc.hexdigest() if acc else None
-        self.engine.weight_version = got  # samples are tagged with the actor's version
         return got
 
     # --- the episode stream (trainer.mode=async, `toolrl.rollout.stream`) -------------------
@@ -462,18 +462,20 @@ class RolloutWorker(Worker):
         uids = B.get_non_tensor(batch, B.UID) if B.UID in batch else \
             [uuid.uuid4().hex for _ in range(n)]
         self._calls += 1
+        start = self.engine.weight_version  # the oldest weights this call's tokens can have
         if self.agent is not None:
-            return await self.agent_rollout(rows, uids, self._seeds(n, seed), greedy)
+            return await self.agent_rollout(rows, uids, self._seeds(n, seed), greedy, start)
         runner = self.runner
         if greedy:
             cfg = self.config.episode_config()
             cfg.sampling = cfg.sampling.replace(temperature=0.0)
             runner = type(self.runner)(self.engine, self.renderer, cfg)
         results = await self.run_episodes(rows, self._seeds(n, seed), runner=runner)
-        return self.to_batch(rows, uids, results)
+        return self.to_batch(rows, uids, results, start_version=start)
 
     async def agent_rollout(self, rows: Sequence[Mapping[str, Any]], uids: Sequence[str],
-                            seeds: Sequence[int | None], greedy: bool) -> TensorDict:
+                            seeds: Sequence[int | None], greedy: bool,
+                            start_version: int | None = None) -> TensorDict:
         """``rollout.agent``'s episodes through the gateway; an episode whose rewritten history
         split it into several samples gives several rows of its group (`episode_rows`)."""
         from toolrl.rollout.gateway.agent import episode_rows
@@ -481,7 +483,7 @@ class RolloutWorker(Worker):
         temperature = 0.0 if greedy else self.config.temperature
         results = await self.agent.run_all(rows, seeds, temperature, self.config.top_p,
                                            self.config.top_k)
-        return self.to_batch(*episode_rows(rows, uids, results))
+        return self.to_batch(*episode_rows(rows, uids, results), start_version=start_version)
 
     def _agent_runner(self) -> Any:
         from toolrl.rollout.gateway.agent import AgentRunner
@@ -537,9 +539,13 @@ class RolloutWorker(Worker):
         return make_env(env_id, **kwargs)
 
     def to_batch(self, rows: Sequence[Mapping[str, Any]], uids: Sequence[str],
-                 trajs: Sequence[Trajectory]) -> TensorDict:
-        """The rollout TensorDict of a list of finished episodes."""
+                 trajs: Sequence[Trajectory], start_version: int | None = None) -> TensorDict:
+        """The rollout TensorDict of a list of finished episodes. ``TOKEN_VERSIONS`` come
+        from each token stream; a stream that does not record them gets ``start_version``
+        (the engine's version when the episodes started; default: now) on its sampled
+        tokens, the oldest weights they can come from."""
         version = self.engine.weight_version
+        oldest = version if start_version is None else int(start_version)
         streams = [t.tokens for t in trajs]
         if any(s is None for s in streams):
             raise ValueError("a trajectory without its token stream cannot enter a batch")
@@ -550,6 +556,7 @@ class RolloutWorker(Worker):
             [s.prompt_ids for s in streams], [s.response_ids for s in streams],
             [s.response_mask for s in streams], self.pad_token_id,
             rollout_log_probs=[s.log_probs for s in streams],
+            token_versions=[_sampled_versions(s, oldest) for s in streams],
             non_tensor={B.ROWS: [dict(r) for r in rows], B.UID: list(uids),
                         B.TRAJECTORIES: records},
             max_prompt_len=self.config.max_prompt_len if pad else None,
@@ -570,6 +577,15 @@ class RolloutWorker(Worker):
         else:
             return [None] * n
         return [zlib.crc32(f"{base}:{self.rank}:{i}".encode()) % (2**31 - 1) for i in range(n)]
+
+
+def _sampled_versions(stream: TokenStream, oldest: int) -> list[int]:
+    """The stream's per-token versions, -1 off the sampled tokens; ``oldest`` where a sampled
+    token has none (a stream that does not record them)."""
+    versions = stream.versions if len(stream.versions) == len(stream.response_ids) else \
+        [-1] * len(stream.response_ids)
+    return [(v if v >= 0 else oldest) if m else -1
+            for v, m in zip(versions, stream.response_mask, strict=True)]
 
 
 def rollout_metrics(td: TensorDict) -> dict[str, float]:

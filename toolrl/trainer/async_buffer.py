@@ -32,9 +32,13 @@ with; the importance ratio against them corrects the loss). ``drop``: once the f
 can fill the batch without it, it is cancelled and counted (``async/dropped_stale``): steps
 never wait on a straggler, at the price of losing the slowest episodes.
 
-A finished group older than ``k`` versions (possible only after a restarted rollout pool) is
-dropped and counted, never trained. Every group is counted in and out: ``submitted = trained
-+ dropped + outstanding``; a group arriving twice, or one never submitted, raises.
+A group's version is that of its oldest trained token (`toolrl.trainer.staleness`: each
+sampled token carries the version that sampled it, so a partial rollout counts by its oldest
+part). A finished group older than ``k`` versions (possible only after a restarted rollout
+pool) is dropped whole and counted, never trained, not even in part: its advantage was computed
+over the whole episode and the group's baseline over all of its samples. Every group is counted
+in and out: ``submitted = trained + dropped + outstanding``; a group arriving twice, or one
+never submitted, raises.
 """
 
 from __future__ import annotations
@@ -127,7 +131,8 @@ class GroupBuffer:
         return tickets
 
     def arrive(self, uid: str, result: Any, start_version: int) -> None:
-        """A group finished (``start_version``: the engine's version when it started)."""
+        """A group finished (``start_version``: the version of its oldest trained token, or
+        the engine's when it started)."""
         ticket = self.outstanding.get(uid)
         if ticket is None:
             what = "arrived twice" if uid in self._done else "was never submitted"

@@ -12,10 +12,14 @@ its requests in flight for the load, then they continue under the new weights)::
 `toolrl.trainer.async_buffer.GroupBuffer` owns the rules: how much may be outstanding, which
 groups a step trains (every due group, then the others in arrival order: no bias toward short
 episodes), what happens to a straggler (``trainer.stale_policy``), and the accounting (every
-group counted in and out). Every sample carries the version its group started with; a step
-never trains a sample more than ``trainer.max_staleness`` versions old (``async/staleness_max``
-per step). Truncated importance sampling against the rollout log-probs corrects the lag (on
-by default, as in pipeline mode).
+group counted in and out). Every sample carries the version its group started with, and every
+sampled token the version that sampled it (``TOKEN_VERSIONS``; tokens after a push that landed
+inside a request have the new one): a step never trains a token more than
+``trainer.max_staleness`` versions old (`toolrl.trainer.staleness`; ``async/staleness_*`` per
+group, ``async/token_staleness_*`` and ``async/token_lag_<k>`` per trained token). The buffer
+admits a group by its oldest trained token; a group past the bound is dropped whole, never
+trained in part. ``actor.loss.corrections`` correct the lag (a config without one is refused
+unless ``trainer.allow_uncorrected``).
 
 The rest is `PipelineTrainer`'s: the split pools, the weight-sync group, the pool restart of
 ``trainer.on_rollout_failure: retry`` (the groups in flight are generated again on the new
@@ -45,6 +49,12 @@ from toolrl.trainer.async_buffer import GroupBuffer, Ticket
 from toolrl.trainer.config import ExperimentConfig
 from toolrl.trainer.failures import RolloutFailedError, describe
 from toolrl.trainer.pipeline import PipelineTrainer
+from toolrl.trainer.staleness import (
+    check_bound,
+    oldest_version,
+    token_lags,
+    token_staleness_metrics,
+)
 from toolrl.trainer.trainer import _timed
 from toolrl.workers.actor import ActorWorker
 
@@ -126,8 +136,8 @@ class AsyncTrainer(PipelineTrainer):
             raise RolloutFailedError(f"a rollout worker failed mid-stream ({describe(e)})"
                                      ) from e
         got: list[FinishedGroup] = [g for groups in per_worker for g in groups]
-        for g in got:
-            buf.arrive(g.uid, g, g.start_version)
+        for g in got:  # a group is as old as its oldest trained token
+            buf.arrive(g.uid, g, oldest_version(g.batch, g.start_version))
             self._where.pop(g.uid, None)
         return len(got)
 
@@ -171,6 +181,8 @@ class AsyncTrainer(PipelineTrainer):
             batch, infra = self.settle(batch)
         self.top_up()  # the next groups generate while this step trains
         metrics = self.stream_metrics(tickets)
+        if batch is not None:
+            metrics.update(self.token_metrics(batch))
         metrics.update(self.learn(batch, timing) if batch is not None
                        else self._learned_nothing())
         metrics.update(infra)
@@ -214,6 +226,14 @@ class AsyncTrainer(PipelineTrainer):
                 "async/staleness_mean": float(sum(lags) / max(len(lags), 1)),
                 "async/partial_groups": float(sum(partial)),
                 "async/group_s_max": max((t.result.seconds for t in tickets), default=0.0)}
+
+    def token_metrics(self, batch: Any) -> dict[str, float]:
+        """Per trained token: the lag behind the actor that trains on it (the bound holds on
+        every one; past it is a bug and raises)."""
+        k = self.cfg.trainer.max_staleness
+        lags = token_lags(batch, self.version)
+        check_bound(lags, k, "async staleness")
+        return token_staleness_metrics(lags, k, "async")
 
     def stall_waits(self) -> list[str]:
         """The driver's waits, and the groups each rollout worker has not finished."""

@@ -184,6 +184,11 @@ class TrainerConfig:
     # (continue: it keeps going under the new weights) or cancelled and counted (drop)
     max_staleness: int = 1
     stale_policy: str = "continue"  # continue | drop
+    # trainer.mode pipeline / async train on samples of older weights, and a gateway agent's
+    # grammar-constrained calls (tool_choice required / named) are sampled off the actor's
+    # distribution: such runs need actor.loss.corrections; true trains them uncorrected on
+    # purpose (no refusal, no warning)
+    allow_uncorrected: bool = False
     export_hf: bool = True  # write final_hf/ at the end
     # a rollout worker that died or failed: stop the run naming it, or restart it (and its
     # engine) and redo the batch, at most max_retries times in a row (docs/reliability.md)
@@ -376,6 +381,7 @@ def validate(cfg: ExperimentConfig) -> None:
         raise ConfigError(f"rollout.engine.sleep_level > 0 needs trainer.mode=sync: in "
                           f"{cfg.trainer.mode} mode the engines generate while the actor trains")
     _check_async(cfg)
+    _check_corrections(cfg)
     _check_warm_start(cfg.warm_start)
     from toolrl.models.tiny import size_names
 
@@ -415,6 +421,21 @@ def validate(cfg: ExperimentConfig) -> None:
             require_model(cfg.model.path, cfg.model.build_tiny_if_missing)
         except ModelNotFoundError as exc:
             raise ConfigError(str(exc)) from None
+
+
+def _check_corrections(cfg: ExperimentConfig) -> None:
+    """Off-policy modes train with a correction, unless the config says so on purpose."""
+    corrections = cfg.actor.loss.corrections
+    if cfg.trainer.allow_uncorrected and corrections:
+        raise ConfigError(f"trainer.allow_uncorrected=true with actor.loss.corrections "
+                          f"{[c.name for c in corrections]}: the corrections apply; drop one "
+                          f"of the two")
+    if cfg.trainer.mode in ("pipeline", "async") and not corrections and \
+            not cfg.trainer.allow_uncorrected:
+        raise ConfigError(f"trainer.mode={cfg.trainer.mode} trains on samples of older weights "
+                          f"but actor.loss.corrections is empty: list one (e.g. "
+                          f"'actor.loss.corrections=[{{name: tis, cap: 2.0}}]', see "
+                          f"docs/guides/algorithms.md) or set trainer.allow_uncorrected=true")
 
 
 def _check_async(cfg: ExperimentConfig) -> None:

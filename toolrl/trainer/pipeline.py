@@ -13,9 +13,9 @@ workers on GPU) and the next rollout starts with them::
 
 Every sample carries the version of the weights that generated it (``POLICY_VERSION``); a batch
 is at most one version behind the actor that trains on it (``pipeline/staleness_max`` and
-``pipeline/staleness_mean`` per step; a larger gap is a bug and raises). Truncated importance
-sampling (``actor.loss.tis_cap``) corrects for the lag; this mode turns it on with a cap of
-`DEFAULT_TIS_CAP` unless the config sets one.
+``pipeline/staleness_mean`` per step; a larger gap is a bug and raises). The lag is corrected
+by ``actor.loss.corrections`` (`toolrl.algo.corrections`); a config without one is refused
+unless it sets ``trainer.allow_uncorrected`` (`toolrl.trainer.config`).
 
 The step reuses the sync trainer: `Trainer.learn` (reward, log-probs, advantage, update) runs
 between launching the next rollout and syncing; validation, logging, checkpoints are
@@ -29,7 +29,6 @@ gets the actor's current weights, and the failed batch is generated again from t
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,10 +40,9 @@ from toolrl.controller import GroupFuture, RayWorkerGroup, ResourcePoolManager, 
 from toolrl.rollout.worker import RolloutWorker, make_rollout_input
 from toolrl.trainer.config import ExperimentConfig
 from toolrl.trainer.failures import RolloutFailedError, describe
+from toolrl.trainer.staleness import check_bound, token_lags, token_staleness_metrics
 from toolrl.trainer.trainer import Trainer, _first, _timed
 from toolrl.workers.actor import ActorWorker
-
-DEFAULT_TIS_CAP = 2.0  # actor.loss.tis_cap of pipeline runs whose config leaves it unset
 
 
 @dataclass
@@ -63,7 +61,7 @@ class PipelineTrainer(Trainer):
     keep_inflight = False  # pushes land between rollouts (async mode: while one runs)
 
     def __init__(self, cfg: ExperimentConfig, console: Console | None = None) -> None:
-        super().__init__(with_tis_default(cfg), console)
+        super().__init__(cfg, console)
         self.pending: PendingRollout | None = None
         self.version = 0  # the actor's policy version: pushes so far
         self.sync_backend = "nccl" if cfg.rollout.engine.backend == "gpu" else "gloo"
@@ -199,15 +197,18 @@ class PipelineTrainer(Trainer):
                 f"rollout of the batch for step {pending.step} failed ({describe(e)})") from e
 
     def staleness(self, batch: TensorDict) -> dict[str, float]:
-        """Per-sample lag between the weights that generated ``batch`` and the actor that is
-        about to train on it (0 on-policy, 1 one step behind)."""
+        """Per-sample and per-trained-token lag between the weights that generated ``batch``
+        and the actor that is about to train on it (0 on-policy, 1 one step behind)."""
         lag = (self.version - batch[B.POLICY_VERSION]).float()
         if lag.numel() and (lag.max() > 1 or lag.min() < 0):
             raise RuntimeError(f"pipeline staleness out of [0, 1]: sample versions "
                                f"{sorted(set(batch[B.POLICY_VERSION].tolist()))}, actor "
                                f"version {self.version}")
+        lags = token_lags(batch, self.version)
+        check_bound(lags, 1, "pipeline staleness")
         return {"pipeline/staleness_max": float(lag.max()),
-                "pipeline/staleness_mean": float(lag.mean())}
+                "pipeline/staleness_mean": float(lag.mean()),
+                **token_staleness_metrics(lags, 1, "pipeline")}
 
     def sync_weights(self, checksum: bool = False) -> int:
         """Actor rank 0 broadcasts the weights, every rollout engine loads them; returns the new
@@ -241,13 +242,4 @@ class PipelineTrainer(Trainer):
             self.loader.load_state_dict(ahead)
 
 
-def with_tis_default(cfg: ExperimentConfig) -> ExperimentConfig:
-    """``cfg`` with ``actor.loss.tis_cap = DEFAULT_TIS_CAP`` if it has none (a copy)."""
-    if cfg.actor.loss.tis_cap is not None:
-        return cfg
-    loss = dataclasses.replace(cfg.actor.loss, tis_cap=DEFAULT_TIS_CAP)
-    return dataclasses.replace(cfg, actor=dataclasses.replace(cfg.actor, loss=loss))
-
-
-__all__ = ["DEFAULT_TIS_CAP", "PendingRollout", "PipelineTrainer", "RolloutFailedError",
-           "describe", "with_tis_default"]
+__all__ = ["PendingRollout", "PipelineTrainer", "RolloutFailedError", "describe"]

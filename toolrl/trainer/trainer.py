@@ -30,6 +30,7 @@ from toolrl.algo import (
     compute_advantage,
     episode_advantage,
     place_rewards,
+    ratio_stats,
     uniform_groups,
 )
 from toolrl.controller import ResourcePoolManager, RoleSpec, init_ray
@@ -316,6 +317,10 @@ class Trainer:
         metrics.update(reward_metrics)
         metrics.update(adv_metrics)
         metrics.update(rollout_metrics(batch))
+        warning = None if self._warned_uncorrected else uncorrected_warning(metrics, self.cfg)
+        if warning is not None:
+            self._warned_uncorrected = True
+            self.console.log(f"[yellow]warning:[/] {warning}")
         trajs = one_per_episode(B.trajectories(batch))
         metrics["train/success"] = sum(t.success for t in trajs) / len(trajs)
         if self.mixed:
@@ -754,18 +759,35 @@ class Trainer:
     _last_batch: TensorDict | None = None
     watchdog: ProgressWatchdog | None = None
     _infra_failed: Sequence[Trajectory] = ()  # the last batch's, as generated (health notes)
+    _warned_uncorrected = False  # the grammar-constrained samples' warning, once per run
     _step_data: dict[str, int] | None = None
+
+
+def uncorrected_warning(metrics: Mapping[str, float], cfg: ExperimentConfig) -> str | None:
+    """The warning for a step whose gateway samples were grammar-constrained (``tool_choice``
+    required or named: tokens sampled off the actor's distribution) while the config lists no
+    correction and does not say ``trainer.allow_uncorrected``; None otherwise."""
+    calls = metrics.get("rollout/gateway_constrained_calls", 0.0)
+    if not calls or cfg.actor.loss.corrections or cfg.trainer.allow_uncorrected:
+        return None
+    return (f"{calls:.0f} of this step's agent calls were sampled through a grammar "
+            f"(tool_choice required or a named function): their tokens are off the actor's "
+            f"distribution and actor.loss.corrections is empty; list one (e.g. "
+            f"'actor.loss.corrections=[{{name: mis}}]', docs/guides/algorithms.md) or set "
+            f"trainer.allow_uncorrected=true")
 
 
 def _mismatch_metrics(batch: TensorDict) -> dict[str, float]:
     """How far the trainer's log-probs are from the engine's on the sampled tokens (a large
-    value means the rollout and the update see different models or misaligned tokens)."""
-    mask = batch[B.RESPONSE_MASK].bool()
-    if not mask.any() or B.ROLLOUT_LOG_PROBS not in batch or B.OLD_LOG_PROBS not in batch:
+    value means the rollout and the update see different models or misaligned tokens): the
+    importance ratio's distribution (``correction/ratio_*``) and ``rollout/log_prob_diff_abs_*``
+    (mean, p99, max) over the trained tokens."""
+    if B.ROLLOUT_LOG_PROBS not in batch or B.OLD_LOG_PROBS not in batch:
         return {}
-    diff = (batch[B.OLD_LOG_PROBS] - batch[B.ROLLOUT_LOG_PROBS])[mask]
-    return {"rollout/log_prob_diff_abs_mean": float(diff.abs().mean()),
-            "rollout/log_prob_diff_abs_max": float(diff.abs().max())}
+    stats = ratio_stats(batch[B.OLD_LOG_PROBS], batch[B.ROLLOUT_LOG_PROBS],
+                        batch[B.RESPONSE_MASK])
+    return {(f"rollout/{k}" if k.startswith("log_prob") else f"correction/{k}"): v
+            for k, v in stats.items()}
 
 
 def _truncate_metrics(path: Path, step: int) -> None:

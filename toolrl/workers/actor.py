@@ -53,8 +53,8 @@ class ActorConfig(FSDPConfig):
         temperature: sampling temperature of the rollout; logits are divided by it (in an
             experiment the trainer sets it from ``rollout.temperature``).
         loss: the policy loss and its hyper-parameters (`toolrl.algo.loss.PolicyLossConfig`:
-            ``policy_loss`` name, clip ratios, dual-clip, TIS cap, aggregation, entropy and KL
-            coefficients).
+            ``policy_loss`` name, clip ratios, dual-clip, off-policy corrections, aggregation,
+            entropy and KL coefficients).
         max_response_length: the response budget, needed by the ``seq-mean-token-sum-norm``
             aggregation (Dr.GRPO); in an experiment the trainer sets it from
             ``rollout.max_total_tokens``.
@@ -94,11 +94,11 @@ class ActorConfig(FSDPConfig):
 
     @property
     def on_policy(self) -> bool:
-        """One optimizer step per batch and no TIS: the log-probs before the update are those
-        of the update's own forward, so a batch needs no separate ``old_log_probs`` pass (TRL
-        and verl skip it too)."""
+        """One optimizer step per batch and no off-policy correction: the log-probs before the
+        update are those of the update's own forward, so a batch needs no separate
+        ``old_log_probs`` pass (TRL and verl skip it too)."""
         return self.ppo_epochs == 1 and self.ppo_mini_batch_size is None and \
-            self.loss.tis_cap is None
+            not self.loss.corrections
 
     @property
     def forward_layout(self) -> str:
@@ -194,8 +194,8 @@ class FSDPActor(FSDPPolicy):
                                              entropy_grad=cfg.entropy_coeff != 0.0)
         if cfg.kl_loss_coef > 0 and REF_LOG_PROBS not in micro:
             raise KeyError(f"kl_loss_coef > 0 needs {REF_LOG_PROBS!r} in the batch")
-        if cfg.tis_cap is not None and ROLLOUT_LOG_PROBS not in micro:
-            raise KeyError(f"tis_cap needs {ROLLOUT_LOG_PROBS!r} in the batch")
+        if cfg.corrections and ROLLOUT_LOG_PROBS not in micro:
+            raise KeyError(f"actor.loss.corrections need {ROLLOUT_LOG_PROBS!r} in the batch")
         old = micro.get(OLD_LOG_PROBS, None)
         mask = micro.get(RESPONSE_MASK)
         extra: dict[str, float] = {}
@@ -205,7 +205,7 @@ class FSDPActor(FSDPPolicy):
         loss, metrics = actor_loss(
             log_probs, old, micro.get(ADVANTAGES), mask, config=cfg, agg=agg, entropy=entropy,
             ref_log_probs=micro.get(REF_LOG_PROBS) if cfg.kl_loss_coef > 0 else None,
-            rollout_log_probs=micro.get(ROLLOUT_LOG_PROBS) if cfg.tis_cap is not None else None)
+            rollout_log_probs=micro.get(ROLLOUT_LOG_PROBS) if cfg.corrections else None)
         return loss, {**metrics, **extra}
 
     def _check(self, td: TensorDict) -> None:
@@ -215,8 +215,9 @@ class FSDPActor(FSDPPolicy):
         if OLD_LOG_PROBS not in td and not self.config.on_policy:
             raise KeyError(f"update needs {OLD_LOG_PROBS!r}: with ppo_epochs="
                            f"{self.config.ppo_epochs}, ppo_mini_batch_size="
-                           f"{self.config.ppo_mini_batch_size} and tis_cap="
-                           f"{self.config.loss.tis_cap} the step is not on-policy")
+                           f"{self.config.ppo_mini_batch_size} and corrections "
+                           f"{[c.name for c in self.config.loss.corrections]} the step is not "
+                           f"on-policy")
 
     def update(self, td: TensorDict) -> dict[str, float]:
         """PPO epochs over mini-batches of ``td``; returns ``actor/...`` metrics (loss,

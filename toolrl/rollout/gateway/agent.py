@@ -222,9 +222,13 @@ def one_per_episode(trajs: Sequence[Trajectory]) -> list[Trajectory]:
 
 def gateway_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
     """``rollout/gateway_splits``: calls that started a new sample (a rewritten history), per
-    batch; ``rollout/gateway_calls_mean``: model calls per episode. Empty without agents."""
+    batch; ``rollout/gateway_calls_mean``: model calls per episode;
+    ``rollout/gateway_constrained_calls``: calls sampled through a grammar (``tool_choice``
+    required or named), per batch. Empty without agents."""
     lead = [t.extra["gateway"] for t in one_per_episode(trajs) if "gateway" in t.extra]
     if not lead:
         return {}
     return {"rollout/gateway_splits": float(sum(g["splits"] for g in lead)),
-            "rollout/gateway_calls_mean": sum(g["calls"] for g in lead) / len(lead)}
+            "rollout/gateway_calls_mean": sum(g["calls"] for g in lead) / len(lead),
+            "rollout/gateway_constrained_calls": float(sum(g.get("constrained", 0)
+                                                           for g in lead))}

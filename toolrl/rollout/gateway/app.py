@@ -216,7 +216,8 @@ class Gateway:
                 messages=messages, tools=tools, prompt_ids=list(prompt),
                 completion_ids=list(out.token_ids), log_probs=list(out.log_probs or []),
                 reply=reply, text=text, parse=parse, finish_reason=out.finish_reason,
-                extends=extends, generate_s=gen_s))
+                extends=extends, generate_s=gen_s, versions=list(out.versions or []),
+                constrained=sampling.structured_outputs is not None))
         pieces = [message["content"] or ""]
         if req.stream and "tool_calls" not in message:  # token by token
             pieces = self._pieces(out.token_ids, message["content"])

@@ -89,6 +89,8 @@ class CallRecord:
         finish_reason: the engine's (stop | length | abort).
         extends: the prompt is the previous call's prompt + completion + a delta.
         generate_s: seconds in the engine.
+        versions: the weight version that sampled each completion token (empty: unknown).
+        constrained: sampled through a grammar (``tool_choice`` required or named).
     """
 
     messages: list[dict[str, Any]]
@@ -102,6 +104,8 @@ class CallRecord:
     finish_reason: str
     extends: bool
     generate_s: float = 0.0
+    versions: list[int] = field(default_factory=list)
+    constrained: bool = False
 
 
 @dataclass
@@ -182,6 +186,7 @@ class EpisodeCapture:
                 s.response_ids += delta
                 s.response_mask += [0] * len(delta)
                 s.log_probs += [0.0] * len(delta)
+                s.versions += [-1] * len(delta)
                 out[-1].deltas.append((start, len(s.response_ids)))
             sample = out[-1]
             s = sample.tokens
@@ -189,6 +194,8 @@ class EpisodeCapture:
             s.response_ids += call.completion_ids
             s.response_mask += [1] * len(call.completion_ids)
             s.log_probs += list(call.log_probs)
+            s.versions += list(call.versions) if len(call.versions) == \
+                len(call.completion_ids) else [-1] * len(call.completion_ids)
             sample.calls.append(i)
             sample.spans.append((start, len(s.response_ids)))
         return out
@@ -236,7 +243,8 @@ class EpisodeCapture:
             traj.sampled_tokens = sum(sum(s.tokens.response_mask) for s in samples)
         traj.timing = {"generate_s": sum(c.generate_s for c in self.calls)}
         traj.extra["gateway"] = {"calls": len(self.calls), "samples": len(samples),
-                                 "splits": self.splits, "turn_sample": turn_sample}
+                                 "splits": self.splits, "turn_sample": turn_sample,
+                                 "constrained": sum(c.constrained for c in self.calls)}
         return traj, samples
 
 
