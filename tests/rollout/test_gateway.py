@@ -414,3 +414,190 @@ def test_the_prompt_budget_bounds_a_samples_first_prompt_only(engine):
     assert capture.calls[1].extends and len(capture.calls[1].prompt_ids) > first + 2
     [sample] = capture.samples()
     assert len(sample.tokens.response_ids) <= 40
+
+
+# --- one capture for three APIs -----------------------------------------------------------------
+CALC_SCRIPT = [  # what the scripted policy's k-th message calls
+    [ToolCall("add", {"a": 16, "b": 9}), ToolCall("mul", {"a": 2, "b": 3})],  # parallel calls
+    [ToolCall("div", {"a": 1, "b": 0})],  # a tool error
+    [ToolCall("submit", {"answer": 25})],  # the final answer
+]
+
+
+class ScriptedCalculator(ToolCallFormat):
+    """Reads the k-th message it parses as the calls of ``CALC_SCRIPT[k]``: a random model
+    then plays a 3-turn Calculator episode (one instance per episode, for the env loop's env
+    and for the gateway alike)."""
+
+    name = "test-scripted-calculator"
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.k = 0
+
+    def _parse(self, text: str) -> ParseResult:
+        calls = CALC_SCRIPT[min(self.k, len(CALC_SCRIPT) - 1)]
+        self.k += 1
+        return ParseResult(calls=[ToolCall(c.name, dict(c.arguments)) for c in calls], text="")
+
+
+def _calculator():
+    from toolrl.envs.calculator import CalculatorEnv
+
+    env = make_env("toolrl/Calculator-v0")
+    env.unwrapped.parser = ScriptedCalculator()
+    return env, CalculatorEnv.make_tasks(1, seed=0, difficulty=1, style="plain")[0]
+
+
+class ChatDriver:
+    """A Calculator tool loop through Chat Completions (the official client)."""
+
+    def __init__(self, cl, system, question, tools, stream):
+        self.cl, self.tools, self.stream = cl, tools, stream
+        self.messages = [{"role": "system", "content": system},
+                         {"role": "user", "content": question}]
+
+    async def ask(self, max_tokens):
+        kw = {"model": MODEL, "messages": self.messages, "tools": self.tools, "temperature": 0,
+              "max_tokens": max_tokens}
+        if self.stream:
+            async with self.cl.chat.completions.stream(**kw) as s:
+                msg = (await s.get_final_completion()).choices[0].message
+        else:
+            msg = (await self.cl.chat.completions.create(**kw)).choices[0].message
+        self.messages.append(msg.model_dump(exclude_none=True, exclude={"parsed"}))
+        return [c.id for c in msg.tool_calls or ()]
+
+    def answer(self, ids, observations):
+        self.messages += [{"role": "tool", "tool_call_id": i, "name": o["name"],
+                           "content": o["content"]} for i, o in zip(ids, observations,
+                                                                    strict=True)]
+
+
+class ResponsesDriver:
+    """The same loop through the Responses API: the whole input each time, or (``chained``)
+    only the new items after ``previous_response_id``."""
+
+    def __init__(self, cl, system, question, tools, stream, chained=False):
+        self.cl, self.stream, self.chained, self.system = cl, stream, chained, system
+        self.tools = [{"type": "function", "strict": False, **t["function"]} for t in tools]
+        self.items = [{"role": "user", "content": question}]
+        self.new, self.last = list(self.items), None
+
+    async def ask(self, max_tokens):
+        kw = {"model": MODEL, "instructions": self.system, "tools": self.tools,
+              "temperature": 0, "max_output_tokens": max_tokens,
+              "input": self.new if self.chained else self.items}
+        if self.chained and self.last is not None:
+            kw["previous_response_id"] = self.last
+        if self.stream:
+            events = [e async for e in await self.cl.responses.create(stream=True, **kw)]
+            assert events[0].type == "response.created"
+            r = events[-1].response
+        else:
+            r = await self.cl.responses.create(**kw)
+        self.last = r.id
+        out = [item.model_dump(exclude_none=True) for item in r.output]
+        self.items += out
+        self.new = []
+        return [item.call_id for item in r.output if item.type == "function_call"]
+
+    def answer(self, ids, observations):
+        new = [{"type": "function_call_output", "call_id": i, "output": o["content"]}
+               for i, o in zip(ids, observations, strict=True)]
+        self.items += new
+        self.new += new
+
+
+class MessagesDriver:
+    """The same loop through Anthropic's Messages API (the official anthropic client)."""
+
+    def __init__(self, cl, system, question, tools, stream):
+        self.cl, self.system, self.stream = cl, system, stream
+        self.tools = [{"name": t["function"]["name"], "description": t["function"]["description"],
+                       "input_schema": t["function"]["parameters"]} for t in tools]
+        self.messages = [{"role": "user", "content": question}]
+
+    async def ask(self, max_tokens):
+        kw = {"model": MODEL, "system": self.system, "messages": self.messages,
+              "tools": self.tools, "max_tokens": max_tokens, "extra_body": {"temperature": 0}}
+        if self.stream:
+            async with self.cl.messages.stream(**kw) as s:
+                m = await s.get_final_message()
+        else:
+            m = await self.cl.messages.create(**kw)
+        self.messages.append({"role": "assistant", "content": [
+            b.model_dump(exclude_none=True, exclude={"parsed_output"}) for b in m.content]})
+        return [b.id for b in m.content if b.type == "tool_use"]
+
+    def answer(self, ids, observations):
+        self.messages.append({"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": i, "content": o["content"]}
+            for i, o in zip(ids, observations, strict=True)]})
+
+
+async def _drive(api, server, eid, stream, max_tokens):
+    """A 3-turn Calculator episode on one API: the gateway's reply goes to the env (whose
+    scripted parser reads the same calls), the env's observations go back as tool results."""
+    import anthropic
+
+    env, row = _calculator()
+    messages, info = env.reset(options=row)
+    system, question = messages[0]["content"], messages[1]["content"]
+    try:
+        if api == "messages":
+            cl = anthropic.AsyncAnthropic(base_url=server.anthropic_url(eid), api_key="x",
+                                          max_retries=0)
+            driver = MessagesDriver(cl, system, question, info["tools"], stream)
+        else:
+            cl = openai.AsyncOpenAI(base_url=server.episode_url(eid), api_key="x", max_retries=0)
+            driver = (ChatDriver(cl, system, question, info["tools"], stream) if api == "chat"
+                      else ResponsesDriver(cl, system, question, info["tools"], stream,
+                                           chained=api == "responses-chained"))
+        async with cl:
+            for _ in range(3):
+                ids = await driver.ask(max_tokens)
+                obs, _, terminated, truncated, _ = env.step("(any text: the parser is scripted)")
+                if terminated or truncated:
+                    return row
+                driver.answer(ids, obs)
+    finally:
+        env.close()
+    raise AssertionError("the scripted episode did not end in 3 turns")
+
+
+def test_one_calculator_episode_gives_one_capture_through_every_api(engine, gateway, server):
+    """Parallel calls, a tool error, a final answer: Chat Completions, Responses (whole input,
+    and chained by previous_response_id) and Messages, each streamed and not, give exactly the
+    env loop's tokens, loss mask and log-probs."""
+    per_turn = 12
+    runner = EpisodeRunner(engine, gateway.renderer, EpisodeConfig(
+        sampling=SamplingConfig(temperature=0.0, max_tokens=per_turn), max_turns=3,
+        max_prompt_len=512, max_response_len=480))
+    env, row = _calculator()
+    ref = _run(runner.run(env, row, seed=0))
+    env.close()
+    assert ref.num_turns == 3 and ref.finish_reason == "terminated", ref.error
+    assert [len(t.results) for t in ref.turns] == [2, 1, 1] and ref.turns[1].results[0].error
+    want = ref.tokens
+    gw = Gateway(engine, gateway.renderer, model=MODEL, max_tokens=48)
+    with GatewayServer(gw) as srv:
+        for api in ("chat", "responses", "responses-chained", "messages"):
+            for stream in (False, True):
+                gw.parser = ScriptedCalculator()
+                eid = gw.open_episode(temperature=0.0)
+                _run(_drive(api, srv, eid, stream, per_turn))
+                capture = gw.close_episode(eid)
+                traj, samples = capture.trajectory(row, format="hermes")
+                where = f"{api}, stream={stream}"
+                assert len(capture.calls) == 3 and capture.splits == 0, where
+                [s] = samples
+                got = s.tokens
+                assert got.prompt_ids == want.prompt_ids, where
+                assert got.response_ids == want.response_ids, where
+                assert got.response_mask == want.response_mask, where
+                assert got.log_probs == pytest.approx(want.log_probs, abs=1e-6), where
+                assert [t.action_span for t in traj.turns] == \
+                    [t.action_span for t in ref.turns], where
+                assert [[r.name for r in t.results] for t in traj.turns[:2]] == \
+                    [["add", "mul"], ["div"]], where

@@ -1,6 +1,7 @@
 """Token capture of one agent episode, and its merge into training samples.
 
-Every chat-completions call on an episode's route becomes a `CallRecord`: the prompt ids the
+Every call on an episode's route (Chat Completions, Responses or Messages: each is translated
+into chat messages first) becomes a `CallRecord`: the prompt ids the
 gateway rendered, the ids the engine sampled with their log-probs, and the reply it sent. The
 prompt of a call is built the way the env path builds its next turn (`EpisodeCapture.prompt_for`):
 
@@ -126,6 +127,8 @@ class EpisodeCapture:
     update scores the tokens at that temperature; ``seed`` seeds each call (``seed`` and the
     call's index) that does not bring its own. ``overflow``: a call was refused with
     ``context_length_exceeded`` (the conversation outgrew the token budget).
+    ``conversations``: what the Responses API's ``previous_response_id`` continues (a
+    response's id: its chat messages, the reply last), kept until the episode closes.
     """
 
     def __init__(self, episode_id: str, *, seed: int | None = None,
@@ -135,6 +138,7 @@ class EpisodeCapture:
         self.seed, self.temperature, self.top_p, self.top_k = seed, temperature, top_p, top_k
         self.calls: list[CallRecord] = []
         self.overflow = False  # a call was refused: the conversation outgrew the budget
+        self.conversations: dict[str, list[dict[str, Any]]] = {}
 
     def sample_prompt_len(self) -> int:
         """Prompt length of the sample the last call belongs to (0 before any call)."""
