@@ -220,8 +220,8 @@ class Gateway:
         text = tok.decode(out.token_ids, skip_special_tokens=True)
         content = text
         stop = out.stop_reason if isinstance(out.stop_reason, str) else None
-        if stop and content.endswith(stop):
-            content = content[: -len(stop)]  # the APIs leave the stop string out
+        if stop and stop in content:  # the APIs leave the stop string out, and what follows
+            content = content[: content.index(stop)]  # it in its last token
         parse = self.parser.parse(text)
         message: dict[str, Any] = {"role": "assistant", "content": content}
         finish = "length" if out.finish_reason == "length" else "stop"
