@@ -591,6 +591,8 @@ def test_one_calculator_episode_gives_one_capture_through_every_api(engine, gate
                 traj, samples = capture.trajectory(row, format="hermes")
                 where = f"{api}, stream={stream}"
                 assert len(capture.calls) == 3 and capture.splits == 0, where
+                assert {c.api for c in capture.calls} == \
+                    {"chat.completions" if api == "chat" else api.split("-")[0]}, where
                 [s] = samples
                 got = s.tokens
                 assert got.prompt_ids == want.prompt_ids, where

@@ -220,3 +220,44 @@ def test_an_openai_agents_sdk_agent_gets_tool_names_and_parse_errors_right(worke
         assert [e["type"] for e in t.errors] == ["parse_error"] * len(second.parse.errors)
     assert rollout_metrics(td)["rollout/tool_errors_mean"] == \
         sum(len(t.errors) for t in B.trajectories(td)) / 2 >= 1
+
+
+@pytest.fixture()
+def anthropic_client(worker):
+    worker.agent.client_kind = "anthropic"
+    yield
+    worker.agent.client_kind = "openai"
+
+
+@pytest.mark.parametrize("agent", ["responses_tool_loop", "anthropic_tool_loop",
+                                   "agents_sdk_responses"])
+def test_agents_on_the_responses_and_messages_apis_play_calculator_tool_loops(
+        worker, agent_as, agent, request):
+    """The openai client on /v1/responses (previous_response_id, a streamed last call), the
+    anthropic client on /v1/messages (tool_use / tool_result, streamed) and the OpenAI Agents
+    SDK on its default Responses model (it runs the tool; its last run streamed): each call
+    after the first extends the sample, the tool result is the turn's, named by its call."""
+    if agent == "anthropic_tool_loop":
+        request.getfixturevalue("anthropic_client")
+    if agent == "agents_sdk_responses":
+        pytest.importorskip("agents", reason="the OpenAI Agents SDK (openai-agents, dev extra)")
+    agent_as(agent)
+    td = worker.rollout(make_rollout_input(rows(2), n=1))
+    trajs = B.trajectories(td)
+    for i, t in enumerate(trajs):
+        assert t.infra_failure is None, t.error
+        assert t.num_turns == 2 and t.extra["gateway"]["splits"] == 0
+        api = "messages" if agent == "anthropic_tool_loop" else "responses"
+        assert t.extra["gateway"]["apis"] == [api, api]
+        first, second = t.turns
+        assert [c.name for c in first.parse.calls] == ["add"]
+        assert [r.name for r in first.results] == ["add"]
+        assert first.results[0].content == str(sum(first.parse.calls[0].arguments.values()))
+        assert [c.name for c in second.parse.calls] == ["submit"]
+        m = td[B.RESPONSE_MASK][i]
+        a, b = first.action_span, second.action_span
+        assert m[a[0]:a[1]].all() and m[b[0]:b[1]].all() and not m[a[1]:b[0]].any()
+    if agent != "agents_sdk_responses":
+        assert [t.info["answer"] for t in trajs] == \
+            [t.turns[1].parse.calls[0].arguments["answer"] for t in trajs]
+    assert not worker.agent.gateway.episodes

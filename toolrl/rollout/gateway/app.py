@@ -167,7 +167,7 @@ class Gateway:
                     else contextlib.nullcontext())
             async with lock:
                 chat = api.resolve(req, capture)
-                reply = await self.reply(chat, capture, call_prefix=api.call_prefix)
+                reply = await self.reply(chat, capture, api)
                 answer = api.answer(req, chat, reply, capture)
         except RequestError as e:
             return _json(*api.error(e))
@@ -182,9 +182,9 @@ class Gateway:
 
     # --- one call --------------------------------------------------------------------------
     async def reply(self, req: ChatRequest, capture: EpisodeCapture | None,
-                    call_prefix: str = "call_") -> Reply:
-        """Render, sample, decode, parse; record the call in ``capture``. ``call_prefix``
-        starts the ids of the reply's tool calls."""
+                    api: API = APIS["chat/completions"]) -> Reply:
+        """Render, sample, decode, parse; record the call in ``capture`` (as carried by
+        ``api``, whose ``call_prefix`` starts the ids of the reply's tool calls)."""
         messages = template_messages(req.messages)
         tools = [dict(t) for t in req.tools]
         try:
@@ -228,7 +228,7 @@ class Gateway:
         if req.parses_calls and parse.calls and not parse.errors:
             message["content"] = parse.text or None
             message["tool_calls"] = [
-                {"id": f"{call_prefix}{uuid.uuid4().hex[:24]}", "type": "function",
+                {"id": f"{api.call_prefix}{uuid.uuid4().hex[:24]}", "type": "function",
                  "function": {"name": c.name, "arguments": json.dumps(c.arguments,
                                                                        ensure_ascii=False)}}
                 for c in parse.calls]
@@ -241,7 +241,7 @@ class Gateway:
                 messages=messages, tools=tools, prompt_ids=list(prompt),
                 completion_ids=list(out.token_ids), log_probs=list(out.log_probs or []),
                 reply=reply, text=text, parse=parse, finish_reason=out.finish_reason,
-                extends=extends, generate_s=gen_s))
+                extends=extends, generate_s=gen_s, api=api.name))
         pieces = [message["content"] or ""]
         if req.stream and "tool_calls" not in message:  # token by token
             pieces = self._pieces(out.token_ids, message["content"])

@@ -90,6 +90,7 @@ class CallRecord:
         finish_reason: the engine's (stop | length | abort).
         extends: the prompt is the previous call's prompt + completion + a delta.
         generate_s: seconds in the engine.
+        api: the API that carried it (``chat.completions``, ``responses``, ``messages``).
     """
 
     messages: list[dict[str, Any]]
@@ -103,6 +104,7 @@ class CallRecord:
     finish_reason: str
     extends: bool
     generate_s: float = 0.0
+    api: str = "chat.completions"
 
 
 @dataclass
@@ -240,7 +242,8 @@ class EpisodeCapture:
             traj.sampled_tokens = sum(sum(s.tokens.response_mask) for s in samples)
         traj.timing = {"generate_s": sum(c.generate_s for c in self.calls)}
         traj.extra["gateway"] = {"calls": len(self.calls), "samples": len(samples),
-                                 "splits": self.splits, "turn_sample": turn_sample}
+                                 "splits": self.splits, "turn_sample": turn_sample,
+                                 "apis": [c.api for c in self.calls]}
         return traj, samples
 
 
