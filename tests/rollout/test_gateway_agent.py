@@ -171,26 +171,34 @@ def test_agent_configs_that_cannot_share_advantages_fail_at_load():
     assert cfg.rollout.agent == f"{AGENTS}:submit_once"
 
 
-def test_the_example_agent_plays_calculator_tasks(worker):
-    """examples/openai_agent: the plain tool loop runs under rollout.agent (the random model
-    answers in text, so each episode is one call that the agent judges unsolved)."""
+@pytest.mark.parametrize(("example", "client"), [("openai_agent", "openai"),
+                                               ("anthropic_agent", "anthropic"),
+                                               ("agents_sdk_agent", "openai")])
+def test_the_example_agents_play_calculator_tasks(worker, example, client):
+    """examples/openai_agent (Chat Completions), examples/anthropic_agent (the anthropic SDK on
+    /v1/messages) and examples/agents_sdk_agent (the Agents SDK's default Responses model): each
+    tool loop runs under rollout.agent (the random model answers in text or calls nothing it
+    can finish, so each episode is judged unsolved), on its API's route."""
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[2] / "examples/openai_agent/calculator_agent.py"
-    spec = importlib.util.spec_from_file_location("calculator_agent", path)
+    path = Path(__file__).resolve().parents[2] / f"examples/{example}/calculator_agent.py"
+    spec = importlib.util.spec_from_file_location(f"{example}_calculator_agent", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     original = worker.agent.agent
-    worker.agent.agent = resolve_agent(module.solve)
+    worker.agent.agent, worker.agent.client_kind = resolve_agent(module.solve), client
     try:
         td = worker.rollout(make_rollout_input(rows(2), n=2))
     finally:
-        worker.agent.agent = original
+        worker.agent.agent, worker.agent.client_kind = original, "openai"
+    api = {"openai_agent": "chat.completions", "anthropic_agent": "messages",
+           "agents_sdk_agent": "responses"}[example]
     for t in B.trajectories(td):
-        assert t.infra_failure is None and t.finish_reason == "terminated"
+        assert t.infra_failure is None and t.finish_reason == "terminated", t.error
         assert t.num_turns >= 1 and t.info["success"] is False
         assert t.messages[0]["role"] == "system" and t.tools
+        assert set(t.extra["gateway"]["apis"]) == {api}
     assert module.run_tool("div", {"a": 6, "b": 3}) == "2"
     assert module.run_tool("div", {"a": 1, "b": 0}).startswith("error: ZeroDivisionError")
 

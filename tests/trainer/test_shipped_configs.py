@@ -33,3 +33,20 @@ def test_a_shipped_config_passes_its_dry_run(config, tmp_path, monkeypatch):
                                "model.build_tiny_if_missing=true"])
     report = dry_run(cfg, tasks=TASKS.get(config.name, 12))
     assert report.ok, report.problems
+
+
+@pytest.mark.parametrize("example", ["anthropic_agent", "agents_sdk_agent"])
+def test_the_other_agent_examples_train_the_openai_agents_run(example):
+    """The anthropic-SDK and Agents-SDK examples load, and differ from the dry-run
+    examples/openai_agent config only in their name and the client their agent gets."""
+    from omegaconf import OmegaConf
+
+    base = OmegaConf.to_container(OmegaConf.load(ROOT / "examples/openai_agent/config.yaml"))
+    other = OmegaConf.to_container(OmegaConf.load(ROOT / f"examples/{example}/config.yaml"))
+    assert other.pop("experiment_name") == example
+    client = other["rollout"].pop("agent_client", "openai")
+    assert client == ("anthropic" if example == "anthropic_agent" else "openai")
+    base.pop("experiment_name")
+    assert other == base
+    cfg = load_config(ROOT / f"examples/{example}/config.yaml", [])
+    assert cfg.rollout.agent_client == client
