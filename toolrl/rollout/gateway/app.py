@@ -147,7 +147,6 @@ class Gateway:
         from starlette.responses import StreamingResponse
 
         eid = request.path_params.get("episode_id")
-        req: Any = None
         try:
             try:
                 body = json.loads(await request.body())
