@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import importlib.util
 import inspect
 import logging
 import time
@@ -89,6 +90,9 @@ class AgentRunner:
             raise ValueError(f"transport must be 'inprocess' or 'http', got {transport!r}")
         if client not in CLIENTS:
             raise ValueError(f"rollout.agent_client must be one of {CLIENTS}, got {client!r}")
+        if importlib.util.find_spec(client) is None:  # fail here, not in every episode
+            raise ImportError(f"rollout.agent_client={client!r} needs the {client!r} package "
+                              f"(pip install {client})")
         self.agent = resolve_agent(agent)
         self.transport, self.client_kind = transport, client
         self.renderer = renderer
