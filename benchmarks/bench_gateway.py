@@ -33,10 +33,15 @@ RESULTS = benchlib.RESULTS_DIR / "gateway.md"
 
 
 def make_agent(turns: int, max_tokens: int, api: str = "chat"):
-    """A plain tool loop on one API (``chat``, ``responses``, ``messages``): the env's prompt
-    and tools, the model's text into the env, the env's observations back as tool results."""
+    """A plain tool loop on one API (``chat``, ``responses``, ``responses-chained``,
+    ``messages``): the env's prompt and tools, the model's text into the env, the env's
+    observations back as tool results. ``responses`` sends the whole input every call (the
+    output items as they came back, as OpenAI's guides write it), ``responses-chained`` only
+    the new items after ``previous_response_id`` (the gateway keeps the conversation)."""
     import toolrl
     from toolrl.core.env import resolve_astep
+
+    chain: dict[int, tuple[str, int]] = {}  # id(history): (last response id, items it holds)
 
     async def ask(client: Any, system: str, history: list[Any], tools: list[Any]) -> str:
         """One call; appends the reply to ``history``, returns its text."""
@@ -47,14 +52,20 @@ def make_agent(turns: int, max_tokens: int, api: str = "chat"):
             msg = r.choices[0].message
             history.append(msg.model_dump(exclude_none=True))
             return msg.content or ""
-        if api == "responses":
+        if api.startswith("responses"):
+            previous, held = chain.get(id(history), (None, 0))
+            chained = api == "responses-chained" and previous is not None
             r = await client.responses.create(
-                model="policy", instructions=system, input=history, max_output_tokens=max_tokens,
-                tools=[{"type": "function", **t["function"]} for t in tools], tool_choice="none")
-            history += [item.model_dump(exclude_none=True) for item in r.output]
+                model="policy", instructions=system or None, max_output_tokens=max_tokens,
+                input=history[held:] if chained else history,
+                tools=[{"type": "function", **t["function"]} for t in tools], tool_choice="none",
+                **({"previous_response_id": previous} if chained else {}))
+            history += r.output  # the output items as they came (OpenAI's guides do so)
+            chain[id(history)] = (r.id, len(history))
             return r.output_text
         m = await client.messages.create(
-            model="policy", system=system, messages=history, max_tokens=max_tokens,
+            model="policy", **({"system": system} if system else {}), messages=history,
+            max_tokens=max_tokens,
             tools=[{"name": t["function"]["name"], "description": t["function"]["description"],
                     "input_schema": t["function"]["parameters"]} for t in tools],
             tool_choice={"type": "none"})
@@ -66,7 +77,7 @@ def make_agent(turns: int, max_tokens: int, api: str = "chat"):
         ids = [f"call_{i}" for i in range(len(observations))]
         if api == "chat":
             return [{"tool_call_id": i, **o} for i, o in zip(ids, observations, strict=True)]
-        if api == "responses":
+        if api.startswith("responses"):
             return [{"type": "function_call_output", "call_id": i, "output": o["content"]}
                     for i, o in zip(ids, observations, strict=True)]
         return [{"role": "user", "content": [
@@ -77,9 +88,10 @@ def make_agent(turns: int, max_tokens: int, api: str = "chat"):
         env = toolrl.make_env(benchlib.TURNS_ENV_ID)
         try:
             messages, info = env.reset(options=row)
-            system = messages[0]["content"]
+            system = "".join(m["content"] for m in messages if m["role"] == "system")
             history = list(messages) if api == "chat" else [
-                {"role": "user", "content": m["content"]} for m in messages[1:]]
+                {"role": m["role"], "content": m["content"]} for m in messages
+                if m["role"] != "system"]
             for _ in range(turns):
                 text = await ask(client, system, history, info["tools"])
                 obs, _, terminated, truncated, _ = await resolve_astep(env)(text)
@@ -100,7 +112,9 @@ ROUTES = [
     ("chat-http", "chat", "http", "openai",
      "Chat Completions over HTTP (openai client -> loopback -> uvicorn -> Gateway)"),
     ("responses", "responses", "inprocess", "openai",
-     "Responses API, in-process (openai client -> ASGI -> Gateway -> engine)"),
+     "Responses API, whole input each call, in-process (openai client -> ASGI -> Gateway)"),
+    ("responses-chained", "responses-chained", "inprocess", "openai",
+     "Responses API, previous_response_id, in-process (openai client -> ASGI -> Gateway)"),
     ("messages", "messages", "inprocess", "anthropic",
      "Messages API, in-process (anthropic client -> ASGI -> Gateway -> engine)"),
 ]
@@ -204,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
         rows_out.append((label, tokens, f"{wall:.2f}", f"{tokens / wall:.0f}", f"{ratio:.2f}",
                          "yes" if same else "NO"))
     ip, hp = summary["chat"], summary["chat-http"]
-    rs, ms = summary["responses"], summary["messages"]
+    rs, rc, ms = summary["responses"], summary["responses-chained"], summary["messages"]
     failed = sum(x["failed"] for x in summary.values())
     machine = benchlib.machine_label()
     text = "\n".join([
@@ -224,17 +238,23 @@ def main(argv: list[str] | None = None) -> int:
         f"**Gateway rollout / env rollout, sampled tok/s on the same episodes: "
         f"{ip['ratio']:.2f}x** (Chat Completions, the agent's client in-process, "
         f"`AgentRunner`'s default; each repetition against the env run before it: "
-        f"{ip['spread']}); **Responses API {rs['ratio']:.2f}x** ({rs['spread']}); **Messages "
-        f"API {ms['ratio']:.2f}x** ({ms['spread']}); Chat Completions over HTTP on loopback "
+        f"{ip['spread']}); **Responses API {rs['ratio']:.2f}x** with the whole input each "
+        f"call ({rs['spread']}), {rc['ratio']:.2f}x chained by previous_response_id "
+        f"({rc['spread']}); **Messages API {ms['ratio']:.2f}x** ({ms['spread']}); Chat "
+        f"Completions over HTTP on loopback "
         f"{hp['ratio']:.2f}x ({hp['spread']}); {ip['calls']} model calls per path; "
         f"infra-failed agent episodes: {failed}.",
         "",
         f"Each turn of all {args.episodes} episodes costs {ip['per_round_ms']:.0f} ms more "
-        f"through Chat Completions, {rs['per_round_ms']:.0f} ms through the Responses API and "
-        f"{ms['per_round_ms']:.0f} ms through the Messages API in-process, and "
+        f"through Chat Completions, {rs['per_round_ms']:.0f} ms through the Responses API "
+        f"({rc['per_round_ms']:.0f} ms chained) and {ms['per_round_ms']:.0f} ms through the "
+        f"Messages API in-process, and "
         f"{hp['per_round_ms']:.0f} ms more over HTTP, than the env path "
         "((gateway wall - env wall) / turns): the agent's client (building and "
-        "serializing the request, parsing the reply), the gateway's request validation and "
+        "serializing the request, parsing the reply; the openai client's request transform "
+        "walks every input item through the Responses API's union of item types, so a "
+        "Responses agent that resends its whole input pays for its length on every call), "
+        "the gateway's request validation and "
         "translation, "
         "the delta rendered from the messages, decoding and parsing the reply, and over HTTP "
         "the sockets, both ends' HTTP parsing and the hop to the server's thread. As in a "
