@@ -1,17 +1,17 @@
-"""Gateway rollout vs the in-process env rollout on the same episodes.
+"""Gateway rollout vs the in-process env rollout on the same episodes, per API route.
 
 The same multi-turn episodes are played on one vLLM engine (the tiny model, in this process):
 by the env path (`EpisodeRunner`: token ids straight into the engine, template deltas for the
-observations) and by an agent through the OpenAI-compatible gateway (`AgentRunner`: the official
-``openai`` client; the gateway renders, samples, parses and captures every call). The agent's
-client reaches the gateway two ways, both timed: in-process (`AgentRunner`'s default: httpx's
-ASGI transport into the gateway's app) and over HTTP on loopback (uvicorn). Episodes run on the
-engine's event loop and the long-lived heap is frozen out of the garbage collector, as in a
-`RolloutWorker`. All decode greedily
-with the same per-turn budget, so they sample the same tokens (checked): the ratio of sampled
-tokens per second is the gateway's cost. The env is ``toolrl-bench/Turns-v0`` (every message
-is one tool call; the episode ends after ``--turns``). The three paths alternate, ``--reps``
-times.
+observations) and by an agent through the gateway (`AgentRunner`; the gateway renders, samples,
+parses and captures every call), once per route: Chat Completions and the Responses API with
+the official ``openai`` client, Anthropic's Messages API with the official ``anthropic``
+client. The agent's client reaches the gateway in-process (`AgentRunner`'s default: an ASGI
+transport into the gateway's app); Chat Completions is also timed over HTTP on loopback
+(uvicorn). Episodes run on the engine's event loop and the long-lived heap is frozen out of
+the garbage collector, as in a `RolloutWorker`. All decode greedily with the same per-turn
+budget, so they sample the same tokens (checked): the ratio of sampled tokens per second is
+each route's cost. The env is ``toolrl-bench/Turns-v0`` (every message is one tool call; the
+episode ends after ``--turns``). The paths alternate, ``--reps`` times.
 
     .venv/bin/python benchmarks/bench_gateway.py [--quick] [--episodes 64] [--turns 4]
 """
@@ -32,24 +32,70 @@ from benchlib import md_table, median
 RESULTS = benchlib.RESULTS_DIR / "gateway.md"
 
 
-def make_agent(turns: int, max_tokens: int):
-    """A plain tool loop: the env's prompt and tools, the model's text into the env, the
-    env's observations back as messages."""
+def make_agent(turns: int, max_tokens: int, api: str = "chat"):
+    """A plain tool loop on one API (``chat``, ``responses``, ``responses-chained``,
+    ``messages``): the env's prompt and tools, the model's text into the env, the env's
+    observations back as tool results. ``responses`` sends the whole input every call (the
+    output items as they came back, as OpenAI's guides write it), ``responses-chained`` only
+    the new items after ``previous_response_id`` (the gateway keeps the conversation)."""
     import toolrl
     from toolrl.core.env import resolve_astep
+
+    chain: dict[int, tuple[str, int]] = {}  # id(history): (last response id, items it holds)
+
+    async def ask(client: Any, system: str, history: list[Any], tools: list[Any]) -> str:
+        """One call; appends the reply to ``history``, returns its text."""
+        if api == "chat":
+            r = await client.chat.completions.create(
+                model="policy", messages=history, tools=tools, max_tokens=max_tokens,
+                tool_choice="none")
+            msg = r.choices[0].message
+            history.append(msg.model_dump(exclude_none=True))
+            return msg.content or ""
+        if api.startswith("responses"):
+            previous, held = chain.get(id(history), (None, 0))
+            chained = api == "responses-chained" and previous is not None
+            r = await client.responses.create(
+                model="policy", instructions=system or None, max_output_tokens=max_tokens,
+                input=history[held:] if chained else history,
+                tools=[{"type": "function", **t["function"]} for t in tools], tool_choice="none",
+                **({"previous_response_id": previous} if chained else {}))
+            history += r.output  # the output items as they came (OpenAI's guides do so)
+            chain[id(history)] = (r.id, len(history))
+            return r.output_text
+        m = await client.messages.create(
+            model="policy", **({"system": system} if system else {}), messages=history,
+            max_tokens=max_tokens,
+            tools=[{"name": t["function"]["name"], "description": t["function"]["description"],
+                    "input_schema": t["function"]["parameters"]} for t in tools],
+            tool_choice={"type": "none"})
+        history.append({"role": "assistant",
+                        "content": [b.model_dump(exclude_none=True) for b in m.content]})
+        return "".join(b.text for b in m.content if b.type == "text")
+
+    def results(observations: list[dict[str, Any]]) -> list[Any]:
+        ids = [f"call_{i}" for i in range(len(observations))]
+        if api == "chat":
+            return [{"tool_call_id": i, **o} for i, o in zip(ids, observations, strict=True)]
+        if api.startswith("responses"):
+            return [{"type": "function_call_output", "call_id": i, "output": o["content"]}
+                    for i, o in zip(ids, observations, strict=True)]
+        return [{"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": i, "content": o["content"]}
+            for i, o in zip(ids, observations, strict=True)]}]
 
     async def solve(client: Any, row: dict[str, Any]) -> dict[str, Any]:
         env = toolrl.make_env(benchlib.TURNS_ENV_ID)
         try:
             messages, info = env.reset(options=row)
+            system = "".join(m["content"] for m in messages if m["role"] == "system")
+            history = list(messages) if api == "chat" else [
+                {"role": m["role"], "content": m["content"]} for m in messages
+                if m["role"] != "system"]
             for _ in range(turns):
-                r = await client.chat.completions.create(
-                    model="policy", messages=messages, tools=info["tools"],
-                    max_tokens=max_tokens, tool_choice="none")
-                msg = r.choices[0].message
-                obs, _, terminated, truncated, _ = await resolve_astep(env)(msg.content or "")
-                messages = [*messages, msg.model_dump(exclude_none=True),
-                            *({"tool_call_id": f"call_{i}", **o} for i, o in enumerate(obs))]
+                text = await ask(client, system, history, info["tools"])
+                obs, _, terminated, truncated, _ = await resolve_astep(env)(text)
+                history += results(obs)
                 if terminated or truncated:
                     break
             return {"success": True}
@@ -57,6 +103,21 @@ def make_agent(turns: int, max_tokens: int):
             env.close()
 
     return solve
+
+
+# (route, API, transport, client, label)
+ROUTES = [
+    ("chat", "chat", "inprocess", "openai",
+     "Chat Completions, in-process (openai client -> ASGI -> Gateway -> engine)"),
+    ("chat-http", "chat", "http", "openai",
+     "Chat Completions over HTTP (openai client -> loopback -> uvicorn -> Gateway)"),
+    ("responses", "responses", "inprocess", "openai",
+     "Responses API, whole input each call, in-process (openai client -> ASGI -> Gateway)"),
+    ("responses-chained", "responses-chained", "inprocess", "openai",
+     "Responses API, previous_response_id, in-process (openai client -> ASGI -> Gateway)"),
+    ("messages", "messages", "inprocess", "anthropic",
+     "Messages API, in-process (anthropic client -> ASGI -> Gateway -> engine)"),
+]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,11 +153,12 @@ def main(argv: list[str] | None = None) -> int:
         runner = EpisodeRunner(engine, renderer, EpisodeConfig(
             sampling=SamplingConfig(temperature=0.0, max_tokens=args.tokens),
             max_turns=args.turns, max_prompt_len=384, max_response_len=600))
-        runners = {transport: AgentRunner(
-            engine, renderer, make_agent(args.turns, args.tokens),
+        runners = {route: AgentRunner(
+            engine, renderer, make_agent(args.turns, args.tokens, api),
             format="toolrl-bench/every-message-is-a-call", concurrency=args.episodes,
             max_tokens=args.tokens, max_prompt_tokens=384, max_response_tokens=600,
-            timeout_s=600, transport=transport) for transport in ("inprocess", "http")}
+            timeout_s=600, transport=transport, client=client)
+            for route, api, transport, client, _ in ROUTES}
         got: dict[str, list[Any]] = {}
 
         async def env_path() -> list[Any]:
@@ -111,9 +173,9 @@ def main(argv: list[str] | None = None) -> int:
         def run_env() -> None:
             got["env"] = engine.run_on_loop(env_path())
 
-        def gateway(transport: str):
+        def gateway(route: str):
             def run() -> None:
-                got[transport] = engine.run_on_loop(runners[transport].run_all(
+                got[route] = engine.run_on_loop(runners[route].run_all(
                     rows, [0] * len(rows), 0.0))
             return run
 
@@ -123,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
 
         try:
             times = benchlib.timed_alternating(
-                [run_env, gateway("inprocess"), gateway("http")], args.reps)
+                [run_env, *(gateway(route) for route, *_ in ROUTES)], args.reps)
         finally:
             for r in runners.values():
                 r.close()
@@ -135,10 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     env_tps = env_tokens / env_s
     rows_out, summary = [("env path (EpisodeRunner, in-process)", env_tokens, f"{env_s:.2f}",
                           f"{env_tps:.0f}", "1.00", "")], {}
-    for k, (transport, label) in enumerate([
-            ("inprocess", "gateway, in-process (openai client -> ASGI -> Gateway -> engine)"),
-            ("http", "gateway over HTTP (openai client -> loopback -> uvicorn -> Gateway)")]):
-        gw = got[transport]
+    for k, (route, _, _, _, label) in enumerate(ROUTES):
+        gw = got[route]
         tokens = sum(t.sampled_tokens for t, _ in gw)
         same = all(len(s) == 1 and s[0].tokens.response_ids ==
                    e.tokens.response_ids[: len(s[0].tokens.response_ids)]
@@ -147,20 +207,22 @@ def main(argv: list[str] | None = None) -> int:
         failed = sum(t.infra_failure is not None for t, _ in gw)
         for t, _ in gw:
             if t.infra_failure is not None:
-                print(f"{transport}: {t.row.get('id')}: {t.error}", file=sys.stderr)
+                print(f"{route}: {t.row.get('id')}: {t.error}", file=sys.stderr)
         wall = median(times[k + 1])
         ratio = tokens / wall / env_tps
         per_rep = sorted(e / g for e, g in zip(times[0], times[k + 1], strict=True))
-        summary[transport] = {"ratio": ratio, "same": same, "failed": failed,
-                              "spread": f"{per_rep[0]:.2f}-{per_rep[-1]:.2f}",
-                              "calls": sum(t.extra["gateway"]["calls"] for t, _ in gw),
-                              "per_round_ms": (wall - env_s) / args.turns * 1e3}
+        summary[route] = {"ratio": ratio, "same": same, "failed": failed,
+                          "spread": f"{per_rep[0]:.2f}-{per_rep[-1]:.2f}",
+                          "calls": sum(t.extra["gateway"]["calls"] for t, _ in gw),
+                          "per_round_ms": (wall - env_s) / args.turns * 1e3}
         rows_out.append((label, tokens, f"{wall:.2f}", f"{tokens / wall:.0f}", f"{ratio:.2f}",
                          "yes" if same else "NO"))
-    ip, hp = summary["inprocess"], summary["http"]
+    ip, hp = summary["chat"], summary["chat-http"]
+    rs, rc, ms = summary["responses"], summary["responses-chained"], summary["messages"]
+    failed = sum(x["failed"] for x in summary.values())
     machine = benchlib.machine_label()
     text = "\n".join([
-        "# Gateway rollout vs the in-process env rollout",
+        "# Gateway rollout vs the in-process env rollout, per API route",
         "",
         f"Machine: {machine}.",
         "",
@@ -174,15 +236,26 @@ def main(argv: list[str] | None = None) -> int:
                   "same tokens as the env path"], rows_out),
         "",
         f"**Gateway rollout / env rollout, sampled tok/s on the same episodes: "
-        f"{ip['ratio']:.2f}x** (the agent's client in-process, `AgentRunner`'s default; each "
-        f"repetition against the env run before it: {ip['spread']}; {hp['ratio']:.2f}x over "
-        f"HTTP on loopback ({hp['spread']}); {ip['calls']} model calls per path; "
-        f"infra-failed agent episodes: {ip['failed'] + hp['failed']}).",
+        f"{ip['ratio']:.2f}x** (Chat Completions, the agent's client in-process, "
+        f"`AgentRunner`'s default; each repetition against the env run before it: "
+        f"{ip['spread']}); **Responses API {rs['ratio']:.2f}x** with the whole input each "
+        f"call ({rs['spread']}), {rc['ratio']:.2f}x chained by previous_response_id "
+        f"({rc['spread']}); **Messages API {ms['ratio']:.2f}x** ({ms['spread']}); Chat "
+        f"Completions over HTTP on loopback "
+        f"{hp['ratio']:.2f}x ({hp['spread']}); {ip['calls']} model calls per path; "
+        f"infra-failed agent episodes: {failed}.",
         "",
         f"Each turn of all {args.episodes} episodes costs {ip['per_round_ms']:.0f} ms more "
-        f"in-process and {hp['per_round_ms']:.0f} ms more over HTTP than the env path "
-        "((gateway wall - env wall) / turns): the agent's openai client (building and "
-        "serializing the request, parsing the reply), the gateway's request validation, "
+        f"through Chat Completions, {rs['per_round_ms']:.0f} ms through the Responses API "
+        f"({rc['per_round_ms']:.0f} ms chained) and {ms['per_round_ms']:.0f} ms through the "
+        f"Messages API in-process, and "
+        f"{hp['per_round_ms']:.0f} ms more over HTTP, than the env path "
+        "((gateway wall - env wall) / turns): the agent's client (building and "
+        "serializing the request, parsing the reply; the openai client's request transform "
+        "walks every input item through the Responses API's union of item types, so a "
+        "Responses agent that resends its whole input pays for its length on every call), "
+        "the gateway's request validation and "
+        "translation, "
         "the delta rendered from the messages, decoding and parsing the reply, and over HTTP "
         "the sockets, both ends' HTTP parsing and the hop to the server's thread. As in a "
         "rollout worker, the episodes run on the engine's event loop, the startup heap is "

@@ -38,6 +38,8 @@ MODES: dict[str, tuple[str, tuple[str, ...], str | None]] = {
     "async": ("configs/quickstart_async.yaml", (), None),
     "lora": ("configs/quickstart.yaml", ("actor.lora.rank=16", "actor.lr=2e-3"), None),
     "gateway": ("examples/openai_agent/config.yaml", (), "examples/openai_agent"),
+    "anthropic": ("examples/anthropic_agent/config.yaml", (), "examples/anthropic_agent"),
+    "agents_sdk": ("examples/agents_sdk_agent/config.yaml", (), "examples/agents_sdk_agent"),
 }
 
 

@@ -76,7 +76,8 @@ BENCHES: tuple[Bench, ...] = (
     Bench("mcp", "bench_mcp.py", "MCP episodes/s: a server per episode vs one per worker",
           timeout_s=300),
     Bench("gateway", "bench_gateway.py",
-          "Agent rollout through the OpenAI-compatible gateway vs the env loop", timeout_s=420),
+          "Agent rollout through the gateway (Chat Completions, Responses, Messages) vs the env "
+          "loop", timeout_s=600),
     Bench("scaling", "bench_scaling.py", "Scaling: batch size, turns, rollout workers",
           args=("--reps", "3"), timeout_s=720,
           plots=("scaling_batch", "scaling_turns", "scaling_workers")),

@@ -186,6 +186,8 @@ PLUGIN_TREES = {  # tree -> the package it may import freely (its own)
     "examples/custom_env/src": "toolrl_custom_env",
     "examples/custom_reward": "toolrl_custom_reward", "examples/two_stage_rollout": "two_stage",
     "examples/openai_agent": "calculator_agent",
+    "examples/anthropic_agent": "calculator_agent",
+    "examples/agents_sdk_agent": "calculator_agent",
 }
 
 

@@ -439,3 +439,428 @@ def test_the_prompt_budget_bounds_a_samples_first_prompt_only(engine):
     assert capture.calls[1].extends and len(capture.calls[1].prompt_ids) > first + 2
     [sample] = capture.samples()
     assert len(sample.tokens.response_ids) <= 40
+
+
+# --- one capture for three APIs -----------------------------------------------------------------
+CALC_SCRIPT = [  # what the scripted policy's k-th message calls
+    [ToolCall("add", {"a": 16, "b": 9}), ToolCall("mul", {"a": 2, "b": 3})],  # parallel calls
+    [ToolCall("div", {"a": 1, "b": 0})],  # a tool error
+    [ToolCall("submit", {"answer": 25})],  # the final answer
+]
+
+
+class ScriptedCalculator(ToolCallFormat):
+    """Reads the k-th message it parses as the calls of ``CALC_SCRIPT[k]``: a random model
+    then plays a 3-turn Calculator episode (one instance per episode, for the env loop's env
+    and for the gateway alike)."""
+
+    name = "test-scripted-calculator"
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.k = 0
+
+    def _parse(self, text: str) -> ParseResult:
+        calls = CALC_SCRIPT[min(self.k, len(CALC_SCRIPT) - 1)]
+        self.k += 1
+        return ParseResult(calls=[ToolCall(c.name, dict(c.arguments)) for c in calls], text="")
+
+
+def _calculator():
+    from toolrl.envs.calculator import CalculatorEnv
+
+    env = make_env("toolrl/Calculator-v0")
+    env.unwrapped.parser = ScriptedCalculator()
+    return env, CalculatorEnv.make_tasks(1, seed=0, difficulty=1, style="plain")[0]
+
+
+class ChatDriver:
+    """A Calculator tool loop through Chat Completions (the official client)."""
+
+    def __init__(self, cl, system, question, tools, stream):
+        self.cl, self.tools, self.stream = cl, tools, stream
+        self.messages = [{"role": "system", "content": system},
+                         {"role": "user", "content": question}]
+
+    async def ask(self, max_tokens):
+        kw = {"model": MODEL, "messages": self.messages, "tools": self.tools, "temperature": 0,
+              "max_tokens": max_tokens}
+        if self.stream:
+            async with self.cl.chat.completions.stream(**kw) as s:
+                msg = (await s.get_final_completion()).choices[0].message
+        else:
+            msg = (await self.cl.chat.completions.create(**kw)).choices[0].message
+        self.messages.append(msg.model_dump(exclude_none=True, exclude={"parsed"}))
+        return [c.id for c in msg.tool_calls or ()]
+
+    def answer(self, ids, observations):
+        self.messages += [{"role": "tool", "tool_call_id": i, "name": o["name"],
+                           "content": o["content"]} for i, o in zip(ids, observations,
+                                                                    strict=True)]
+
+
+class ResponsesDriver:
+    """The same loop through the Responses API: the whole input each time, or (``chained``)
+    only the new items after ``previous_response_id``."""
+
+    def __init__(self, cl, system, question, tools, stream, chained=False):
+        self.cl, self.stream, self.chained, self.system = cl, stream, chained, system
+        self.tools = [{"type": "function", "strict": False, **t["function"]} for t in tools]
+        self.items = [{"role": "user", "content": question}]
+        self.new, self.last = list(self.items), None
+
+    async def ask(self, max_tokens):
+        kw = {"model": MODEL, "instructions": self.system, "tools": self.tools,
+              "temperature": 0, "max_output_tokens": max_tokens,
+              "input": self.new if self.chained else self.items}
+        if self.chained and self.last is not None:
+            kw["previous_response_id"] = self.last
+        if self.stream:
+            events = [e async for e in await self.cl.responses.create(stream=True, **kw)]
+            assert events[0].type == "response.created"
+            r = events[-1].response
+        else:
+            r = await self.cl.responses.create(**kw)
+        self.last = r.id
+        out = [item.model_dump(exclude_none=True) for item in r.output]
+        self.items += out
+        self.new = []
+        return [item.call_id for item in r.output if item.type == "function_call"]
+
+    def answer(self, ids, observations):
+        new = [{"type": "function_call_output", "call_id": i, "output": o["content"]}
+               for i, o in zip(ids, observations, strict=True)]
+        self.items += new
+        self.new += new
+
+
+class MessagesDriver:
+    """The same loop through Anthropic's Messages API (the official anthropic client)."""
+
+    def __init__(self, cl, system, question, tools, stream):
+        self.cl, self.system, self.stream = cl, system, stream
+        self.tools = [{"name": t["function"]["name"], "description": t["function"]["description"],
+                       "input_schema": t["function"]["parameters"]} for t in tools]
+        self.messages = [{"role": "user", "content": question}]
+
+    async def ask(self, max_tokens):
+        kw = {"model": MODEL, "system": self.system, "messages": self.messages,
+              "tools": self.tools, "max_tokens": max_tokens, "extra_body": {"temperature": 0}}
+        if self.stream:
+            async with self.cl.messages.stream(**kw) as s:
+                m = await s.get_final_message()
+        else:
+            m = await self.cl.messages.create(**kw)
+        self.messages.append({"role": "assistant", "content": [
+            b.model_dump(exclude_none=True, exclude={"parsed_output"}) for b in m.content]})
+        return [b.id for b in m.content if b.type == "tool_use"]
+
+    def answer(self, ids, observations):
+        self.messages.append({"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": i, "content": o["content"]}
+            for i, o in zip(ids, observations, strict=True)]})
+
+
+async def _drive(api, server, eid, stream, max_tokens):
+    """A 3-turn Calculator episode on one API: the gateway's reply goes to the env (whose
+    scripted parser reads the same calls), the env's observations go back as tool results."""
+    import anthropic
+
+    env, row = _calculator()
+    messages, info = env.reset(options=row)
+    system, question = messages[0]["content"], messages[1]["content"]
+    try:
+        if api == "messages":
+            cl = anthropic.AsyncAnthropic(base_url=server.anthropic_url(eid), api_key="x",
+                                          max_retries=0)
+            driver = MessagesDriver(cl, system, question, info["tools"], stream)
+        else:
+            cl = openai.AsyncOpenAI(base_url=server.episode_url(eid), api_key="x", max_retries=0)
+            driver = (ChatDriver(cl, system, question, info["tools"], stream) if api == "chat"
+                      else ResponsesDriver(cl, system, question, info["tools"], stream,
+                                           chained=api == "responses-chained"))
+        async with cl:
+            for _ in range(3):
+                ids = await driver.ask(max_tokens)
+                obs, _, terminated, truncated, _ = env.step("(any text: the parser is scripted)")
+                if terminated or truncated:
+                    return row
+                driver.answer(ids, obs)
+    finally:
+        env.close()
+    raise AssertionError("the scripted episode did not end in 3 turns")
+
+
+def test_one_calculator_episode_gives_one_capture_through_every_api(engine, gateway, server):
+    """Parallel calls, a tool error, a final answer: Chat Completions, Responses (whole input,
+    and chained by previous_response_id) and Messages, each streamed and not, give exactly the
+    env loop's tokens, loss mask and log-probs."""
+    per_turn = 12
+    runner = EpisodeRunner(engine, gateway.renderer, EpisodeConfig(
+        sampling=SamplingConfig(temperature=0.0, max_tokens=per_turn), max_turns=3,
+        max_prompt_len=512, max_response_len=480))
+    env, row = _calculator()
+    ref = _run(runner.run(env, row, seed=0))
+    env.close()
+    assert ref.num_turns == 3 and ref.finish_reason == "terminated", ref.error
+    assert [len(t.results) for t in ref.turns] == [2, 1, 1] and ref.turns[1].results[0].error
+    want = ref.tokens
+    gw = Gateway(engine, gateway.renderer, model=MODEL, max_tokens=48)
+    with GatewayServer(gw) as srv:
+        for api in ("chat", "responses", "responses-chained", "messages"):
+            for stream in (False, True):
+                gw.parser = ScriptedCalculator()
+                eid = gw.open_episode(temperature=0.0)
+                _run(_drive(api, srv, eid, stream, per_turn))
+                capture = gw.close_episode(eid)
+                traj, samples = capture.trajectory(row, format="hermes")
+                where = f"{api}, stream={stream}"
+                assert len(capture.calls) == 3 and capture.splits == 0, where
+                assert {c.api for c in capture.calls} == \
+                    {"chat.completions" if api == "chat" else api.split("-")[0]}, where
+                [s] = samples
+                got = s.tokens
+                assert got.prompt_ids == want.prompt_ids, where
+                assert got.response_ids == want.response_ids, where
+                assert got.response_mask == want.response_mask, where
+                assert got.log_probs == pytest.approx(want.log_probs, abs=1e-6), where
+                assert [t.action_span for t in traj.turns] == \
+                    [t.action_span for t in ref.turns], where
+                assert [[r.name for r in t.results] for t in traj.turns[:2]] == \
+                    [["add", "mul"], ["div"]], where
+
+
+# --- the Responses and Messages routes: documented shapes, refusals -----------------------------
+RESPONSES_TOOLS = [{"type": "function", "strict": True, **t["function"]} for t in TOOLS]
+ANTHROPIC_TOOLS = [{"name": t["function"]["name"], "description": t["function"]["description"],
+                    "input_schema": t["function"]["parameters"]} for t in TOOLS]
+
+
+def _events(text: str) -> list[tuple[str, dict]]:
+    """Server-sent events as (event name, JSON data)."""
+    out = []
+    for block in text.strip().split("\n\n"):
+        lines = dict(line.split(": ", 1) for line in block.splitlines())
+        out.append((lines.get("event"), json.loads(lines["data"])))
+    return out
+
+
+def _strict(model, data):
+    """Validate ``data`` against an SDK's pydantic type (their clients only construct)."""
+    from pydantic import TypeAdapter
+
+    return TypeAdapter(model).validate_python(data)
+
+
+def test_responses_answer_in_the_documented_shapes(server):
+    from openai.types.responses import Response, ResponseStreamEvent
+
+    url = f"{server.base_url}/responses"
+    body = {"model": MODEL, "instructions": "Use the tools.", "input": "What is 2 plus 3?",
+            "tools": RESPONSES_TOOLS, "tool_choice": {"type": "function", "name": "add"},
+            "max_output_tokens": 60, "temperature": 1.0}
+    r = httpx.post(url, json=body, timeout=60).json()
+    resp = _strict(Response, r)
+    [call] = resp.output
+    assert resp.status == "completed" and call.type == "function_call" and call.name == "add"
+    assert call.call_id.startswith("call_") and set(json.loads(call.arguments)) == {"a", "b"}
+    assert resp.usage.total_tokens == resp.usage.input_tokens + resp.usage.output_tokens
+    text = httpx.post(url, json={"model": MODEL, "input": MESSAGES[1:], "max_output_tokens": 6,
+                                 "include": ["message.output_text.logprobs"]},
+                      timeout=60).json()
+    resp = _strict(Response, text)
+    [message] = resp.output
+    assert resp.status == "incomplete" and resp.incomplete_details.reason == "max_output_tokens"
+    assert len(message.content[0].logprobs) == resp.usage.output_tokens == 6
+    for streamed in ({**body, "stream": True}, {"model": MODEL, "input": "hi", "stream": True,
+                                                "max_output_tokens": 6}):
+        with httpx.stream("POST", url, json=streamed, timeout=60) as s:
+            events = _events(s.read().decode())
+        assert all(name == data["type"] for name, data in events)
+        assert [d["sequence_number"] for _, d in events] == list(range(len(events)))
+        for _, data in events:
+            _strict(ResponseStreamEvent, data)
+        kinds = [name for name, _ in events]
+        assert kinds[:3] == ["response.created", "response.in_progress",
+                             "response.output_item.added"]
+        assert kinds[-2:] == ["response.output_item.done", "response.completed"
+                              if "tools" in streamed else "response.incomplete"]
+        final = events[-1][1]["response"]
+        if "tools" in streamed:
+            assert "response.function_call_arguments.done" in kinds
+            assert final["output"][0]["type"] == "function_call"
+        else:
+            deltas = "".join(d["delta"] for k, d in events if k == "response.output_text.delta")
+            assert deltas == final["output"][0]["content"][0]["text"]
+
+
+def test_messages_answer_in_the_documented_shapes(server):
+    from anthropic.types import Message, RawMessageStreamEvent
+
+    url = f"{server.url}/v1/messages"
+    body = {"model": MODEL, "system": "Use the tools.", "max_tokens": 60,
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "2 plus 3?"}]}],
+            "tools": ANTHROPIC_TOOLS, "tool_choice": {"type": "any"}}
+    m = _strict(Message, httpx.post(url, json=body, timeout=60).json())
+    assert m.stop_reason == "tool_use" and m.content[-1].type == "tool_use"
+    assert m.content[-1].id.startswith("toolu_") and m.content[-1].name in ("add", "submit")
+    # stop_sequences: cut a greedy reply at a piece of itself
+    plain = {"model": MODEL, "max_tokens": 8, "temperature": 0,
+             "messages": [{"role": "user", "content": "hi"}]}
+    full = _strict(Message, httpx.post(url, json=plain, timeout=60).json())
+    assert full.stop_reason == "max_tokens" and full.usage.output_tokens == 8
+    text = full.content[0].text
+    stop = next(text[k:k + 2] for k in range(1, len(text) - 1)
+                if text.index(text[k:k + 2]) == k)  # its first occurrence, past the start
+    cut = _strict(Message, httpx.post(url, json={**plain, "stop_sequences": [stop]},
+                                      timeout=60).json())
+    assert cut.stop_reason == "stop_sequence" and cut.stop_sequence == stop
+    assert cut.content[0].text == text[:text.index(stop)]
+    for streamed in ({**body, "stream": True}, {**plain, "stream": True}):
+        with httpx.stream("POST", url, json=streamed, timeout=60) as s:
+            events = _events(s.read().decode())
+        assert all(name == data["type"] for name, data in events)
+        kinds = [name for name, _ in events if name != "ping"]
+        assert kinds[0] == "message_start" and kinds[-2:] == ["message_delta", "message_stop"]
+        assert kinds[1] == "content_block_start" and kinds[-3] == "content_block_stop"
+        for name, data in events:
+            if name != "ping":
+                _strict(RawMessageStreamEvent, data)
+        delta = events[-2][1]["delta"]
+        assert delta["stop_reason"] == ("tool_use" if "tools" in streamed else "max_tokens")
+
+
+def _error_shape(api, r):
+    from anthropic.types.shared import ErrorResponse
+    from openai.types.shared import ErrorObject
+
+    if api == "messages":
+        err = _strict(ErrorResponse, r.json()).error
+        assert err.type == {400: "invalid_request_error", 404: "not_found_error"}[r.status_code]
+        return err.message
+    err = _strict(ErrorObject, r.json()["error"])
+    return err.param
+
+
+@pytest.mark.parametrize(("api", "changes", "status", "where"), [
+    ("responses", {"input": [{"type": "input_image", "image_url": "x"}]}, 400, "input[0].type"),
+    ("responses", {"input": [{"role": "user", "content": [{"type": "input_image"}]}]}, 400,
+     "input[0].content[0]"),
+    ("responses", {"tools": [{"type": "web_search"}]}, 400, "tools[0].type"),
+    ("responses", {"background": True}, 400, "background"),
+    ("responses", {"truncation": "auto"}, 400, "truncation"),
+    ("responses", {"reasoning": {"effort": "high"}}, 400, "reasoning"),
+    ("responses", {"text": {"format": {"type": "json_object"}}}, 400, "text"),
+    ("responses", {"parallel_tool_calls": False}, 400, "parallel_tool_calls"),
+    ("responses", {"tools": RESPONSES_TOOLS, "tool_choice": {"type": "function", "name": "x"}},
+     400, "tool_choice"),
+    ("responses", {"temperature": 3}, 400, "temperature"),
+    ("responses", {"seed": 1}, 400, "seed"),
+    ("responses", {"previous_response_id": "resp_1"}, 400, "previous_response_id"),
+    ("responses", {"model": "gpt-5"}, 404, "model"),
+    ("messages", {"max_tokens": None}, 400, "max_tokens: Field required"),
+    ("messages", {"messages": [{"role": "user", "content": [{"type": "image"}]}]}, 400,
+     "messages.0.content.0"),
+    ("messages", {"messages": [{"role": "user", "content": "hi"},
+                               {"role": "assistant", "content": "The answer is"}]}, 400,
+     "prefill"),
+    ("messages", {"tools": [{"type": "bash_20250124", "name": "bash"}]}, 400, "tools.0"),
+    ("messages", {"thinking": {"type": "enabled", "budget_tokens": 1024}}, 400, "thinking"),
+    ("messages", {"tools": ANTHROPIC_TOOLS, "tool_choice": {"type": "any",
+                                                            "disable_parallel_tool_use": True}},
+     400, "disable_parallel_tool_use"),
+    ("messages", {"temperature": 1.5}, 400, "temperature"),
+    ("messages", {"frobnicate": 1}, 400, "frobnicate: Extra inputs are not permitted"),
+    ("messages", {"model": "claude-x"}, 404, "does not exist"),
+])
+def test_bad_requests_get_each_apis_error_shape(server, api, changes, status, where):
+    body = ({"model": MODEL, "input": "hi", "max_output_tokens": 4} if api == "responses" else
+            {"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]})
+    body = {k: v for k, v in {**body, **changes}.items() if v is not None}
+    r = httpx.post(f"{server.url}/v1/{api}", json=body, timeout=30)
+    assert r.status_code == status, r.text
+    got = _error_shape(api, r)
+    assert (where in got) if api == "messages" else got == where
+
+
+def test_malformed_requests_leave_the_episode_and_the_worker_whole(gateway, server):
+    """Refusals on an episode's route capture nothing; the route (and the server) serve the
+    next good call; unknown episodes and unknown response ids are 404 / 400 in the API's
+    shape; the official clients raise their own error classes."""
+    import anthropic
+
+    eid = gateway.open_episode(temperature=0.0)
+    base = f"{server.url}/episodes/{eid}/v1"
+    try:
+        for api, body in [("responses", b"{not json"), ("messages", b"[1, 2"),
+                          ("responses", {"model": MODEL, "input": 5}),
+                          ("responses", {"model": MODEL, "input": "x",
+                                         "previous_response_id": "resp_nope"}),
+                          ("messages", {"model": MODEL, "max_tokens": 4, "messages": []}),
+                          ("messages", {"model": MODEL, "max_tokens": 4,
+                                        "messages": [{"role": "user", "content": [
+                                            {"type": "tool_result"}]}]})]:
+            kw = {"content": body} if isinstance(body, bytes) else {"json": body}
+            r = httpx.post(f"{base}/{api}", timeout=30, **kw)
+            assert r.status_code == 400, r.text
+            _error_shape(api, r)
+        assert gateway.episodes[eid].calls == []
+        oc = openai.OpenAI(base_url=base, api_key="x", max_retries=0)
+        ac = anthropic.Anthropic(base_url=server.anthropic_url(eid), api_key="x", max_retries=0)
+        with pytest.raises(openai.BadRequestError) as e:
+            oc.responses.create(model=MODEL, input="x", previous_response_id="resp_nope")
+        assert e.value.code == "previous_response_not_found"
+        with pytest.raises(anthropic.BadRequestError) as e:
+            ac.messages.create(model=MODEL, max_tokens=4, messages=[
+                {"role": "user", "content": "1 " * 2000}])
+        assert e.value.body["error"]["type"] == "invalid_request_error"
+        assert "maximum context length" in e.value.message
+        first = oc.responses.create(model=MODEL, input="hi", max_output_tokens=4, store=False)
+        with pytest.raises(openai.BadRequestError):  # store=false: nothing to continue
+            oc.responses.create(model=MODEL, input="go on", previous_response_id=first.id)
+        ok = ac.messages.create(model=MODEL, max_tokens=4, messages=[
+            {"role": "user", "content": "hi"}])
+        assert ok.usage.output_tokens == 4 and len(gateway.episodes[eid].calls) == 2
+    finally:
+        capture = gateway.close_episode(eid)
+    assert capture.overflow  # the long prompt was refused (the policy's overflow), not sampled
+    with pytest.raises(anthropic.NotFoundError):
+        ac.messages.create(model=MODEL, max_tokens=4, messages=[{"role": "user", "content": "x"}])
+    with pytest.raises(openai.NotFoundError) as e:
+        oc.responses.create(model=MODEL, input="x")
+    assert e.value.code == "episode_not_found"
+
+
+@pytest.mark.parametrize("api", ["responses", "messages"])
+def test_a_rewritten_history_starts_a_second_sample_in_every_api(gateway, server, api):
+    import anthropic
+
+    eid = gateway.open_episode(temperature=1.0, seed=5)
+    try:
+        if api == "responses":
+            cl = openai.OpenAI(base_url=server.episode_url(eid), api_key="x", max_retries=0)
+            first = cl.responses.create(model=MODEL, instructions=MESSAGES[0]["content"],
+                                        input=MESSAGES[1]["content"], max_output_tokens=8)
+            cl.responses.create(model=MODEL, instructions=MESSAGES[0]["content"],
+                                previous_response_id=first.id,
+                                input=[{"role": "user", "content": "Go on."}],
+                                max_output_tokens=8)
+            cl.responses.create(model=MODEL, instructions=MESSAGES[0]["content"],
+                                input="Summary so far: 2 + 3.", max_output_tokens=8)
+        else:
+            cl = anthropic.Anthropic(base_url=server.anthropic_url(eid), api_key="x",
+                                     max_retries=0)
+            history = [{"role": "user", "content": MESSAGES[1]["content"]}]
+            first = cl.messages.create(model=MODEL, system=MESSAGES[0]["content"],
+                                       messages=history, max_tokens=8)
+            history += [{"role": "assistant", "content": [b.model_dump(exclude_none=True)
+                                                          for b in first.content]},
+                        {"role": "user", "content": "Go on."}]
+            cl.messages.create(model=MODEL, system=MESSAGES[0]["content"], messages=history,
+                               max_tokens=8)
+            cl.messages.create(model=MODEL, system=MESSAGES[0]["content"], max_tokens=8,
+                               messages=[{"role": "user", "content": "Summary so far: 2 + 3."}])
+    finally:
+        capture = gateway.close_episode(eid)
+    assert [c.extends for c in capture.calls] == [False, True, False]
+    assert capture.splits == 1 and len(capture.samples()) == 2

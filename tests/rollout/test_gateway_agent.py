@@ -171,26 +171,34 @@ def test_agent_configs_that_cannot_share_advantages_fail_at_load():
     assert cfg.rollout.agent == f"{AGENTS}:submit_once"
 
 
-def test_the_example_agent_plays_calculator_tasks(worker):
-    """examples/openai_agent: the plain tool loop runs under rollout.agent (the random model
-    answers in text, so each episode is one call that the agent judges unsolved)."""
+@pytest.mark.parametrize(("example", "client"), [("openai_agent", "openai"),
+                                               ("anthropic_agent", "anthropic"),
+                                               ("agents_sdk_agent", "openai")])
+def test_the_example_agents_play_calculator_tasks(worker, example, client):
+    """examples/openai_agent (Chat Completions), examples/anthropic_agent (the anthropic SDK on
+    /v1/messages) and examples/agents_sdk_agent (the Agents SDK's default Responses model): each
+    tool loop runs under rollout.agent (the random model answers in text or calls nothing it
+    can finish, so each episode is judged unsolved), on its API's route."""
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[2] / "examples/openai_agent/calculator_agent.py"
-    spec = importlib.util.spec_from_file_location("calculator_agent", path)
+    path = Path(__file__).resolve().parents[2] / f"examples/{example}/calculator_agent.py"
+    spec = importlib.util.spec_from_file_location(f"{example}_calculator_agent", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     original = worker.agent.agent
-    worker.agent.agent = resolve_agent(module.solve)
+    worker.agent.agent, worker.agent.client_kind = resolve_agent(module.solve), client
     try:
         td = worker.rollout(make_rollout_input(rows(2), n=2))
     finally:
-        worker.agent.agent = original
+        worker.agent.agent, worker.agent.client_kind = original, "openai"
+    api = {"openai_agent": "chat.completions", "anthropic_agent": "messages",
+           "agents_sdk_agent": "responses"}[example]
     for t in B.trajectories(td):
-        assert t.infra_failure is None and t.finish_reason == "terminated"
+        assert t.infra_failure is None and t.finish_reason == "terminated", t.error
         assert t.num_turns >= 1 and t.info["success"] is False
         assert t.messages[0]["role"] == "system" and t.tools
+        assert set(t.extra["gateway"]["apis"]) == {api}
     assert module.run_tool("div", {"a": 6, "b": 3}) == "2"
     assert module.run_tool("div", {"a": 1, "b": 0}).startswith("error: ZeroDivisionError")
 
@@ -220,3 +228,44 @@ def test_an_openai_agents_sdk_agent_gets_tool_names_and_parse_errors_right(worke
         assert [e["type"] for e in t.errors] == ["parse_error"] * len(second.parse.errors)
     assert rollout_metrics(td)["rollout/tool_errors_mean"] == \
         sum(len(t.errors) for t in B.trajectories(td)) / 2 >= 1
+
+
+@pytest.fixture()
+def anthropic_client(worker):
+    worker.agent.client_kind = "anthropic"
+    yield
+    worker.agent.client_kind = "openai"
+
+
+@pytest.mark.parametrize("agent", ["responses_tool_loop", "anthropic_tool_loop",
+                                   "agents_sdk_responses"])
+def test_agents_on_the_responses_and_messages_apis_play_calculator_tool_loops(
+        worker, agent_as, agent, request):
+    """The openai client on /v1/responses (previous_response_id, a streamed last call), the
+    anthropic client on /v1/messages (tool_use / tool_result, streamed) and the OpenAI Agents
+    SDK on its default Responses model (it runs the tool; its last run streamed): each call
+    after the first extends the sample, the tool result is the turn's, named by its call."""
+    if agent == "anthropic_tool_loop":
+        request.getfixturevalue("anthropic_client")
+    if agent == "agents_sdk_responses":
+        pytest.importorskip("agents", reason="the OpenAI Agents SDK (openai-agents, dev extra)")
+    agent_as(agent)
+    td = worker.rollout(make_rollout_input(rows(2), n=1))
+    trajs = B.trajectories(td)
+    for i, t in enumerate(trajs):
+        assert t.infra_failure is None, t.error
+        assert t.num_turns == 2 and t.extra["gateway"]["splits"] == 0
+        api = "messages" if agent == "anthropic_tool_loop" else "responses"
+        assert t.extra["gateway"]["apis"] == [api, api]
+        first, second = t.turns
+        assert [c.name for c in first.parse.calls] == ["add"]
+        assert [r.name for r in first.results] == ["add"]
+        assert first.results[0].content == str(sum(first.parse.calls[0].arguments.values()))
+        assert [c.name for c in second.parse.calls] == ["submit"]
+        m = td[B.RESPONSE_MASK][i]
+        a, b = first.action_span, second.action_span
+        assert m[a[0]:a[1]].all() and m[b[0]:b[1]].all() and not m[a[1]:b[0]].any()
+    if agent != "agents_sdk_responses":
+        assert [t.info["answer"] for t in trajs] == \
+            [t.turns[1].parse.calls[0].arguments["answer"] for t in trajs]
+    assert not worker.agent.gateway.episodes

@@ -98,7 +98,8 @@ def test_a_history_that_does_not_extend_starts_a_new_sample(change):
     assert samples[1].tokens.response_mask == [1, 1]
     traj, _ = cap.trajectory({}, format="hermes")
     assert traj.extra["gateway"] == {"calls": 2, "samples": 2, "splits": 1,
-                                     "turn_sample": [0, 1], "constrained": 1}
+                                     "turn_sample": [0, 1], "constrained": 1,
+                                     "apis": ["chat.completions"] * 2}
     assert traj.turns[0].results == []  # the next call did not extend: nothing observed
 
 

@@ -39,3 +39,20 @@ def test_a_shipped_config_passes_its_dry_run(config, tmp_path, monkeypatch):
     known = KNOWN.get(config.name)
     problems = [p for p in report.problems if known is None or known not in p]
     assert not problems, problems
+
+
+@pytest.mark.parametrize("example", ["anthropic_agent", "agents_sdk_agent"])
+def test_the_other_agent_examples_train_the_openai_agents_run(example):
+    """The anthropic-SDK and Agents-SDK examples load, and differ from the dry-run
+    examples/openai_agent config only in their name and the client their agent gets."""
+    from omegaconf import OmegaConf
+
+    base = OmegaConf.to_container(OmegaConf.load(ROOT / "examples/openai_agent/config.yaml"))
+    other = OmegaConf.to_container(OmegaConf.load(ROOT / f"examples/{example}/config.yaml"))
+    assert other.pop("experiment_name") == example
+    client = other["rollout"].pop("agent_client", "openai")
+    assert client == ("anthropic" if example == "anthropic_agent" else "openai")
+    base.pop("experiment_name")
+    assert other == base
+    cfg = load_config(ROOT / f"examples/{example}/config.yaml", [])
+    assert cfg.rollout.agent_client == client

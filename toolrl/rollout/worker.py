@@ -103,6 +103,9 @@ class RolloutConfig:
             ``env_timeout_s`` belong to the env loop (the agent's loop is its own).
             None: the env loop.
         agent_timeout_s: each agent episode's deadline (past it: ``agent_timeout``).
+        agent_client: the client ``solve`` gets: ``openai`` (``openai.AsyncOpenAI`` on the
+            episode's route: Chat Completions and the Responses API) or ``anthropic``
+            (``anthropic.AsyncAnthropic``: the Messages API).
         agent_format: the tool-call format gateway replies are parsed with; None: the format
             of ``env_id``'s env.
         allow_non_prefix_preserving: keep going (with a warning) when the chat template is not
@@ -132,6 +135,7 @@ class RolloutConfig:
     runner: Any = None
     agent: str | None = None
     agent_timeout_s: float = 120.0
+    agent_client: str = "openai"
     agent_format: str | None = None
     allow_non_prefix_preserving: bool = False
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -148,6 +152,9 @@ class RolloutConfig:
                              "set one of them")
         if not self.agent_timeout_s > 0:
             raise ValueError(f"agent_timeout_s must be > 0, got {self.agent_timeout_s}")
+        if self.agent_client not in ("openai", "anthropic"):
+            raise ValueError(f"agent_client must be 'openai' or 'anthropic', got "
+                             f"{self.agent_client!r}")
         if self.max_total_tokens > self.engine.max_model_len:
             raise ValueError(f"max_total_tokens ({self.max_total_tokens}) exceeds "
                              f"engine.max_model_len ({self.engine.max_model_len})")
@@ -498,6 +505,7 @@ class RolloutWorker(Worker):
                 env.close()
         return AgentRunner(self.engine, self.renderer, c.agent, format=fmt or "hermes",
                            timeout_s=c.agent_timeout_s, concurrency=c.concurrency,
+                           client=c.agent_client,
                            max_tokens=c.max_tokens_per_turn,
                            max_prompt_tokens=c.max_prompt_len,
                            max_response_tokens=c.max_response_len)

@@ -2,18 +2,20 @@
 
 ``rollout.agent: "pkg.mod:solve"`` names an async callable ``solve(client, row)`` (or a class
 whose instances have that method; it is built once per worker with no arguments). For every
-task row it gets an ``openai.AsyncOpenAI`` whose base URL is that episode's gateway route, and
-talks to the policy as to any OpenAI model: its own tools, its own loop (that client's requests
-go to the gateway's app in-process; the URL serves any other client). What it returns
-(None, or a mapping such as ``{"success": True}``) becomes the trajectory's ``info``; reward
-plugins then score the `Trajectory` the gateway captured (its turns, the calls parsed in the
-configured format, the tool messages the agent sent back).
+task row it gets a client whose base URL is that episode's gateway route, and talks to the
+policy as to any hosted model: its own tools, its own loop (that client's requests go to the
+gateway's app in-process; the URL serves any other client). ``rollout.agent_client`` says
+which client: ``openai`` (an ``openai.AsyncOpenAI``: Chat Completions or the Responses API,
+e.g. the OpenAI Agents SDK's default model) or ``anthropic`` (an ``anthropic.AsyncAnthropic``:
+the Messages API). What it returns (None, or a mapping such as ``{"success": True}``) becomes
+the trajectory's ``info``; reward plugins then score the `Trajectory` the gateway captured
+(its turns, the calls parsed in the configured format, the tool results the agent sent back).
 
 An agent whose conversation outgrows the token budget (``rollout.max_prompt_tokens`` for a
-sample's first prompt, ``max_total_tokens`` for a sample) gets OpenAI's 400
-``context_length_exceeded``; if it raises on it, the episode ends with ``context`` (as the env
-loop does) and trains on what was sampled. An episode runs at most ``rollout.agent_timeout_s``
-seconds, and at most
+sample's first prompt, ``max_total_tokens`` for a sample) gets the API's 400
+(``context_length_exceeded``); if it raises on it, the episode ends with ``context`` (as the
+env loop does) and trains on what was sampled. An episode runs at most
+``rollout.agent_timeout_s`` seconds, and at most
 ``rollout.concurrency`` run at once per worker. An agent that raises (``agent_crash``), runs
 past its deadline (``agent_timeout``) or never calls the model (``agent_crash``) gives an
 infrastructure-failed episode (`Trajectory.infra_failure`): the trainer keeps it out of the
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import importlib.util
 import inspect
 import logging
 import time
@@ -47,6 +50,7 @@ __all__ = ["AgentRunner", "episode_leads", "episode_rows", "gateway_metrics", "i
            "one_per_episode", "resolve_agent"]
 
 Agent = Callable[[Any, Mapping[str, Any]], Awaitable[Any]]
+CLIENTS = ("openai", "anthropic")  # rollout.agent_client
 
 
 def resolve_agent(spec: Any) -> Agent:
@@ -74,52 +78,71 @@ class AgentRunner:
         max_tokens / max_prompt_tokens / max_response_tokens: see `Gateway`.
         transport: how the agent's own client reaches the gateway, ``"inprocess"`` or
             ``"http"`` (`client`); the gateway is served on loopback either way.
+        client: the SDK the agent gets, ``"openai"`` or ``"anthropic"`` (`client`).
     """
 
     def __init__(self, engine: Any, renderer: Any, agent: Any, *, model: str = "policy",
                  format: str = "hermes", timeout_s: float = 120.0, concurrency: int = 64,
                  max_tokens: int | None = None, max_prompt_tokens: int | None = None,
                  max_response_tokens: int | None = None,
-                 transport: str = "inprocess") -> None:
+                 transport: str = "inprocess", client: str = "openai") -> None:
         if transport not in ("inprocess", "http"):
             raise ValueError(f"transport must be 'inprocess' or 'http', got {transport!r}")
+        if client not in CLIENTS:
+            raise ValueError(f"rollout.agent_client must be one of {CLIENTS}, got {client!r}")
+        if importlib.util.find_spec(client) is None:  # fail here, not in every episode
+            raise ImportError(f"rollout.agent_client={client!r} needs the {client!r} package "
+                              f"(pip install {client})")
         self.agent = resolve_agent(agent)
-        self.transport = transport
+        self.transport, self.client_kind = transport, client
         self.renderer = renderer
         self.timeout_s, self.concurrency = float(timeout_s), int(concurrency)
         self.gateway = Gateway(engine, renderer, model=model, format=format,
                                max_tokens=max_tokens, max_prompt_tokens=max_prompt_tokens,
                                max_response_tokens=max_response_tokens)
         self.server = GatewayServer(self.gateway, keep_alive_s=self.timeout_s + 60).start()
-        self._tls: Any = None
+        self._tls: dict[str, Any] = {}  # module name: its TLS context
 
     def close(self) -> None:
         self.server.stop()
 
     def client(self, episode_id: str) -> tuple[Any, Any]:
-        """The ``openai.AsyncOpenAI`` of one episode's route, and the HTTP client it owns.
+        """The client of one episode's route (``openai.AsyncOpenAI``, or
+        ``anthropic.AsyncAnthropic`` when ``client="anthropic"``), and the HTTP client it owns.
 
         Its ``base_url`` is the route on the served gateway, usable by any HTTP client. Its
         own requests go by ``transport``: ``"inprocess"`` hands them to the gateway's app on
-        the agent's event loop (httpx's ASGI transport: the same requests, app and replies,
+        the agent's event loop (an ASGI transport: the same requests, app and replies,
         without a socket, HTTP parsing on both ends, or a hop to the server's thread);
         ``"http"`` sends them over loopback, on a connection pool of the episode's own
         (httpx scans every connection of a pool on each request and response, so one pool
         shared by all episodes in flight costs O(episodes) per call).
         """
+        if self.client_kind == "anthropic":  # the anthropic SDK speaks httpx2
+            import anthropic
+            import httpx2
+
+            http: Any = httpx2.AsyncClient(transport=self._transport(httpx2),
+                                           timeout=self.timeout_s, trust_env=False)
+            return anthropic.AsyncAnthropic(
+                base_url=self.server.anthropic_url(episode_id), api_key="toolrl",
+                max_retries=0, timeout=self.timeout_s, http_client=http), http
         import httpx
         import openai
 
-        if self.transport == "inprocess":
-            wire: Any = httpx.ASGITransport(self.gateway.app, raise_app_exceptions=False)
-        else:
-            if self._tls is None:  # unused on loopback, but httpx builds one per client
-                self._tls = httpx.create_ssl_context()
-            wire = httpx.AsyncHTTPTransport(verify=self._tls)
-        http = httpx.AsyncClient(transport=wire, timeout=self.timeout_s, trust_env=False)
+        http = httpx.AsyncClient(transport=self._transport(httpx), timeout=self.timeout_s,
+                                 trust_env=False)
         return openai.AsyncOpenAI(base_url=self.server.episode_url(episode_id),
                                   api_key="toolrl", max_retries=0, timeout=self.timeout_s,
                                   http_client=http), http
+
+    def _transport(self, httpx: Any) -> Any:
+        """``transport``'s transport from the ``httpx`` module given (httpx or httpx2)."""
+        if self.transport == "inprocess":
+            return httpx.ASGITransport(self.gateway.app, raise_app_exceptions=False)
+        if httpx.__name__ not in self._tls:  # unused on loopback, but built per client
+            self._tls[httpx.__name__] = httpx.create_ssl_context()
+        return httpx.AsyncHTTPTransport(verify=self._tls[httpx.__name__])
 
     async def run_all(self, rows: Sequence[Mapping[str, Any]], seeds: Sequence[int | None],
                       temperature: float, top_p: float = 1.0, top_k: int = -1

@@ -1,25 +1,34 @@
-"""`Gateway`: an OpenAI-compatible chat-completions endpoint on a rollout worker's engine.
+"""`Gateway`: OpenAI's and Anthropic's APIs on a rollout worker's engine, one capture for all.
 
 Routes (a starlette app, served on loopback by `toolrl.rollout.gateway.server.GatewayServer`):
 
-- ``GET /v1/models``, ``POST /v1/chat/completions``: plain calls, nothing captured;
-- ``GET /episodes/{id}/v1/models``, ``POST /episodes/{id}/v1/chat/completions``: the route of
-  one open episode (`Gateway.open_episode`); every call is captured (`EpisodeCapture`) with
-  the exact prompt ids, sampled ids and log-probs, and calls of one episode run one at a time.
+- ``GET /v1/models``; ``POST /v1/chat/completions`` (OpenAI's Chat Completions),
+  ``POST /v1/responses`` (OpenAI's Responses API, `openai_responses`) and ``POST /v1/messages``
+  (Anthropic's Messages API, `anthropic_messages`): plain calls, nothing captured;
+- the same under ``/episodes/{id}/v1/``: the route of one open episode
+  (`Gateway.open_episode`); every call is captured (`EpisodeCapture`) with the exact prompt
+  ids, sampled ids and log-probs, and calls of one episode run one at a time.
 
-A call renders the messages with the model's chat template (`ChatRenderer`, as the env path
-does), samples on the engine, decodes, and parses tool calls with the configured tool-call
-format (`toolrl.core.parse`). A reply with calls is ``{"content": <free text or None>,
-"tool_calls": [...]}`` with ``finish_reason: "tool_calls"``; otherwise plain text with the
-engine's ``stop`` / ``length``. ``tool_choice: "none"`` leaves calls unparsed (text);
-``"required"`` and a named function constrain sampling (vLLM structured outputs, a grammar of
-the format's call tags around the tool's parameter schema) to one call, so the reply has it.
-``stream: true`` answers with server-sent events.
+Every route is a thin translation onto one call (`Gateway.reply`): its body becomes a
+`ChatRequest` (chat messages, tools), which is rendered with the model's chat template
+(`ChatRenderer`, as the env path does), sampled on the engine, decoded, parsed for tool calls
+with the configured tool-call format (`toolrl.core.parse`) and captured; the `Reply` is then
+answered in the route's API's shape. So the same conversation gives the same tokens whichever
+API carried it, and a history the agent rewrote starts a new sample in every API.
+
+A reply with calls carries them (``tool_calls`` with ``finish_reason: "tool_calls"``;
+``function_call`` items; ``tool_use`` blocks with ``stop_reason: "tool_use"``); otherwise
+plain text with the engine's ``stop`` / ``length``. ``tool_choice: "none"`` leaves calls
+unparsed (text); ``"required"`` (Anthropic's ``any``) and a named function constrain sampling
+(vLLM structured outputs, a grammar of the format's call tags around the tool's parameter
+schema) to one call, so the reply has it. ``stream: true`` answers with the API's server-sent
+events. A refused request gets the API's own error shape and status.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -29,22 +38,28 @@ from typing import Any
 
 from toolrl.core.parse import get_format
 from toolrl.rollout.engine import ContextLengthError, SamplingConfig
+from toolrl.rollout.gateway.anthropic_messages import MessagesAPI
 from toolrl.rollout.gateway.capture import CallRecord, EpisodeCapture, template_messages
+from toolrl.rollout.gateway.openai_responses import ResponsesAPI
 from toolrl.rollout.gateway.protocol import (
+    API,
+    ChatAPI,
     ChatRequest,
-    OpenAIError,
-    chat_completion,
+    Reply,
+    RequestError,
     error_body,
-    stream_chunks,
 )
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["Gateway"]
 
+APIS: dict[str, API] = {"chat/completions": ChatAPI(), "responses": ResponsesAPI(),
+                        "messages": MessagesAPI()}
+
 
 class Gateway:
-    """Chat completions on one engine, with per-episode token capture.
+    """Chat Completions, Responses and Messages on one engine, with per-episode token capture.
 
     Args:
         engine: the `VLLMEngine` (``generate``, ``max_model_len``, ``tokenizer``).
@@ -105,13 +120,13 @@ class Gateway:
                                         f"{getattr(exc, 'detail', 'not found')}",
                                         code="not_found" if status == 404 else None), status)
 
-            self._app = Starlette(routes=[
-                Route("/v1/models", self._models, methods=["GET"]),
-                Route("/v1/chat/completions", self._chat, methods=["POST"]),
-                Route("/episodes/{episode_id}/v1/models", self._models, methods=["GET"]),
-                Route("/episodes/{episode_id}/v1/chat/completions", self._chat,
-                      methods=["POST"]),
-            ], exception_handlers={HTTPException: not_found})
+            routes = []
+            for prefix in ("", "/episodes/{episode_id}"):
+                routes.append(Route(f"{prefix}/v1/models", self._models, methods=["GET"]))
+                for path, api in APIS.items():
+                    routes.append(Route(f"{prefix}/v1/{path}", self._endpoint(api),
+                                        methods=["POST"]))
+            self._app = Starlette(routes=routes, exception_handlers={HTTPException: not_found})
         return self._app
 
     async def _models(self, request: Any) -> Any:
@@ -121,7 +136,14 @@ class Gateway:
         return _json({"object": "list", "data": [
             {"id": self.model, "object": "model", "created": 0, "owned_by": "toolrl"}]})
 
-    async def _chat(self, request: Any) -> Any:
+    def _endpoint(self, api: API) -> Any:
+        async def endpoint(request: Any) -> Any:
+            return await self.serve(request, api)
+        return endpoint
+
+    async def serve(self, request: Any, api: API) -> Any:
+        """One request of ``api``: parse, check, answer (captured on an episode route);
+        refusals and failures in the API's own error shape."""
         from starlette.responses import StreamingResponse
 
         eid = request.path_params.get("episode_id")
@@ -129,36 +151,39 @@ class Gateway:
             try:
                 body = json.loads(await request.body())
             except ValueError as e:
-                raise OpenAIError(f"the request body is not valid JSON: {e}") from e
-            req = ChatRequest.parse(body)
+                raise RequestError(f"the request body is not valid JSON: {e}") from e
+            req = api.parse(body)
             if req.model != self.model:
-                raise OpenAIError(f"The model `{req.model}` does not exist; this gateway "
-                                  f"serves `{self.model}`", status=404, param="model",
-                                  code="model_not_found")
-            if eid is None:
-                completion, pieces = await self.complete(req, None)
-            else:
+                raise RequestError(f"The model `{req.model}` does not exist; this gateway "
+                                   f"serves `{self.model}`", status=404, param="model",
+                                   code="model_not_found")
+            capture = None
+            if eid is not None:
                 capture = self.episodes.get(eid)
                 if capture is None:
                     raise _no_episode(eid)
-                lock = self._locks.setdefault(eid, asyncio.Lock())
-                async with lock:
-                    completion, pieces = await self.complete(req, capture)
-        except OpenAIError as e:
-            return _json(e.body(), e.status)
-        except Exception as e:  # the engine or template failed: a 500 in OpenAI's shape
-            logger.warning("chat completion failed: %s", e, exc_info=True)
-            return _json(error_body(f"{type(e).__name__}: {e}", "server_error"), 500)
+            lock = (self._locks.setdefault(eid, asyncio.Lock()) if capture is not None
+                    else contextlib.nullcontext())
+            async with lock:
+                chat = api.resolve(req, capture)
+                reply = await self.reply(chat, capture, api)
+                answer = api.answer(req, chat, reply, capture)
+        except RequestError as e:
+            return _json(*api.error(e))
+        except Exception as e:  # the engine or template failed: a 500 in the API's shape
+            logger.warning("%s call failed: %s", api.name, e, exc_info=True)
+            return _json(*api.error(RequestError(f"{type(e).__name__}: {e}", status=500,
+                                                 type="server_error")))
         if req.stream:
-            return StreamingResponse(stream_chunks(completion, pieces, req.include_usage),
+            return StreamingResponse(api.events(req, answer, reply),
                                      media_type="text/event-stream")
-        return _json(completion)
+        return _json(answer)
 
     # --- one call --------------------------------------------------------------------------
-    async def complete(self, req: ChatRequest, capture: EpisodeCapture | None
-                       ) -> tuple[dict[str, Any], list[str]]:
-        """Render, sample, decode, parse; record the call in ``capture``. Returns the
-        ``chat.completion`` object and the content's pieces for streaming."""
+    async def reply(self, req: ChatRequest, capture: EpisodeCapture | None,
+                    api: API = APIS["chat/completions"]) -> Reply:
+        """Render, sample, decode, parse; record the call in ``capture`` (as carried by
+        ``api``, whose ``call_prefix`` starts the ids of the reply's tool calls)."""
         messages = template_messages(req.messages)
         tools = [dict(t) for t in req.tools]
         try:
@@ -167,8 +192,8 @@ class Gateway:
             else:
                 prompt, extends = self.renderer.render_prompt(messages, tools or None), False
         except ValueError as e:  # TemplateError: the template rejects these messages
-            raise OpenAIError(f"the chat template cannot render these messages: {e}",
-                              param="messages") from e
+            raise RequestError(f"the chat template cannot render these messages: {e}",
+                               param="messages") from e
         room = self.max_response_tokens
         if extends:
             room -= len(prompt) - capture.sample_prompt_len()
@@ -178,38 +203,37 @@ class Gateway:
         if not extends and len(prompt) > self.max_prompt_tokens:
             if capture is not None:
                 capture.overflow = True
-            raise OpenAIError(f"This model's maximum context length is "
-                              f"{self.max_prompt_tokens} prompt tokens; the messages take "
-                              f"{len(prompt)}", param="messages",
-                              code="context_length_exceeded")
+            raise RequestError(f"This model's maximum context length is "
+                               f"{self.max_prompt_tokens} prompt tokens; the messages take "
+                               f"{len(prompt)}", param="messages",
+                               code="context_length_exceeded")
         room = min(room, self.engine.max_model_len - len(prompt))
         sampling = self.sampling(req, room, capture)
         t0 = time.perf_counter()
         try:
             [out] = await self.engine.generate(prompt, sampling)
         except ContextLengthError as e:
-            raise OpenAIError(str(e), param="messages", code="context_length_exceeded") from e
+            raise RequestError(str(e), param="messages", code="context_length_exceeded") from e
         gen_s = time.perf_counter() - t0
         tok = self.renderer.tokenizer
         text = tok.decode(out.token_ids, skip_special_tokens=True)
         content = text
-        if isinstance(out.stop_reason, str) and content.endswith(out.stop_reason):
-            content = content[: -len(out.stop_reason)]  # OpenAI leaves the stop string out
+        stop = out.stop_reason if isinstance(out.stop_reason, str) else None
+        if stop and stop in content:  # the APIs leave the stop string out, and what follows
+            content = content[: content.index(stop)]  # it in its last token
         parse = self.parser.parse(text)
         message: dict[str, Any] = {"role": "assistant", "content": content}
         finish = "length" if out.finish_reason == "length" else "stop"
         if req.parses_calls and parse.calls and not parse.errors:
             message["content"] = parse.text or None
             message["tool_calls"] = [
-                {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+                {"id": f"{api.call_prefix}{uuid.uuid4().hex[:24]}", "type": "function",
                  "function": {"name": c.name, "arguments": json.dumps(c.arguments,
                                                                        ensure_ascii=False)}}
                 for c in parse.calls]
             finish = "tool_calls"
         message.setdefault("refusal", None)
         logprobs = self._logprobs(out.token_ids, out.log_probs) if req.logprobs else None
-        completion = chat_completion(req, message, finish, len(prompt), len(out.token_ids),
-                                     logprobs)
         if capture is not None:
             [reply] = template_messages([message])
             capture.calls.append(CallRecord(
@@ -217,11 +241,13 @@ class Gateway:
                 completion_ids=list(out.token_ids), log_probs=list(out.log_probs or []),
                 reply=reply, text=text, parse=parse, finish_reason=out.finish_reason,
                 extends=extends, generate_s=gen_s, versions=list(out.versions or []),
-                constrained=sampling.structured_outputs is not None))
+                constrained=sampling.structured_outputs is not None, api=api.name))
         pieces = [message["content"] or ""]
         if req.stream and "tool_calls" not in message:  # token by token
             pieces = self._pieces(out.token_ids, message["content"])
-        return completion, pieces
+        return Reply(message=message, finish_reason=finish, stop=stop,
+                     prompt_tokens=len(prompt), completion_tokens=len(out.token_ids),
+                     logprobs=logprobs, pieces=pieces)
 
     def sampling(self, req: ChatRequest, room: int,
                  capture: EpisodeCapture | None = None) -> SamplingConfig:
@@ -229,7 +255,7 @@ class Gateway:
         an episode route's own temperature, top_p, top_k and seed win (`EpisodeCapture`)."""
         limit = min(x for x in (req.max_tokens, self.max_tokens, room) if x is not None)
         temperature, top_p, seed = req.temperature, req.top_p, req.seed
-        top_k = capture.top_k if capture is not None else -1
+        top_k = capture.top_k if capture is not None else req.top_k
         if capture is not None:
             if capture.temperature is not None:
                 temperature = capture.temperature
@@ -252,7 +278,7 @@ class Gateway:
         begin = getattr(self.parser, "open_tag", None)
         end = getattr(self.parser, "close_tag", None)
         if not begin or not end:
-            raise OpenAIError(f"tool_choice {req.tool_choice!r} is not supported with the "
+            raise RequestError(f"tool_choice {req.tool_choice!r} is not supported with the "
                               f"{self.format_name!r} tool-call format", param="tool_choice")
         return {"grammar": call_grammar(begin, end, _call_schema(tools))}
 
@@ -299,8 +325,8 @@ def _call_schema(tools: list[Mapping[str, Any]]) -> dict[str, Any]:
     return options[0] if len(options) == 1 else {"anyOf": options}
 
 
-def _no_episode(eid: str) -> OpenAIError:
-    return OpenAIError(f"no open episode {eid!r} (it finished, or never started)", status=404,
+def _no_episode(eid: str) -> RequestError:
+    return RequestError(f"no open episode {eid!r} (it finished, or never started)", status=404,
                        code="episode_not_found")
 
 

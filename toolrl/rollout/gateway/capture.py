@@ -1,6 +1,7 @@
 """Token capture of one agent episode, and its merge into training samples.
 
-Every chat-completions call on an episode's route becomes a `CallRecord`: the prompt ids the
+Every call on an episode's route (Chat Completions, Responses or Messages: each is translated
+into chat messages first) becomes a `CallRecord`: the prompt ids the
 gateway rendered, the ids the engine sampled with their log-probs, and the reply it sent. The
 prompt of a call is built the way the env path builds its next turn (`EpisodeCapture.prompt_for`):
 
@@ -91,6 +92,7 @@ class CallRecord:
         generate_s: seconds in the engine.
         versions: the weight version that sampled each completion token (empty: unknown).
         constrained: sampled through a grammar (``tool_choice`` required or named).
+        api: the API that carried it (``chat.completions``, ``responses``, ``messages``).
     """
 
     messages: list[dict[str, Any]]
@@ -106,6 +108,7 @@ class CallRecord:
     generate_s: float = 0.0
     versions: list[int] = field(default_factory=list)
     constrained: bool = False
+    api: str = "chat.completions"
 
 
 @dataclass
@@ -130,6 +133,8 @@ class EpisodeCapture:
     update scores the tokens at that temperature; ``seed`` seeds each call (``seed`` and the
     call's index) that does not bring its own. ``overflow``: a call was refused with
     ``context_length_exceeded`` (the conversation outgrew the token budget).
+    ``conversations``: what the Responses API's ``previous_response_id`` continues (a
+    response's id: its chat messages, the reply last), kept until the episode closes.
     """
 
     def __init__(self, episode_id: str, *, seed: int | None = None,
@@ -139,6 +144,7 @@ class EpisodeCapture:
         self.seed, self.temperature, self.top_p, self.top_k = seed, temperature, top_p, top_k
         self.calls: list[CallRecord] = []
         self.overflow = False  # a call was refused: the conversation outgrew the budget
+        self.conversations: dict[str, list[dict[str, Any]]] = {}
 
     def sample_prompt_len(self) -> int:
         """Prompt length of the sample the last call belongs to (0 before any call)."""
@@ -244,7 +250,8 @@ class EpisodeCapture:
         traj.timing = {"generate_s": sum(c.generate_s for c in self.calls)}
         traj.extra["gateway"] = {"calls": len(self.calls), "samples": len(samples),
                                  "splits": self.splits, "turn_sample": turn_sample,
-                                 "constrained": sum(c.constrained for c in self.calls)}
+                                 "constrained": sum(c.constrained for c in self.calls),
+                                 "apis": [c.api for c in self.calls]}
         return traj, samples
 
 

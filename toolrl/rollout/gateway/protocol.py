@@ -1,9 +1,14 @@
-"""OpenAI's chat-completions wire format: request validation, responses, stream chunks, errors.
+"""OpenAI's chat-completions wire format: request validation, responses, stream chunks, errors;
+and what every API of the gateway shares.
 
-`ChatRequest.parse` checks a request body the way OpenAI's API does and raises `OpenAIError`
-(rendered as ``{"error": {"message", "type", "param", "code"}}`` with a 4xx status) for what
-the gateway cannot honour: malformed fields, ``n > 1``, an unknown role, a named tool that is
-not offered, an unknown argument.
+`ChatRequest` is the one request the gateway serves (`Gateway.reply`): the chat route parses
+it from the body (`ChatRequest.parse`, checked the way OpenAI's API does), the Responses and
+Messages routes translate their bodies into it (`openai_responses`, `anthropic_messages`).
+`Reply` is what one call answered, before any API's shape. `RequestError` is a refused request
+(a 4xx status with a message, a ``param``, a ``code``); each route renders it in its API's own
+error shape (here OpenAI's ``{"error": {"message", "type", "param", "code"}}``) for what the
+gateway cannot honour: malformed fields, ``n > 1``, an unknown role, a named tool that is not
+offered, an unknown argument.
 """
 
 from __future__ import annotations
@@ -15,7 +20,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["ChatRequest", "OpenAIError", "chat_completion", "error_body", "stream_chunks"]
+__all__ = ["API", "ChatAPI", "ChatRequest", "Reply", "RequestError", "chat_completion",
+           "error_body", "sse", "stream_chunks"]
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 # Accepted and ignored: they change nothing about what is sampled.
@@ -26,8 +32,9 @@ _KNOWN = ("model", "messages", "tools", "tool_choice", "temperature", "top_p", "
           "parallel_tool_calls", *_IGNORED)
 
 
-class OpenAIError(Exception):
-    """A request error in OpenAI's shape (HTTP ``status``, ``type``, ``param``, ``code``)."""
+class RequestError(Exception):
+    """A refused request: HTTP ``status``, OpenAI's error ``type``, ``param`` and ``code``
+    (`body`: OpenAI's shape; the Messages route renders it in Anthropic's)."""
 
     def __init__(self, message: str, *, status: int = 400, type: str = "invalid_request_error",
                  param: str | None = None, code: str | None = None) -> None:
@@ -46,7 +53,9 @@ def error_body(message: str, type: str = "invalid_request_error", param: str | N
 
 @dataclass
 class ChatRequest:
-    """A validated ``POST /v1/chat/completions`` body."""
+    """A validated ``POST /v1/chat/completions`` body (or another API's body translated:
+    chat messages, tools in the chat form). ``top_k`` (-1: off) comes from APIs that have it
+    (Anthropic's); the chat body has none."""
 
     model: str
     messages: list[dict[str, Any]]
@@ -60,6 +69,7 @@ class ChatRequest:
     logprobs: bool = False
     stream: bool = False
     include_usage: bool = False
+    top_k: int = -1
 
     @property
     def forced_tool(self) -> str | None:
@@ -77,66 +87,66 @@ class ChatRequest:
     @classmethod
     def parse(cls, body: Any) -> ChatRequest:
         if not isinstance(body, Mapping):
-            raise OpenAIError("the request body must be a JSON object")
+            raise RequestError("the request body must be a JSON object")
         unknown = sorted(set(body) - set(_KNOWN))
         if unknown:
-            raise OpenAIError(f"Unrecognized request argument supplied: {unknown[0]}",
+            raise RequestError(f"Unrecognized request argument supplied: {unknown[0]}",
                               param=unknown[0])
         model = body.get("model")
         if not isinstance(model, str) or not model:
-            raise OpenAIError("you must provide a model parameter", param="model")
+            raise RequestError("you must provide a model parameter", param="model")
         n = body.get("n", 1)
-        if n is not None and (not _is_int(n) or n != 1):
-            raise OpenAIError(f"n={n!r} is not supported: the gateway samples one choice per "
+        if n is not None and (not is_int(n) or n != 1):
+            raise RequestError(f"n={n!r} is not supported: the gateway samples one choice per "
                               f"request (send one request per sample)", param="n")
         for key in ("frequency_penalty", "presence_penalty"):
             if body.get(key) not in (None, 0, 0.0):
-                raise OpenAIError(f"{key} is not supported (the policy's own distribution is "
+                raise RequestError(f"{key} is not supported (the policy's own distribution is "
                                   f"what trains)", param=key)
         if body.get("top_logprobs") not in (None, 0):
-            raise OpenAIError("top_logprobs is not supported (logprobs=true gives the sampled "
+            raise RequestError("top_logprobs is not supported (logprobs=true gives the sampled "
                               "tokens' log-probs)", param="top_logprobs")
         if body.get("parallel_tool_calls") is False:
-            raise OpenAIError("parallel_tool_calls=false is not supported: a reply carries every "
+            raise RequestError("parallel_tool_calls=false is not supported: a reply carries every "
                               "call the model wrote", param="parallel_tool_calls")
         fmt = body.get("response_format")
         if fmt is not None and (not isinstance(fmt, Mapping) or fmt.get("type") != "text"):
-            raise OpenAIError("response_format other than {'type': 'text'} is not supported",
+            raise RequestError("response_format other than {'type': 'text'} is not supported",
                               param="response_format")
         messages = _messages(body.get("messages"))
         tools = _tools(body.get("tools"))
         req = cls(model=model, messages=messages, tools=tools,
                   tool_choice=_tool_choice(body.get("tool_choice"), tools),
-                  temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
-                  top_p=_number(body, "top_p", 1.0, 0.0, 1.0, low_open=True),
+                  temperature=number_field(body, "temperature", 1.0, 0.0, 2.0),
+                  top_p=number_field(body, "top_p", 1.0, 0.0, 1.0, low_open=True),
                   max_tokens=_max_tokens(body), stop=_stop(body.get("stop")),
-                  seed=_seed(body.get("seed")), logprobs=_bool(body, "logprobs"),
-                  stream=_bool(body, "stream"))
+                  seed=_seed(body.get("seed")), logprobs=bool_field(body, "logprobs"),
+                  stream=bool_field(body, "stream"))
         options = body.get("stream_options")
         if options is not None:
             if not isinstance(options, Mapping):
-                raise OpenAIError("stream_options must be an object", param="stream_options")
+                raise RequestError("stream_options must be an object", param="stream_options")
             if not req.stream:
-                raise OpenAIError("stream_options is only allowed when stream is true",
+                raise RequestError("stream_options is only allowed when stream is true",
                                   param="stream_options")
             req.include_usage = bool(options.get("include_usage", False))
         return req
 
 
-def _is_int(x: Any) -> bool:
+def is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-def _bool(body: Mapping[str, Any], key: str) -> bool:
+def bool_field(body: Mapping[str, Any], key: str) -> bool:
     value = body.get(key)
     if value is None:
         return False
     if not isinstance(value, bool):
-        raise OpenAIError(f"{key} must be a boolean, got {value!r}", param=key)
+        raise RequestError(f"{key} must be a boolean, got {value!r}", param=key)
     return value
 
 
-def _number(body: Mapping[str, Any], key: str, default: float, low: float, high: float,
+def number_field(body: Mapping[str, Any], key: str, default: float, low: float, high: float,
             low_open: bool = False) -> float:
     value = body.get(key)
     if value is None:
@@ -144,7 +154,7 @@ def _number(body: Mapping[str, Any], key: str, default: float, low: float, high:
     if isinstance(value, bool) or not isinstance(value, int | float) or value > high or \
             value < low or (low_open and value <= low):
         side = "(" if low_open else "["
-        raise OpenAIError(f"{key} must be a number in {side}{low:g}, {high:g}], got {value!r}",
+        raise RequestError(f"{key} must be a number in {side}{low:g}, {high:g}], got {value!r}",
                           param=key)
     return float(value)
 
@@ -154,8 +164,8 @@ def _max_tokens(body: Mapping[str, Any]) -> int | None:
         value = body.get(key)
         if value is None:
             continue
-        if not _is_int(value) or value < 1:
-            raise OpenAIError(f"{key} must be a positive integer, got {value!r}", param=key)
+        if not is_int(value) or value < 1:
+            raise RequestError(f"{key} must be a positive integer, got {value!r}", param=key)
         return int(value)
     return None
 
@@ -166,7 +176,7 @@ def _stop(value: Any) -> tuple[str, ...]:
     stops = [value] if isinstance(value, str) else value
     if not isinstance(stops, list) or len(stops) > 4 or \
             not all(isinstance(s, str) and s for s in stops):
-        raise OpenAIError("stop must be a non-empty string or a list of up to 4 of them",
+        raise RequestError("stop must be a non-empty string or a list of up to 4 of them",
                           param="stop")
     return tuple(stops)
 
@@ -174,40 +184,40 @@ def _stop(value: Any) -> tuple[str, ...]:
 def _seed(value: Any) -> int | None:
     if value is None:
         return None
-    if not _is_int(value):
-        raise OpenAIError(f"seed must be an integer, got {value!r}", param="seed")
+    if not is_int(value):
+        raise RequestError(f"seed must be an integer, got {value!r}", param="seed")
     return int(value) % (2**31 - 1)
 
 
 def _messages(value: Any) -> list[dict[str, Any]]:
     if not isinstance(value, list) or not value:
-        raise OpenAIError("messages must be a non-empty array", param="messages")
+        raise RequestError("messages must be a non-empty array", param="messages")
     out = []
     for i, m in enumerate(value):
         where = f"messages[{i}]"
         if not isinstance(m, Mapping):
-            raise OpenAIError(f"{where} must be an object", param=where)
+            raise RequestError(f"{where} must be an object", param=where)
         role = m.get("role")
         if role not in ROLES:
-            raise OpenAIError(f"Invalid value for '{where}.role': {role!r}; supported values "
+            raise RequestError(f"Invalid value for '{where}.role': {role!r}; supported values "
                               f"are {', '.join(repr(r) for r in ROLES)}", param=f"{where}.role")
         content = m.get("content")
         if not _valid_content(content, allow_none=role == "assistant"):
-            raise OpenAIError(f"{where}.content must be a string or an array of text parts",
+            raise RequestError(f"{where}.content must be a string or an array of text parts",
                               param=f"{where}.content")
         if role == "tool" and not isinstance(m.get("tool_call_id"), str):
-            raise OpenAIError(f"{where}: a tool message needs its tool_call_id",
+            raise RequestError(f"{where}: a tool message needs its tool_call_id",
                               param=f"{where}.tool_call_id")
         calls = m.get("tool_calls")
         if calls is not None:
             if role != "assistant" or not isinstance(calls, list):
-                raise OpenAIError(f"{where}.tool_calls must be an array on an assistant message",
+                raise RequestError(f"{where}.tool_calls must be an array on an assistant message",
                                   param=f"{where}.tool_calls")
             for c in calls:
                 fn = c.get("function") if isinstance(c, Mapping) else None
                 if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str) or \
                         not isinstance(fn.get("arguments"), str | dict):
-                    raise OpenAIError(f"{where}.tool_calls: each call needs a function with "
+                    raise RequestError(f"{where}.tool_calls: each call needs a function with "
                                       f"a name and arguments", param=f"{where}.tool_calls")
         out.append(dict(m))
     return out
@@ -227,12 +237,12 @@ def _tools(value: Any) -> list[dict[str, Any]]:
     if value is None:
         return []
     if not isinstance(value, list):
-        raise OpenAIError("tools must be an array", param="tools")
+        raise RequestError("tools must be an array", param="tools")
     for i, t in enumerate(value):
         fn = t.get("function") if isinstance(t, Mapping) else None
         if not isinstance(t, Mapping) or t.get("type") != "function" or \
                 not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str):
-            raise OpenAIError(f"tools[{i}] must be {{'type': 'function', 'function': "
+            raise RequestError(f"tools[{i}] must be {{'type': 'function', 'function': "
                               f"{{'name': ..., 'parameters': ...}}}}", param=f"tools[{i}]")
     return [dict(t) for t in value]
 
@@ -242,16 +252,16 @@ def _tool_choice(value: Any, tools: Sequence[Mapping[str, Any]]) -> str | dict[s
         return "auto" if tools else "none"
     if value in ("none", "auto", "required"):
         if value == "required" and not tools:
-            raise OpenAIError("tool_choice 'required' needs tools", param="tool_choice")
+            raise RequestError("tool_choice 'required' needs tools", param="tool_choice")
         return value
     fn = value.get("function") if isinstance(value, Mapping) else None
     if not isinstance(fn, Mapping) or value.get("type") != "function" or \
             not isinstance(fn.get("name"), str):
-        raise OpenAIError("tool_choice must be 'none', 'auto', 'required' or {'type': "
+        raise RequestError("tool_choice must be 'none', 'auto', 'required' or {'type': "
                           "'function', 'function': {'name': ...}}", param="tool_choice")
     names = {t["function"]["name"] for t in tools}
     if fn["name"] not in names:
-        raise OpenAIError(f"tool_choice names {fn['name']!r}, which is not in tools",
+        raise RequestError(f"tool_choice names {fn['name']!r}, which is not in tools",
                           param="tool_choice")
     return {"type": "function", "function": {"name": fn["name"]}}
 
@@ -261,16 +271,48 @@ def new_id() -> str:
     return f"chatcmpl-{uuid.uuid4().hex}"
 
 
-def chat_completion(req: ChatRequest, message: dict[str, Any], finish_reason: str,
-                    prompt_tokens: int, completion_tokens: int,
-                    logprobs: list[dict[str, Any]] | None) -> dict[str, Any]:
+@dataclass
+class Reply:
+    """What one call answered, before any API's shape (`Gateway.reply`).
+
+    Attributes:
+        message: the assistant message in the chat form: ``content`` (the free text, None
+            beside calls when there is none), ``tool_calls`` (ids, names, JSON arguments) when
+            the reply's calls were parsed, ``refusal``.
+        finish_reason: ``stop``, ``length`` or ``tool_calls``.
+        stop: the request's stop string that ended the sampling (left out of the content).
+        prompt_tokens / completion_tokens: the prompt's and the sample's lengths.
+        logprobs: per sampled token (``token``, ``logprob``, ``bytes``), when asked.
+        pieces: the content cut for streaming (one piece per token when it decodes so).
+    """
+
+    message: dict[str, Any]
+    finish_reason: str
+    stop: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    logprobs: list[dict[str, Any]] | None
+    pieces: list[str]
+
+    @property
+    def text(self) -> str:
+        return self.message.get("content") or ""
+
+    @property
+    def calls(self) -> list[dict[str, Any]]:
+        return self.message.get("tool_calls") or []
+
+
+def chat_completion(req: ChatRequest, reply: Reply) -> dict[str, Any]:
     """A ``chat.completion`` object with one choice."""
+    logprobs = reply.logprobs
     return {"id": new_id(), "object": "chat.completion", "created": int(time.time()),
             "model": req.model, "system_fingerprint": None,
-            "choices": [{"index": 0, "message": message, "finish_reason": finish_reason,
+            "choices": [{"index": 0, "message": reply.message,
+                         "finish_reason": reply.finish_reason,
                          "logprobs": None if logprobs is None else {"content": logprobs,
                                                                     "refusal": None}}],
-            "usage": _usage(prompt_tokens, completion_tokens)}
+            "usage": _usage(reply.prompt_tokens, reply.completion_tokens)}
 
 
 def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
@@ -308,3 +350,54 @@ def stream_chunks(completion: Mapping[str, Any], pieces: Sequence[str],
     if include_usage:
         yield f"data: {json.dumps({**base, 'choices': [], 'usage': completion['usage']})}\n\n"
     yield "data: [DONE]\n\n"
+
+
+# --- how a route speaks one API ------------------------------------------------------------
+class API:
+    """How a route of the gateway speaks one API (`toolrl.rollout.gateway.app.Gateway.serve`):
+    ``parse`` a body (the request has ``model`` and ``stream``), ``resolve`` it into the
+    `ChatRequest` the gateway serves (an episode's ``capture`` holds what the API keeps between
+    calls), ``answer`` the `Reply` in the API's shape, stream it as ``events``, and render a
+    refusal as its ``error`` body and status. ``call_prefix`` starts the ids of its tool
+    calls."""
+
+    name = ""
+    call_prefix = "call_"
+
+    def parse(self, body: Any) -> Any:
+        raise NotImplementedError
+
+    def resolve(self, req: Any, capture: Any) -> ChatRequest:
+        return req
+
+    def answer(self, req: Any, chat: ChatRequest, reply: Reply, capture: Any) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def events(self, req: Any, answer: Mapping[str, Any], reply: Reply) -> Iterator[str]:
+        raise NotImplementedError
+
+    def error(self, e: RequestError) -> tuple[dict[str, Any], int]:
+        return e.body(), e.status
+
+
+class ChatAPI(API):
+    """OpenAI's Chat Completions (``/v1/chat/completions``)."""
+
+    name = "chat.completions"
+
+    def parse(self, body: Any) -> ChatRequest:
+        return ChatRequest.parse(body)
+
+    def answer(self, req: ChatRequest, chat: ChatRequest, reply: Reply,
+               capture: Any) -> dict[str, Any]:
+        return chat_completion(chat, reply)
+
+    def events(self, req: ChatRequest, answer: Mapping[str, Any], reply: Reply
+               ) -> Iterator[str]:
+        return stream_chunks(answer, reply.pieces, req.include_usage)
+
+
+def sse(event: str | None, data: Mapping[str, Any]) -> str:
+    """One server-sent event (``event:`` line when named, then its JSON ``data``)."""
+    head = f"event: {event}\n" if event else ""
+    return f"{head}data: {json.dumps(data, ensure_ascii=False)}\n\n"

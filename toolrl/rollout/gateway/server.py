@@ -13,7 +13,8 @@ __all__ = ["GatewayServer"]
 class GatewayServer:
     """Serve ``gateway.app`` on ``host:port`` (0: a free port) until `stop`.
 
-    ``url`` is the server's root; `episode_url` the OpenAI base URL of one episode's route.
+    ``url`` is the server's root; `episode_url` the OpenAI base URL of one episode's route,
+    `anthropic_url` the Anthropic one.
     ``keep_alive_s``: how long an idle client connection stays open. Make it longer than an
     episode: a server that closes an idle connection just as the client sends its next request
     on it fails that request (uvicorn's default, 5 s, did for agents whose tools took ~5 s).
@@ -43,6 +44,11 @@ class GatewayServer:
     def episode_url(self, episode_id: str) -> str:
         """The OpenAI base URL of one episode's route."""
         return f"{self.url}/episodes/{episode_id}/v1"
+
+    def anthropic_url(self, episode_id: str | None = None) -> str:
+        """The Anthropic base URL (its SDK adds ``/v1/messages``) of one episode's route, or
+        of plain calls."""
+        return self.url if episode_id is None else f"{self.url}/episodes/{episode_id}"
 
     def start(self, timeout: float = 20.0) -> GatewayServer:
         self.thread.start()
