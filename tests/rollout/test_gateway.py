@@ -111,7 +111,10 @@ def engine(tiny_model_dir):
 
 @pytest.fixture(scope="module")
 def gateway(engine):
-    return Gateway(engine, ChatRenderer(engine.tokenizer), model=MODEL, max_tokens=48)
+    # a grammar-constrained call of TOOLS is at most ~70 characters, so at most ~70 tokens of
+    # the tiny tokenizer: a cap above that lets every constrained call finish, whatever the
+    # random model's draws (48 cut some off, depending on the tests run before)
+    return Gateway(engine, ChatRenderer(engine.tokenizer), model=MODEL, max_tokens=80)
 
 
 @pytest.fixture(scope="module")
@@ -166,7 +169,7 @@ def test_seeded_sampling_repeats_and_log_probs_come_back(client):
 def test_required_and_named_tool_choice_give_a_valid_call(client, choice):
     r = client.chat.completions.create(model=MODEL, messages=MESSAGES, tools=TOOLS,
                                        tool_choice=choice, temperature=1.0, seed=3,
-                                       max_tokens=60)
+                                       max_tokens=80)
     c = r.choices[0]
     assert c.finish_reason == "tool_calls", c.message
     [call] = c.message.tool_calls
@@ -232,7 +235,7 @@ def test_streaming_matches_the_plain_reply(client):
     assert chunks[-1].usage.completion_tokens == plain.usage.completion_tokens
     call = list(client.chat.completions.create(
         stream=True, tools=TOOLS, tool_choice={"type": "function", "function": {"name": "add"}},
-        **{**kw, "max_tokens": 60}))
+        **{**kw, "max_tokens": 80}))
     deltas = [d for ch in call for d in (ch.choices[0].delta.tool_calls or [])]
     assert [d.function.name for d in deltas] == ["add"]
     assert set(json.loads(deltas[0].function.arguments)) == {"a", "b"}
@@ -658,7 +661,7 @@ def test_responses_answer_in_the_documented_shapes(server):
     url = f"{server.base_url}/responses"
     body = {"model": MODEL, "instructions": "Use the tools.", "input": "What is 2 plus 3?",
             "tools": RESPONSES_TOOLS, "tool_choice": {"type": "function", "name": "add"},
-            "max_output_tokens": 60, "temperature": 1.0}
+            "max_output_tokens": 100, "temperature": 1.0}  # a call is at most ~70 characters
     r = httpx.post(url, json=body, timeout=60).json()
     resp = _strict(Response, r)
     [call] = resp.output
@@ -698,7 +701,7 @@ def test_messages_answer_in_the_documented_shapes(server):
     from anthropic.types import Message, RawMessageStreamEvent
 
     url = f"{server.url}/v1/messages"
-    body = {"model": MODEL, "system": "Use the tools.", "max_tokens": 60,
+    body = {"model": MODEL, "system": "Use the tools.", "max_tokens": 100,  # >= a call's chars
             "messages": [{"role": "user", "content": [{"type": "text", "text": "2 plus 3?"}]}],
             "tools": ANTHROPIC_TOOLS, "tool_choice": {"type": "any"}}
     m = _strict(Message, httpx.post(url, json=body, timeout=60).json())
