@@ -11,8 +11,9 @@ Tests and the CPU demo need a model without a hub. `build_tiny_model` writes a d
   arrays as ``array[type]``; then a line per parameter with a description or a default,
   ``  unit: the unit (default "c")``: everything the schema says, shorter than raw JSON
   schemas, which a tiny model learns from faster), assistant calls as
-  ``<tool_call>{json}</tool_call>`` (several per turn), tool results as role ``tool``. Each message renders independently of the ones after it, so the
-  template is prefix-preserving (what token-in/token-out rollouts need);
+  ``<tool_call>{json}</tool_call>`` (several per turn), tool results as role ``tool``. Each
+  message renders independently of the ones after it, so the template is prefix-preserving
+  (what token-in/token-out rollouts need);
 - ``Qwen2ForCausalLM`` with random weights (seeded), tied embeddings, fp32 safetensors.
 
 Besides the tiny family (`SIZES`), `REAL_SHAPES` builds the exact shapes of released models
