@@ -247,10 +247,12 @@ def _renderer(cfg: ExperimentConfig, rollout: RolloutConfig, report: DryRunRepor
     try:
         renderer = ChatRenderer(tokenizer,
                                 allow_non_prefix_preserving=rollout.allow_non_prefix_preserving,
-                                chat_template_kwargs=rollout.chat_template_kwargs)
+                                chat_template_kwargs=rollout.chat_template_kwargs,
+                                family=rollout.family, history_policy=rollout.history_policy)
     except TemplateError as exc:
         report.problems.append(f"chat template: {exc}")
         return None
+    report.notes.append(renderer.history.line())
     try:
         coverage = tool_coverage(renderer)
     except TemplateError as exc:
@@ -266,7 +268,7 @@ def _builds(cfg: ExperimentConfig) -> bool:
     from toolrl.models.tiny import needs_build
 
     try:
-        return needs_build(cfg.model.path, cfg.model.tiny_size)
+        return needs_build(cfg.model.path, cfg.model.tiny_size, cfg.model.tiny_tokenizer)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
 
@@ -277,6 +279,10 @@ def _tokenizer(cfg: ExperimentConfig, rollout: RolloutConfig) -> Any:
     if rollout.engine.tokenizer is not None:
         path = require_model(rollout.engine.tokenizer, key="rollout.engine.tokenizer")
     elif cfg.model.build_tiny_if_missing and _builds(cfg):
+        if cfg.model.tiny_tokenizer != "tiny":  # a family's real tokenizer (cached)
+            from toolrl.models.families import family_tokenizer
+
+            return family_tokenizer(cfg.model.tiny_tokenizer)
         from toolrl.models.tiny import build_tokenizer
 
         return build_tokenizer(seed=cfg.seed)  # the tokenizer of the model the run would build

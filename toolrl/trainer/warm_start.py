@@ -44,15 +44,18 @@ class Transcript:
 
 def oracle_transcripts(env_id: str, rows: Sequence[Mapping[str, Any]], tokenizer: Any,
                        env_kwargs: Mapping[str, Any] | None = None, max_len: int = 1024,
-                       max_turns: int = 16) -> list[Transcript]:
-    """Play ``rows`` with the env's oracle and return the token streams (too long: dropped)."""
+                       max_turns: int = 16, history_policy: str = "auto",
+                       family: str | None = None) -> list[Transcript]:
+    """Play ``rows`` with the env's oracle and return the token streams (too long: dropped).
+    ``history_policy`` / ``family``: the rollout's (`toolrl.rollout.history`): under
+    ``per_turn`` each turn is its own transcript, prompted as the rollout prompts it."""
     import asyncio
 
     from toolrl.core.env import run_episode
     from toolrl.core.registration import make_env
     from toolrl.rollout.chat import ChatRenderer
 
-    renderer = ChatRenderer(tokenizer)
+    renderer = ChatRenderer(tokenizer, history_policy=history_policy, family=family)
     env = make_env(env_id, **dict(env_kwargs or {}))
     try:
         trajs = [asyncio.run(run_episode(env, row=dict(row), seed=i, max_steps=max_turns))
@@ -61,9 +64,10 @@ def oracle_transcripts(env_id: str, rows: Sequence[Mapping[str, Any]], tokenizer
         env.close()
     out = []
     for traj in trajs:
-        transcript = transcript_of(traj, renderer)
-        if len(transcript.input_ids) <= max_len:
-            out.append(transcript)
+        pieces = per_turn_transcripts(traj, renderer) if renderer.per_turn else \
+            [transcript_of(traj, renderer)]
+        if all(len(t.input_ids) <= max_len for t in pieces):
+            out.extend(pieces)
     return out
 
 
@@ -73,7 +77,7 @@ def transcript_of(traj: Trajectory, renderer: Any) -> Transcript:
 
     Each turn added one assistant message, so the assistant messages before the last
     ``len(traj.turns)`` belong to the first prompt (tau2 opens with the agent's greeting)."""
-    eos = renderer.tokenizer.eos_token_id
+    eos = renderer.eos_token_id
     assistant = [i for i, m in enumerate(traj.messages) if m.get("role") == "assistant"]
     if not traj.turns or len(assistant) < len(traj.turns):
         raise ValueError(f"episode {traj.id!r}: {len(traj.turns)} turns and "
@@ -92,6 +96,29 @@ def transcript_of(traj: Trajectory, renderer: Any) -> Transcript:
             ids += delta
             mask += [0] * len(delta)
     return Transcript(ids, mask)
+
+
+def per_turn_transcripts(traj: Trajectory, renderer: Any) -> list[Transcript]:
+    """An episode as the ``per_turn`` history policy samples it: one transcript per turn,
+    the template's rendering of the history as at inference (earlier turns as
+    `ChatRenderer.inference_message`), then the action's tokens + the turn's end."""
+    assistant = [i for i, m in enumerate(traj.messages) if m.get("role") == "assistant"]
+    if not traj.turns or len(assistant) < len(traj.turns):
+        raise ValueError(f"episode {traj.id!r}: {len(traj.turns)} turns and "
+                         f"{len(assistant)} assistant messages; no transcript")
+    first = assistant[len(assistant) - len(traj.turns)]
+    history = [dict(m) for m in traj.messages[:first]]
+    rest = traj.messages[first:]
+    starts = [i for i, m in enumerate(rest) if m.get("role") == "assistant"]
+    out = []
+    for k, (turn, start) in enumerate(zip(traj.turns, starts, strict=True)):
+        prompt = list(renderer.render_prompt(history, traj.tools))
+        act = [*renderer.encode(turn.action), renderer.eos_token_id]
+        out.append(Transcript(prompt + act, [0] * len(prompt) + [1] * len(act)))
+        end = starts[k + 1] if k + 1 < len(starts) else len(rest)
+        history += [renderer.inference_message(turn.action, turn.parse),
+                    *(dict(m) for m in rest[start + 1:end])]
+    return out
 
 
 def shared_prefix_batch(transcripts: Sequence[Transcript], pad_token_id: int) -> TensorDict:
