@@ -252,7 +252,9 @@ def _renderer(cfg: ExperimentConfig, rollout: RolloutConfig, report: DryRunRepor
     except TemplateError as exc:
         report.problems.append(f"chat template: {exc}")
         return None
-    report.notes.append(renderer.history.line())
+    from toolrl.rollout.conformance import template_report
+
+    report.notes.extend(f"template: {line}" for line in template_report(renderer))
     try:
         coverage = tool_coverage(renderer)
     except TemplateError as exc:
