@@ -180,7 +180,11 @@ def episode_mismatches(renderer: ChatRenderer, messages: Sequence[Mapping[str, A
     if not renderer.per_turn:
         ids = renderer.render_prompt(messages[: turns[0]], tools)
         for k, i in enumerate(turns):
-            sampled = renderer.assistant_tokens(messages[:i], messages[i], tools)
+            try:  # what a model that follows the template samples
+                sampled = renderer.assistant_tokens(messages[:i], messages[i], tools)
+            except TemplateError:  # the template renders no turn as sampled: the format's
+                sampled = [*renderer.encode(sampled_text(renderer, messages[i])),
+                           renderer.eos_token_id]
             calls = [(c["function"]["name"], c["function"]["arguments"])
                      for c in messages[i].get("tool_calls") or ()]
             parsed = fmt.parse(renderer.tokenizer.decode(sampled, skip_special_tokens=True))
