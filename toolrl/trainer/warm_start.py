@@ -124,7 +124,21 @@ def per_turn_transcripts(traj: Trajectory, renderer: Any) -> list[Transcript]:
 def shared_prefix_batch(transcripts: Sequence[Transcript], pad_token_id: int) -> TensorDict:
     """``transcripts`` in the rollout layout with their longest common prefix as the prompt
     (the system prompt and tool list an env's tasks share), so the prefix runs once for the
-    whole batch (`toolrl.workers.scoring`); the loss mask is the oracle's action tokens."""
+    whole batch (`toolrl.workers.scoring`); the loss mask is the oracle's action tokens.
+
+    Transcripts that each end in their one action (``per_turn``: a turn's prompt, then its
+    tokens) get their own prompts instead, so the LM head, which runs on every response token,
+    runs on the actions alone (a 152,064-token head made the history's share the bulk of a
+    step)."""
+    if all(_one_action(t.loss_mask) for t in transcripts):
+        cut = [t.loss_mask.index(1) for t in transcripts]
+        return build_rollout_batch([t.input_ids[:c] for t, c in zip(transcripts, cut,
+                                                                    strict=True)],
+                                   [t.input_ids[c:] for t, c in zip(transcripts, cut,
+                                                                    strict=True)],
+                                   [t.loss_mask[c:] for t, c in zip(transcripts, cut,
+                                                                    strict=True)],
+                                   pad_token_id)
     first = transcripts[0].input_ids
     lcp = min(len(t.input_ids) for t in transcripts) - 1
     for t in transcripts:
@@ -135,6 +149,14 @@ def shared_prefix_batch(transcripts: Sequence[Transcript], pad_token_id: int) ->
     return build_rollout_batch([first[:lcp]] * len(transcripts),
                                [t.input_ids[lcp:] for t in transcripts],
                                [t.loss_mask[lcp:] for t in transcripts], pad_token_id)
+
+
+def _one_action(mask: Sequence[int]) -> bool:
+    """The mask is 0s, then 1s to the end (a prompt, then one action)."""
+    if 1 not in mask:
+        return False
+    start = list(mask).index(1)
+    return all(mask[start:])
 
 
 def hold_out(transcripts: Sequence[Transcript], fraction: float,
