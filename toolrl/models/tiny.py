@@ -42,6 +42,7 @@ import random
 import shutil
 import tempfile
 from dataclasses import asdict, dataclass
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -195,14 +196,17 @@ def size_names() -> list[str]:
 
 def build_tiny_model(out: str | os.PathLike, seed: int = 0, size: str = "small",
                      vocab_size: int = VOCAB_SIZE, config: dict[str, Any] | None = None,
-                     dtype: str | None = None, tokenizer: str = "tiny") -> Path:
+                     dtype: str | None = None, tokenizer: str = "tiny",
+                     vocab_texts: Sequence[str] | None = None) -> Path:
     """Write a checkpoint + the tiny tokenizer to ``out`` and return its path (cached).
 
     ``size`` names a tiny size (`SIZES`) or a real shape (`REAL_SHAPES`); ``config`` (a Hugging
     Face config as a dict, with ``model_type``) replaces it. ``vocab_size`` is the tokenizer's;
     a real shape keeps its own, larger, embedding. ``dtype`` of the saved weights: float32 for
     the tiny sizes, bfloat16 (as released) for real shapes and ``config`` by default.
-    ``tokenizer``: ``tiny`` or a model family whose real tokenizer the model uses.
+    ``tokenizer``: ``tiny`` or a model family whose real tokenizer the model uses;
+    ``vocab_texts``: restrict that tokenizer to the tokens these texts use
+    (`toolrl.models.compact`: the same pieces, a ``K``-token head instead of the full one).
     """
     if config is None and size not in SIZES and size not in REAL_SHAPES:
         raise ValueError(f"unknown size {size!r}; choose one of {size_names()}")
@@ -216,6 +220,8 @@ def build_tiny_model(out: str | os.PathLike, seed: int = 0, size: str = "small",
     stamp = _stamp(seed, size, vocab_size, shape, dtype)
     if tokenizer != "tiny":
         stamp["tokenizer"] = tokenizer
+    if vocab_texts is not None:
+        stamp["vocab"] = "task"
     if (out / STAMP).exists():
         try:
             if json.loads((out / STAMP).read_text()) == stamp:
@@ -235,6 +241,10 @@ def build_tiny_model(out: str | os.PathLike, seed: int = 0, size: str = "small",
             from toolrl.models.families import family_tokenizer
 
             tok = family_tokenizer(tokenizer)
+        if vocab_texts is not None:
+            from toolrl.models.compact import compact_tokenizer
+
+            tok = compact_tokenizer(tok, vocab_texts, tmp, family=tokenizer)
         tok.save_pretrained(tmp)
         if shape is None:
             model = _build_model(tok, SIZES[size], seed, dtype)
@@ -276,7 +286,8 @@ def is_current(out: str | os.PathLike, size: str = "small", tokenizer: str = "ti
         built.get("tokenizer", "tiny") == tokenizer
 
 
-def needs_build(out: str | os.PathLike, size: str = "small", tokenizer: str = "tiny") -> bool:
+def needs_build(out: str | os.PathLike, size: str = "small", tokenizer: str = "tiny",
+                vocab: str = "full") -> bool:
     """Whether a run that builds its model at ``out`` builds it now: the folder is missing, or
     holds a tiny build of ``size`` in an older format (a folder without the stamp is a user's:
     kept). A tiny build of another size is never replaced (it may be another run's model):
@@ -293,10 +304,11 @@ def needs_build(out: str | os.PathLike, size: str = "small", tokenizer: str = "t
                          f"model.tiny_size={size!r} would replace it: set "
                          f"model.tiny_size={built.get('size')}, or point model.path at "
                          f"another folder")
-    if built.get("tokenizer", "tiny") != tokenizer:
+    if built.get("tokenizer", "tiny") != tokenizer or built.get("vocab", "full") != vocab:
         raise ValueError(f"{out} holds a tiny model on the {built.get('tokenizer', 'tiny')!r} "
-                         f"tokenizer, and model.tiny_tokenizer={tokenizer!r} would replace "
-                         f"it: point model.path at another folder")
+                         f"tokenizer ({built.get('vocab', 'full')} vocabulary), and "
+                         f"model.tiny_tokenizer={tokenizer!r} with model.tiny_vocab={vocab} "
+                         f"would replace it: point model.path at another folder")
     return built.get("format") != FORMAT_VERSION
 
 

@@ -151,6 +151,7 @@ class ChatRenderer:
         self._prompt_cache: dict[str, list[int]] = {}  # oldest first
         self.conformance: ConformanceReport | None = None
         self.history: HistoryDecision | None = None
+        self._real = _real_tokenizer(tokenizer)  # a compact vocabulary's real tokenizer
         if check:
             self.conformance = self.check_prefix_preserving(PROBE_MESSAGES, PROBE_TOOLS)
             self.history = self.decide_history(history_policy)
@@ -242,7 +243,19 @@ class ChatRenderer:
 
     def encode(self, text: str) -> list[int]:
         """Token ids of a piece of rendered text (no special tokens added)."""
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+        ids = list(self.tokenizer.encode(text, add_special_tokens=False))
+        self._check_real(text, ids)
+        return ids
+
+    def _check_real(self, text: str, ids: Sequence[int]) -> None:
+        """With a compact vocabulary (`toolrl.models.compact`): the pieces must be the real
+        tokenizer's, else `TemplateError` naming the text (nothing else is trained on)."""
+        if self._real is None:
+            return
+        real, real_ids = self._real
+        if [real_ids[i] for i in ids] != list(real.encode(text, add_special_tokens=False)):
+            raise TemplateError(f"the compact vocabulary cannot hold {text[-60:]!r} as the "
+                                f"real tokenizer splits it; the episode ends here")
 
     def render_prompt(self, messages: Sequence[Message], tools: Tools = None) -> list[int]:
         """Token ids of the first prompt: the messages, the tools and the generation prompt.
@@ -260,6 +273,9 @@ class ChatRenderer:
             except Exception as e:
                 raise RenderError(f"the chat template failed to render: {e}") from e
             ids = _as_ids(out)
+            if self._real is not None:
+                self._check_real(self.render_text(messages, tools, add_generation_prompt=True),
+                                 ids)
             if len(self._prompt_cache) >= PROMPT_CACHE_SIZE:
                 self._prompt_cache.pop(next(iter(self._prompt_cache)))
             self._prompt_cache[key] = ids
@@ -451,6 +467,21 @@ def _args_as_string(call: Mapping[str, Any]) -> dict[str, Any]:
         fn["arguments"] = json.dumps(fn.get("arguments") or {}, ensure_ascii=False)
     out["function"] = fn
     return out
+
+
+def _real_tokenizer(tokenizer: Any) -> tuple[Any, list[int]] | None:
+    """(the real tokenizer, compact id -> real id) when ``tokenizer`` is a compact vocabulary
+    (``toolrl_vocab.json`` beside it, `toolrl.models.compact`), else None."""
+    from pathlib import Path
+
+    folder = Path(str(getattr(tokenizer, "name_or_path", "") or ""))
+    try:
+        record = json.loads((folder / "toolrl_vocab.json").read_text())
+    except (OSError, ValueError):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(folder / record["real_tokenizer"]), record["real_ids"]
 
 
 def _dummy_messages() -> list[dict[str, Any]]:

@@ -48,6 +48,10 @@ class ModelConfig:
     # the tokenizer and chat template of that build: toolrl's tiny one, or a model family's
     # real one (toolrl.core.families, e.g. deepseek-r1-distill: its 152,064-token vocabulary)
     tiny_tokenizer: str = "tiny"
+    # full: that tokenizer's whole vocabulary; task: only the tokens the task's texts use
+    # (prompts, oracle and bad-policy turns, tool results), same pieces, checked against the
+    # real tokenizer on every text the rollout encodes (toolrl.models.compact)
+    tiny_vocab: str = "full"
 
 
 @dataclass
@@ -372,6 +376,8 @@ def validate(cfg: ExperimentConfig) -> None:
                           f"of {size_names()}")
     from toolrl.core.families import FAMILIES
 
+    if cfg.model.tiny_vocab not in ("full", "task"):
+        raise ConfigError(f"model.tiny_vocab={cfg.model.tiny_vocab!r}; choose full or task")
     if cfg.model.tiny_tokenizer not in FAMILIES:
         raise ConfigError(f"model.tiny_tokenizer={cfg.model.tiny_tokenizer!r} is not a model "
                           f"family; choose one of {FAMILIES.names()}")

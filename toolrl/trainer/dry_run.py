@@ -270,7 +270,8 @@ def _builds(cfg: ExperimentConfig) -> bool:
     from toolrl.models.tiny import needs_build
 
     try:
-        return needs_build(cfg.model.path, cfg.model.tiny_size, cfg.model.tiny_tokenizer)
+        return needs_build(cfg.model.path, cfg.model.tiny_size, cfg.model.tiny_tokenizer,
+                           cfg.model.tiny_vocab)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
 

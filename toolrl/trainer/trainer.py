@@ -132,14 +132,22 @@ class Trainer:
 
             try:
                 build = needs_build(source.path, cfg.model.tiny_size,  # missing, or older
-                                    cfg.model.tiny_tokenizer)
+                                    cfg.model.tiny_tokenizer, cfg.model.tiny_vocab)
             except ValueError as exc:  # a tiny build of another size: never replaced
                 raise ConfigError(str(exc)) from None
             if build:
                 self.console.log(f"building a {cfg.model.tiny_size} model (random weights) at "
                                  f"{source.path}")
+                texts = None
+                if cfg.model.tiny_vocab == "task" and cfg.model.tiny_tokenizer != "tiny":
+                    from toolrl.trainer.warm_start import task_vocab_texts
+
+                    texts = task_vocab_texts(cfg, self.train_rows, self.val_rows)
+                    self.console.log(f"model.tiny_vocab=task: the tokens of {len(texts)} texts "
+                                     f"of the task")
                 build_tiny_model(Path(source.path).expanduser(), seed=cfg.seed,
-                                 size=cfg.model.tiny_size, tokenizer=cfg.model.tiny_tokenizer)
+                                 size=cfg.model.tiny_size, tokenizer=cfg.model.tiny_tokenizer,
+                                 vocab_texts=texts)
                 return source.path
         try:
             return require_model(cfg.model.path, cfg.model.build_tiny_if_missing)

@@ -121,6 +121,65 @@ def per_turn_transcripts(traj: Trajectory, renderer: Any) -> list[Transcript]:
     return out
 
 
+def task_vocab_texts(cfg: Any, train: Sequence[Mapping[str, Any]],
+                     val: Sequence[Mapping[str, Any]], n: int = 256) -> list[str]:
+    """The texts a run on ``cfg``'s task renders, for a compact vocabulary
+    (`toolrl.models.compact`): ``n`` train rows and every val row played by the env's oracle
+    (its own and ``random_op``-style kwargs of the warm start) and by the dry run's bad
+    policies; every turn's prompt as the rollout renders it, every action, on the family's
+    real tokenizer and template."""
+    import asyncio
+
+    from toolrl.core.env import run_episode
+    from toolrl.core.registration import make_env
+    from toolrl.models.families import family_tokenizer
+    from toolrl.rollout.chat import ChatRenderer
+    from toolrl.trainer.dry_run import BAD_POLICIES
+
+    renderer = ChatRenderer(family_tokenizer(cfg.model.tiny_tokenizer),
+                            history_policy=cfg.rollout.history_policy, family=cfg.rollout.family)
+    rows = [dict(r) for r in [*train[:n], *val]]
+    texts: list[str] = []
+    kwargs = [dict(cfg.env.kwargs), {**cfg.env.kwargs, **cfg.warm_start.env_kwargs}]
+    rng = random.Random(cfg.seed)
+    for env_kwargs in kwargs:
+        env = make_env(cfg.env.id, **env_kwargs)
+        try:
+            policies = [None, *BAD_POLICIES.values()]
+            for i, row in enumerate(rows):
+                policy = policies[i % len(policies)]
+                play = (lambda e, messages, p=policy: p(e, messages, rng)) if policy else None
+                try:
+                    traj = asyncio.run(run_episode(env, **({"policy": play} if play else {}),
+                                                   row=row, seed=i, max_steps=64))
+                except RuntimeError:  # an env without a turn limit of its own
+                    continue
+                texts += _episode_texts(traj, renderer)
+        finally:
+            env.close()
+    return texts
+
+
+def _episode_texts(traj: Trajectory, renderer: Any) -> list[str]:
+    """Each turn's prompt text (the history as the rollout renders it) and action."""
+    assistant = [i for i, m in enumerate(traj.messages) if m.get("role") == "assistant"]
+    if not traj.turns or len(assistant) < len(traj.turns):
+        return []
+    first = assistant[len(assistant) - len(traj.turns)]
+    history = [dict(m) for m in traj.messages[:first]]
+    rest = traj.messages[first:]
+    starts = [i for i, m in enumerate(rest) if m.get("role") == "assistant"]
+    out = []
+    for k, (turn, start) in enumerate(zip(traj.turns, starts, strict=True)):
+        out += [renderer.render_text(history, traj.tools, add_generation_prompt=True),
+                turn.action]
+        end = starts[k + 1] if k + 1 < len(starts) else len(rest)
+        history += [renderer.inference_message(turn.action, turn.parse),
+                    *(dict(m) for m in rest[start + 1:end])]
+    out.append(renderer.render_text(history, traj.tools, add_generation_prompt=True))
+    return out
+
+
 def shared_prefix_batch(transcripts: Sequence[Transcript], pad_token_id: int) -> TensorDict:
     """``transcripts`` in the rollout layout with their longest common prefix as the prompt
     (the system prompt and tool list an env's tasks share), so the prefix runs once for the
@@ -149,6 +208,17 @@ def shared_prefix_batch(transcripts: Sequence[Transcript], pad_token_id: int) ->
     return build_rollout_batch([first[:lcp]] * len(transcripts),
                                [t.input_ids[lcp:] for t in transcripts],
                                [t.loss_mask[lcp:] for t in transcripts], pad_token_id)
+
+
+def copy_vocab(source: str | Path, out: str | Path) -> None:
+    """Carry a compact vocabulary's map and real tokenizer (`toolrl.models.compact`) along
+    with a checkpoint written from ``source``, so the rollout keeps checking its pieces."""
+    from toolrl.models.compact import REAL_DIR, VOCAB_FILE
+
+    src, out = Path(source), Path(out)
+    if (src / VOCAB_FILE).is_file():
+        shutil.copy2(src / VOCAB_FILE, out / VOCAB_FILE)
+        shutil.copytree(src / REAL_DIR, out / REAL_DIR, dirs_exist_ok=True)
 
 
 def _one_action(mask: Sequence[int]) -> bool:
@@ -362,6 +432,7 @@ def _train(model_path: str | Path, transcripts: Sequence[Transcript], out_dir: P
     else:
         held.publish(out_dir)
     tokenizer.save_pretrained(out_dir)
+    copy_vocab(model_path, out_dir)
     return {"warm_start/loss_first": losses[0], "warm_start/loss_last": losses[-1],
             "warm_start/steps": float(len(losses)), "warm_start/tokens_per_s": tokens / elapsed,
             "warm_start/seconds": elapsed, "warm_start/transcripts": float(len(transcripts)),
