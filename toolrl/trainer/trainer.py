@@ -142,7 +142,7 @@ class Trainer:
                 if cfg.model.tiny_vocab == "task" and cfg.model.tiny_tokenizer != "tiny":
                     from toolrl.trainer.warm_start import task_vocab_texts
 
-                    texts = task_vocab_texts(cfg, self.train_rows, self.val_rows)
+                    texts = task_vocab_texts(cfg, *self.load_tasks())
                     self.console.log(f"model.tiny_vocab=task: the tokens of {len(texts)} texts "
                                      f"of the task")
                 build_tiny_model(Path(source.path).expanduser(), seed=cfg.seed,
