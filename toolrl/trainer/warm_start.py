@@ -180,16 +180,18 @@ def _episode_texts(traj: Trajectory, renderer: Any) -> list[str]:
     return out
 
 
-def shared_prefix_batch(transcripts: Sequence[Transcript], pad_token_id: int) -> TensorDict:
+def shared_prefix_batch(transcripts: Sequence[Transcript], pad_token_id: int,
+                        own_prompts: bool = False) -> TensorDict:
     """``transcripts`` in the rollout layout with their longest common prefix as the prompt
     (the system prompt and tool list an env's tasks share), so the prefix runs once for the
     whole batch (`toolrl.workers.scoring`); the loss mask is the oracle's action tokens.
 
-    Transcripts that each end in their one action (``per_turn``: a turn's prompt, then its
-    tokens) get their own prompts instead, so the LM head, which runs on every response token,
-    runs on the actions alone (a 152,064-token head made the history's share the bulk of a
-    step)."""
-    if all(_one_action(t.loss_mask) for t in transcripts):
+    With ``own_prompts``, transcripts that each end in their one action (``per_turn``: a
+    turn's prompt, then its tokens) get their own prompts instead, so the LM head, which runs
+    on every response token, runs on the actions alone: what a large vocabulary wants (with a
+    152,064-token head the history's share was the bulk of a step), while a small one gains
+    more from running the common prefix once."""
+    if own_prompts and all(_one_action(t.loss_mask) for t in transcripts):
         cut = [t.loss_mask.index(1) for t in transcripts]
         return build_rollout_batch([t.input_ids[:c] for t, c in zip(transcripts, cut,
                                                                     strict=True)],
@@ -208,6 +210,9 @@ def shared_prefix_batch(transcripts: Sequence[Transcript], pad_token_id: int) ->
     return build_rollout_batch([first[:lcp]] * len(transcripts),
                                [t.input_ids[lcp:] for t in transcripts],
                                [t.loss_mask[lcp:] for t in transcripts], pad_token_id)
+
+
+LARGE_VOCAB = 32768  # above it, per_turn transcripts run the LM head on their actions alone
 
 
 def copy_vocab(source: str | Path, out: str | Path) -> None:
@@ -391,7 +396,8 @@ def _train(model_path: str | Path, transcripts: Sequence[Transcript], out_dir: P
         task = progress.add_task("sft", total=steps, loss="-")
         for step in range(steps):
             batch = shared_prefix_batch(
-                [transcripts[rng.randrange(len(transcripts))] for _ in range(batch_size)], pad)
+                [transcripts[rng.randrange(len(transcripts))] for _ in range(batch_size)], pad,
+                own_prompts=model.config.vocab_size > LARGE_VOCAB)
             nll, count = action_nll(model, batch)
             loss = nll / count.clamp(min=1)
             opt.zero_grad(set_to_none=True)
