@@ -254,8 +254,11 @@ def template_report(renderer: ChatRenderer, messages: Sequence[Mapping[str, Any]
     messages = list(messages or CHECK_EPISODE)
     tools = list(tools or CHECK_TOOLS)
     fam = renderer.family
+    from toolrl.core.families import template_sha256
+
     lines = [f"family: {fam.name} ({fam.title})" if fam else
-             "family: none known (no conventions; calls parsed as hermes)"]
+             "family: none known (no conventions; calls parsed as hermes)",
+             f"template sha256: {template_sha256(renderer.tokenizer.chat_template)}"]
     report = renderer.conformance or renderer.check_prefix_preserving(messages, tools)
     lines.append("prefix-preserving: yes" if report.ok else
                  f"prefix-preserving: no ({report.first_break or report.describe()})")
