@@ -64,6 +64,50 @@ def run_family(name: str, episodes: int, seed: int, policy: str = "auto") -> dic
     return out
 
 
+def mistral_encoder(episodes: int, seed: int) -> dict[str, Any]:
+    """The mistral family's per-turn prompts against mistral_common's own request encoding
+    (what vLLM's ``tokenizer_mode=mistral`` serves) on the same conversations."""
+    from mistral_common.protocol.instruct.request import ChatCompletionRequest
+    from mistral_common.tokens.tokenizers.mistral import MistralTokenizer
+
+    from toolrl.core.families import get_family
+    from toolrl.models.families import family_tokenizer
+    from toolrl.rollout.chat import ChatRenderer
+    from toolrl.rollout.conformance import CHECK_TOOLS, random_episode
+    from toolrl.wheels import obtain_wheel
+
+    family = get_family("mistral")
+    encoder = MistralTokenizer.from_file(str(obtain_wheel(family.requirement).find(
+        family.gguf)[0]))
+    renderer = ChatRenderer(family_tokenizer("mistral"))
+    rng = random.Random(f"{seed}:mistral")
+    prompts = differ = json_results = 0
+    for i in range(episodes):
+        messages = random_episode(rng, thinking=i % 2 == 0)
+        for k, m in enumerate(messages):
+            if m["role"] != "assistant" or k == 0:
+                continue
+            history = messages[:k]
+            req = ChatCompletionRequest(messages=[_openai(x) for x in history], tools=CHECK_TOOLS)
+            prompts += 1
+            same = encoder.encode_chat_completion(req).tokens == \
+                renderer.render_prompt(history, CHECK_TOOLS)
+            differ += not same
+            json_results += not same and any(x["role"] == "tool" and x["content"][:1] in "{["
+                                              for x in history)
+    return {"prompts": prompts, "differ": differ, "differ_with_json_tool_results": json_results}
+
+
+def _openai(m: dict[str, Any]) -> dict[str, Any]:
+    m = dict(m)
+    if m.get("tool_calls"):
+        m["content"] = None
+        m["tool_calls"] = [{"id": c["id"], "type": "function", "function": {
+            "name": c["function"]["name"], "arguments": json.dumps(c["function"]["arguments"])}}
+            for c in m["tool_calls"]]
+    return m
+
+
 def what_toolrl_does(row: dict[str, Any]) -> str:
     from toolrl.core.families import get_family
 
@@ -89,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
               f"differ over {row['episodes']} episodes ({row['seconds']:.0f} s)", flush=True)
         if row["policy"] != "delta":  # what training on the sampled stream would do
             stream.append(run_family(name, args.episodes, args.seed, policy="keep_stream"))
+    vendor = mistral_encoder(args.episodes, args.seed) if "mistral" in FAMILIES else None
     table = md_table(
         ["family", "prefix-preserving", "policy", "episodes", "model turns", "tokens compared",
          "tokens that differ", "calls round trip", "what toolrl does"],
@@ -118,10 +163,18 @@ def main(argv: list[str] | None = None) -> int:
         table, "",
         "Training on the sampled stream instead (`keep_stream`) where the template is not "
         "prefix-preserving:", "", worse if stream else "(every template is prefix-preserving)",
-        ""])
+        "", *(["The mistral family's per-turn prompts against mistral_common's own request "
+               "encoding (what vLLM's `tokenizer_mode=mistral` serves) on the same "
+               f"conversations: {vendor['differ']} of {vendor['prompts']} prompts differ, "
+               f"{vendor['differ_with_json_tool_results']} of them where a tool result is "
+               "JSON (the encoder embeds it as a JSON value, the template as a string). "
+               "toolrl renders with the template, so its rollouts and its gateway are exact "
+               "to it; a server that encodes with mistral_common is not the same inference.",
+               ""] if vendor else [])])
     benchlib.write_result(args.output, text)
     args.output.with_suffix(".json").write_text(json.dumps(
-        {"episodes": args.episodes, "seed": args.seed, "exact": rows, "keep_stream": stream},
+        {"episodes": args.episodes, "seed": args.seed, "exact": rows, "keep_stream": stream,
+         "mistral_common_encoder": vendor},
         indent=2) + "\n")
     return 0 if all(r["mismatched"] == 0 and not r["round_trip_failures"] for r in rows) else 1
 

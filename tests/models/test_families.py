@@ -10,7 +10,7 @@ import pytest
 from toolrl.core.families import FAMILIES, Thinking, family_for_template, get_family
 from toolrl.models.families import PROVENANCE, tokenizer_dir
 
-REAL = ["deepseek-r1-distill", "gemma3", "qwen2.5", "smollm2"]
+REAL = ["deepseek-r1-distill", "gemma3", "mistral", "qwen2.5", "smollm2"]
 
 
 @pytest.fixture(scope="module")
@@ -59,3 +59,39 @@ def test_unknown_templates_and_families_are_clear():
     assert family_for_template("{{ messages }}") is None
     with pytest.raises(Exception, match="deepseek-r1-distill"):
         get_family("llama9")
+
+
+def test_mistral_prompts_are_mistral_commons_own_encoding(tokenizers):
+    """The template mistral_common writes for its tekken file, held against mistral_common's
+    own request encoding: equal, except where a tool result is JSON (family notes)."""
+    from mistral_common.protocol.instruct.request import ChatCompletionRequest
+    from mistral_common.tokens.tokenizers.mistral import MistralTokenizer
+
+    from toolrl.rollout.chat import ChatRenderer
+    from toolrl.rollout.conformance import CHECK_EPISODE, CHECK_TOOLS
+    from toolrl.wheels import obtain_wheel
+
+    family = get_family("mistral")
+    encoder = MistralTokenizer.from_file(str(obtain_wheel(family.requirement).find(
+        family.gguf)[0]))
+    renderer = ChatRenderer(tokenizers["mistral"])
+    assert renderer.per_turn  # [AVAILABLE_TOOLS] moves before the last user message
+
+    def openai(m):
+        m = dict(m)
+        if m.get("tool_calls"):
+            m["content"] = None
+            m["tool_calls"] = [{"id": c["id"], "type": "function", "function": {
+                "name": c["function"]["name"],
+                "arguments": json.dumps(c["function"]["arguments"])}} for c in m["tool_calls"]]
+        return m
+
+    def same(end):
+        history = CHECK_EPISODE[:end]
+        req = ChatCompletionRequest(messages=[openai(m) for m in history], tools=CHECK_TOOLS)
+        return encoder.encode_chat_completion(req).tokens == \
+            renderer.render_prompt(history, CHECK_TOOLS)
+
+    assert same(2) and same(5)  # a user turn; parallel calls and their plain results
+    assert not same(7)  # a JSON tool result: the encoder embeds it as a value
+    assert "JSON tool result" in " ".join(family.notes)

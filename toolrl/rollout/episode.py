@@ -369,7 +369,7 @@ class EpisodeRunner:
 
     def decode(self, state: EpisodeState, turn: TurnOutput) -> str:
         """The assistant message text the env receives."""
-        return self.tokenizer.decode(turn.token_ids, skip_special_tokens=True)
+        return self.renderer.decode(turn.token_ids)
 
     async def bounded_step(self, state: EpisodeState, text: str, limit: float | None
                            ) -> tuple[list[dict[str, Any]], float, bool, bool, dict[str, Any]]:

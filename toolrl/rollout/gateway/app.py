@@ -190,8 +190,7 @@ class Gateway:
         except ContextLengthError as e:
             raise OpenAIError(str(e), param="messages", code="context_length_exceeded") from e
         gen_s = time.perf_counter() - t0
-        tok = self.renderer.tokenizer
-        text = tok.decode(out.token_ids, skip_special_tokens=True)
+        text = self.renderer.decode(out.token_ids)
         content = text
         if isinstance(out.stop_reason, str) and content.endswith(out.stop_reason):
             content = content[: -len(out.stop_reason)]  # OpenAI leaves the stop string out
@@ -266,10 +265,9 @@ class Gateway:
 
     def _pieces(self, ids: list[int], content: str) -> list[str]:
         """The content cut at token boundaries (one piece per token), for streaming."""
-        tok = self.renderer.tokenizer
         pieces, prev = [], ""
         for k in range(len(ids)):
-            text = tok.decode(ids[: k + 1], skip_special_tokens=True)
+            text = self.renderer.decode(ids[: k + 1])
             pieces.append(text[len(prev):] if text.startswith(prev) else "")
             prev = text
         return pieces if "".join(pieces) == content else [content]
