@@ -428,7 +428,8 @@ class RolloutWorker(Worker):
         rollout batch the actor can score."""
         sampling = SamplingConfig(temperature=temperature, max_tokens=max_tokens,
                                   ignore_eos=True)
-        prompts = [self.renderer.render_prompt([{"role": "user", "content": t}], [])
+        prompts = [self.renderer.render_prompt([{"role": "user", "content": t}], [],
+                                               exact=False)  # not trained on: any pieces
                    for t in texts]
 
         async def run() -> list[Any]:
