@@ -122,12 +122,13 @@ def per_turn_transcripts(traj: Trajectory, renderer: Any) -> list[Transcript]:
 
 
 def task_vocab_texts(cfg: Any, train: Sequence[Mapping[str, Any]],
-                     val: Sequence[Mapping[str, Any]], n: int = 256) -> list[str]:
+                     val: Sequence[Mapping[str, Any]], n: int = 128) -> list[str]:
     """The texts a run on ``cfg``'s task renders, for a compact vocabulary
-    (`toolrl.models.compact`): ``n`` train rows and every val row played by the env's oracle
-    (its own and ``random_op``-style kwargs of the warm start) and by the dry run's bad
-    policies; every turn's prompt as the rollout renders it, every action, on the family's
-    real tokenizer and template."""
+    (`toolrl.models.compact`): ``n`` train rows and every val row, each played by the env's oracle
+    (its own and ``random_op``-style kwargs of the warm start), by the dry run's bad
+    policies and by the oracle cut short (the parse errors the env reports); every turn's
+    prompt as the rollout renders it, every action, on the family's real tokenizer and
+    template."""
     import asyncio
 
     from toolrl.core.env import run_episode
@@ -142,12 +143,17 @@ def task_vocab_texts(cfg: Any, train: Sequence[Mapping[str, Any]],
     texts: list[str] = []
     kwargs = [dict(cfg.env.kwargs), {**cfg.env.kwargs, **cfg.warm_start.env_kwargs}]
     rng = random.Random(cfg.seed)
+
+    def cut_oracle(env: Any, messages: Any, rng: random.Random) -> str:
+        """The oracle's action cut short: the env's parse-error observations."""
+        action = env.unwrapped.oracle_action()
+        return action[: rng.randint(1, max(len(action) - 1, 1))]
+
     for env_kwargs in kwargs:
         env = make_env(cfg.env.id, **env_kwargs)
         try:
-            policies = [None, *BAD_POLICIES.values()]
-            for i, row in enumerate(rows):
-                policy = policies[i % len(policies)]
+            policies = [None, *BAD_POLICIES.values(), cut_oracle, cut_oracle]
+            for i, (row, policy) in enumerate((r, p) for r in rows for p in policies):
                 play = (lambda e, messages, p=policy: p(e, messages, rng)) if policy else None
                 try:
                     traj = asyncio.run(run_episode(env, **({"policy": play} if play else {}),
