@@ -42,7 +42,7 @@ import random
 import shutil
 import tempfile
 from dataclasses import asdict, dataclass
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -197,14 +197,16 @@ def size_names() -> list[str]:
 def build_tiny_model(out: str | os.PathLike, seed: int = 0, size: str = "small",
                      vocab_size: int = VOCAB_SIZE, config: dict[str, Any] | None = None,
                      dtype: str | None = None, tokenizer: str = "tiny",
-                     vocab_texts: Sequence[str] | None = None) -> Path:
+                     vocab_texts: Sequence[str] | None = None,
+                     load_tokenizer: Callable[[str], Any] | None = None) -> Path:
     """Write a checkpoint + the tiny tokenizer to ``out`` and return its path (cached).
 
     ``size`` names a tiny size (`SIZES`) or a real shape (`REAL_SHAPES`); ``config`` (a Hugging
     Face config as a dict, with ``model_type``) replaces it. ``vocab_size`` is the tokenizer's;
     a real shape keeps its own, larger, embedding. ``dtype`` of the saved weights: float32 for
     the tiny sizes, bfloat16 (as released) for real shapes and ``config`` by default.
-    ``tokenizer``: ``tiny`` or a model family whose real tokenizer the model uses;
+    ``tokenizer``: ``tiny`` or a model family whose real tokenizer the model uses, loaded by
+    ``load_tokenizer`` (`toolrl.models.families.family_tokenizer`, the default);
     ``vocab_texts``: restrict that tokenizer to the tokens these texts use
     (`toolrl.models.compact`: the same pieces, a ``K``-token head instead of the full one).
     """
@@ -238,9 +240,10 @@ def build_tiny_model(out: str | os.PathLike, seed: int = 0, size: str = "small",
         if tokenizer == "tiny":
             tok = build_tokenizer(seed=seed, vocab_size=vocab_size)
         else:
-            from toolrl.models.families import family_tokenizer
-
-            tok = family_tokenizer(tokenizer)
+            if load_tokenizer is None:
+                raise ValueError(f"tokenizer={tokenizer!r} needs load_tokenizer (e.g. "
+                                 f"toolrl.models.families.family_tokenizer)")
+            tok = load_tokenizer(tokenizer)
         if vocab_texts is not None:
             from toolrl.models.compact import compact_tokenizer
 

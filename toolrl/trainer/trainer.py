@@ -145,9 +145,11 @@ class Trainer:
                     texts = task_vocab_texts(cfg, *self.load_tasks())
                     self.console.log(f"model.tiny_vocab=task: the tokens of {len(texts)} texts "
                                      f"of the task")
+                from toolrl.models.families import family_tokenizer
+
                 build_tiny_model(Path(source.path).expanduser(), seed=cfg.seed,
                                  size=cfg.model.tiny_size, tokenizer=cfg.model.tiny_tokenizer,
-                                 vocab_texts=texts)
+                                 vocab_texts=texts, load_tokenizer=family_tokenizer)
                 return source.path
         try:
             return require_model(cfg.model.path, cfg.model.build_tiny_if_missing)

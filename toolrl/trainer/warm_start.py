@@ -135,7 +135,7 @@ def task_vocab_texts(cfg: Any, train: Sequence[Mapping[str, Any]],
     from toolrl.core.registration import make_env
     from toolrl.models.families import family_tokenizer
     from toolrl.rollout.chat import ChatRenderer
-    from toolrl.trainer.dry_run import BAD_POLICIES
+    from toolrl.trainer.policies import BAD_POLICIES
 
     renderer = ChatRenderer(family_tokenizer(cfg.model.tiny_tokenizer),
                             history_policy=cfg.rollout.history_policy, family=cfg.rollout.family)
