@@ -259,6 +259,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "resources.memory_check": ("refuse", "warn", "skip"),
     "data.overlong_prompts": ("refuse", "filter"),
     "trainer.health.on_unhealthy": ("stop", "warn"),
+    "rollout.history_policy": ("auto", "delta", "per_turn", "keep_stream", "preserve"),
+    "model.tiny_vocab": ("full", "task"),
 }
 
 
@@ -376,8 +378,6 @@ def validate(cfg: ExperimentConfig) -> None:
                           f"of {size_names()}")
     from toolrl.core.families import FAMILIES
 
-    if cfg.model.tiny_vocab not in ("full", "task"):
-        raise ConfigError(f"model.tiny_vocab={cfg.model.tiny_vocab!r}; choose full or task")
     if cfg.model.tiny_tokenizer not in FAMILIES:
         raise ConfigError(f"model.tiny_tokenizer={cfg.model.tiny_tokenizer!r} is not a model "
                           f"family; choose one of {FAMILIES.names()}")
