@@ -29,3 +29,16 @@ def test_per_turn_needs_an_outcome_advantage():
                                                        "algorithm.name=ppo"])
     cfg = load_config("configs/calculator_think.yaml")
     assert cfg.rollout.history_policy == "per_turn" and cfg.model.tiny_vocab == "task"
+
+
+def test_the_preflight_names_the_policy_and_refuses_refill_under_per_turn(family_tokenizers):
+    from toolrl.trainer.preflight import check_history
+
+    cfg = load_config("configs/calculator_think.yaml")
+    decision = check_history(family_tokenizers["deepseek-r1-distill"], cfg)
+    assert decision.per_turn and decision.line().startswith("history policy: per_turn")
+    auto = load_config("configs/calculator_think.yaml", ["rollout.history_policy=auto",
+                                                         "trainer.infra_failures.rule=refill"])
+    with pytest.raises(ConfigError, match="refill cannot put such an episode"):
+        check_history(family_tokenizers["deepseek-r1-distill"], auto)  # auto: per_turn here
+    assert not check_history(family_tokenizers["qwen2.5"], auto).per_turn  # deltas: fine

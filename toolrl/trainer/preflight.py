@@ -579,14 +579,19 @@ def check_history(tokenizer: Any, cfg: ExperimentConfig) -> Any:
     from toolrl.rollout.chat import ChatRenderer, TemplateError
 
     try:
-        return ChatRenderer(tokenizer, chat_template_kwargs=cfg.rollout.chat_template_kwargs,
-                            family=cfg.rollout.family,
-                            history_policy=cfg.rollout.history_policy,
-                            allow_non_prefix_preserving=cfg.rollout.allow_non_prefix_preserving
-                            ).history
+        decision = ChatRenderer(
+            tokenizer, chat_template_kwargs=cfg.rollout.chat_template_kwargs,
+            family=cfg.rollout.family, history_policy=cfg.rollout.history_policy,
+            allow_non_prefix_preserving=cfg.rollout.allow_non_prefix_preserving).history
     except TemplateError as exc:
         raise ConfigError(f"rollout.history_policy={cfg.rollout.history_policy}: {exc}"
                           ) from None
+    if decision.per_turn and cfg.trainer.infra_failures.rule == "refill":
+        raise ConfigError("the history policy is per_turn (an episode becomes one sample per "
+                          "model turn), and trainer.infra_failures.rule=refill cannot put such "
+                          "an episode in a failed one's rows; set trainer.infra_failures.rule="
+                          "drop_sample or drop_group")
+    return decision
 
 
 def check_template_tools(tokenizer: Any, cfg: ExperimentConfig) -> None:
