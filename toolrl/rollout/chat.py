@@ -152,6 +152,7 @@ class ChatRenderer:
         self.conformance: ConformanceReport | None = None
         self.history: HistoryDecision | None = None
         self._real = _real_tokenizer(tokenizer)  # a compact vocabulary's real tokenizer
+        self._drop: set[int] | None = None  # `decode`: special ids not in the call format
         if check:
             self.conformance = self.check_prefix_preserving(PROBE_MESSAGES, PROBE_TOOLS)
             self.history = self.decide_history(history_policy)
@@ -253,11 +254,11 @@ class ChatRenderer:
         keep = self.family.text_tokens if self.family is not None else ()
         if not keep:
             return self.tokenizer.decode(list(ids), skip_special_tokens=True)
-        special = set(self.tokenizer.all_special_ids) - set(
-            self.tokenizer.convert_tokens_to_ids(list(keep)))
-        added = {i for i, t in self.tokenizer.added_tokens_decoder.items() if t.special}
-        drop = (special | added) - set(self.tokenizer.convert_tokens_to_ids(list(keep)))
-        return self.tokenizer.decode([i for i in ids if i not in drop],
+        if self._drop is None:  # the special ids to drop: all but the format's own
+            special = set(self.tokenizer.all_special_ids) | {
+                i for i, t in self.tokenizer.added_tokens_decoder.items() if t.special}
+            self._drop = special - set(self.tokenizer.convert_tokens_to_ids(list(keep)))
+        return self.tokenizer.decode([i for i in ids if i not in self._drop],
                                      skip_special_tokens=False)
 
     def _check_real(self, text: str, ids: Sequence[int]) -> None:
