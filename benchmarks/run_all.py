@@ -91,6 +91,9 @@ BENCHES: tuple[Bench, ...] = (
     Bench("mismatch", "bench_mismatch.py",
           "Engine vs trainer log-probs on SmolLM2-135M, and what each correction does",
           timeout_s=3600),  # SmolLM2 (models/), fp32 and bf16, 32 episodes + 16 grammar calls
+    Bench("templates", "bench_templates.py",
+          "Conformance matrix: real chat templates, exactly (1,000 episodes per family)",
+          timeout_s=1200),
     Bench("tau2", "bench_tau2.py", "tau2-bench: oracle and reward exactness against tau2",
           timeout_s=7200),  # the full set: ~85 min on 2 cores (airline, retail ~35 min each)
     Bench("bfcl_multi_turn", "bench_bfcl_multi_turn.py",

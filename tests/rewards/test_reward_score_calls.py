@@ -55,28 +55,43 @@ def test_score_calls_matches_every_hand_label(cases, tmp_path, capsys):
         assert f"{expected_acc:.3f}" in line
 
 
+def _verdicts(cases, fmt_name):
+    fmt = get_format(fmt_name)
+    trajs = []
+    for c in cases:
+        calls = [as_tool_call(x) for x in c["candidate"]]
+        text = fmt.render(calls, text="Let me check. ")
+        trajs.append(Trajectory(
+            messages=[{"role": "assistant", "content": text}],
+            turns=[TurnRecord(action=text, parse=fmt.parse(text))],
+            row={"id": c["id"], "category": c["category"], "ground_truth": c["ground_truth"]},
+            tools=c["tools"], format=fmt_name))
+    with build_reward({"rewards": [{"name": "bfcl_ast"},
+                                   {"name": "format", "weight": 0.5,
+                                    "gate": {"reward": "bfcl_ast"}}]}) as fn:
+        return fn.score(trajs)
+
+
 def test_training_path_through_the_real_parser_gives_the_same_verdicts(cases):
     """Render each candidate as Hermes tool-call text, parse it with the real parser (as the env
     does, once per turn), score with the composed bfcl_ast reward: every verdict equals the hand
     label."""
-    hermes = get_format("hermes")
-    trajs = []
-    for c in cases:
-        calls = [as_tool_call(x) for x in c["candidate"]]
-        text = hermes.render(calls, text="Let me check. ")
-        trajs.append(Trajectory(
-            messages=[{"role": "assistant", "content": text}],
-            turns=[TurnRecord(action=text, parse=hermes.parse(text))],
-            row={"id": c["id"], "category": c["category"], "ground_truth": c["ground_truth"]},
-            tools=c["tools"], format="hermes"))
-    with build_reward({"rewards": [{"name": "bfcl_ast"},
-                                   {"name": "format", "weight": 0.5,
-                                    "gate": {"reward": "bfcl_ast"}}]}) as fn:
-        out = fn.score(trajs)
+    out = _verdicts(cases, "hermes")
     assert out.components["bfcl_ast"] == [1.0 if c["expected"] else 0.0 for c in cases]
     # format pays only where the calls were right (the gate); every rendering is well-formed
     assert out.scores == [1.5 if c["expected"] else 0.0 for c in cases]
     assert out.errors == {"bfcl_ast": 0, "format": 0}
+
+
+def test_deepseek_calls_score_like_hermes_calls(cases):
+    """The same rows with the candidates written in DeepSeek's format (several calls in one
+    ``<｜tool▁calls▁begin｜>`` block on the parallel rows): bfcl_ast gives every row the verdict
+    it gives the Hermes rendering, and the hand label."""
+    hermes, deepseek = _verdicts(cases, "hermes"), _verdicts(cases, "deepseek")
+    assert deepseek.components["bfcl_ast"] == hermes.components["bfcl_ast"]
+    assert deepseek.scores == hermes.scores
+    assert sum(len(c["candidate"]) > 1 for c in cases) >= 20  # several calls in one turn
+    assert deepseek.errors == {"bfcl_ast": 0, "format": 0}
 
 
 def test_score_calls_console_script_and_other_rewards(tmp_path):

@@ -127,18 +127,31 @@ def test_delta_after_eos_starts_after_the_eos_and_ends_with_the_generation_promp
         "\n<|im_start|>user\nand now?<|im_end|>\n<|im_start|>assistant\n"
 
 
-def test_a_template_that_drops_earlier_reasoning_is_rejected(dropping_tokenizer):
+def test_a_template_that_drops_earlier_reasoning_gets_per_turn_or_is_refused(
+        dropping_tokenizer, caplog):
+    caplog.set_level("INFO")
+    renderer = ChatRenderer(dropping_tokenizer)  # auto: the exact policy
+    assert renderer.per_turn and renderer.history.exact
+    line = renderer.history.line()
+    assert line.startswith("history policy: per_turn (exact to inference")
+    assert "message 3 (tool) rewrites the rendering" in line  # where it first breaks
+    assert line in caplog.text
     with pytest.raises(TemplateError, match="not prefix-preserving") as err:
-        ChatRenderer(dropping_tokenizer)
-    assert "allow_non_prefix_preserving" in str(err.value)
+        ChatRenderer(dropping_tokenizer, history_policy="delta")
+    assert "per_turn" in str(err.value) and "keep_stream" in str(err.value)
     assert "<think>" in str(err.value)  # the report shows where the token streams diverge
+    with pytest.raises(TemplateError, match="offers no chat-template keyword"):
+        ChatRenderer(dropping_tokenizer, history_policy="preserve")
+    with pytest.raises(TemplateError, match="choose one of"):
+        ChatRenderer(dropping_tokenizer, history_policy="sometimes")
 
 
 def test_the_explicit_option_keeps_going_and_keeps_the_report(dropping_tokenizer, caplog):
     renderer = ChatRenderer(dropping_tokenizer, allow_non_prefix_preserving=True)
     report = renderer.conformance
     assert report is not None and not report.ok and report.first_mismatch is not None
-    assert "not prefix-preserving" in caplog.text
+    assert renderer.history.policy == "keep_stream" and not renderer.per_turn
+    assert "history policy: keep_stream (NOT exact" in caplog.text  # one clear line
     # deltas still work: they are the tokens the model sees during the rollout
     delta = renderer.render_delta([{"role": "tool", "content": "5"}], after_eos=True)
     assert dropping_tokenizer.decode(delta).startswith("\n<|im_start|>tool\n")

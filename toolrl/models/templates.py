@@ -15,6 +15,14 @@ has no tools section (SmolLM2's drops ``tools`` silently):
 Every message renders independently of the messages after it (a run of tool results is
 closed when the next message is not a tool result), so the template is prefix-preserving:
 `toolrl.rollout.chat.ChatRenderer` checks it like any other.
+
+``gemma3-tools``: Gemma 3's documented turn format (``<bos>``, then
+``<start_of_turn>user\\n...<end_of_turn>\\n`` and ``<start_of_turn>model\\n...``; the system
+text opens the first user turn), for Gemma 3 checkpoints whose GGUF carries no template. Tools
+are listed in the first user turn as JSON schemas; the model calls them with a JSON object
+(several: a JSON list) before any text, what toolrl's ``json`` format renders and parses;
+tool results go back in one user turn per run of tool messages, each in a ```` ```tool_output ````
+fence. Prefix-preserving like ``chatml-tools``.
 """
 
 from __future__ import annotations
@@ -66,9 +74,59 @@ def chatml_tools(default_system: str = CHATML_DEFAULT_SYSTEM) -> str:
     )
 
 
-# name -> (template for a default system prompt, what provenance records as its origin)
-TEMPLATES = {"chatml-tools": chatml_tools}
-ORIGINS = {"chatml-tools": "toolrl.models.templates.chatml_tools: ChatML with Hermes-style "
-                           "tools (Qwen2.5's tools section and tool-response turns)"}
+_GEMMA_TOOLS = ("You can call these functions (JSON schemas):\\n")
+_GEMMA_CALLS = ("\\nTo call functions, answer with a JSON object {\"name\": ..., \"arguments\": "
+                "{...}} (several: a JSON list of them) and nothing before it.\\n\\n")
 
-__all__ = ["CHATML_DEFAULT_SYSTEM", "ORIGINS", "SMOLLM2_SYSTEM", "TEMPLATES", "chatml_tools"]
+
+def gemma3_tools() -> str:
+    """The ``gemma3-tools`` template (see the module docstring)."""
+    return (
+        "{{- bos_token -}}"
+        "{%- if messages and messages[0]['role'] == 'system' -%}"
+        "{%- set system = messages[0]['content'] + '\\n\\n' -%}{%- set rest = messages[1:] -%}"
+        "{%- else -%}{%- set system = '' -%}{%- set rest = messages -%}{%- endif -%}"
+        "{%- set ns = namespace(first=true) -%}"
+        "{%- for m in rest -%}"
+        "{%- if m['role'] == 'assistant' -%}"
+        "{{- '<start_of_turn>model\\n' -}}"
+        "{%- if m['tool_calls'] -%}"
+        "{%- if m['tool_calls'] | length > 1 -%}{{- '[' -}}{%- endif -%}"
+        "{%- for tc in m['tool_calls'] -%}"
+        "{%- set f = tc['function'] if tc['function'] is defined else tc -%}"
+        "{{- (', ' if not loop.first else '') -}}"
+        "{{- {'name': f['name'], 'arguments': f['arguments']} | tojson -}}"
+        "{%- endfor -%}"
+        "{%- if m['tool_calls'] | length > 1 -%}{{- ']' -}}{%- endif -%}"
+        "{%- if m['content'] -%}{{- '\\n' + m['content'] -}}{%- endif -%}"
+        "{%- elif m['content'] -%}{{- m['content'] -}}{%- endif -%}"
+        "{{- '<end_of_turn>\\n' -}}"
+        "{%- elif m['role'] == 'tool' -%}"
+        "{%- if loop.first or rest[loop.index0 - 1]['role'] != 'tool' -%}"
+        "{{- '<start_of_turn>user\\n' -}}{%- endif -%}"
+        "{{- '```tool_output\\n' + m['content'] + '\\n```\\n' -}}"
+        "{%- if loop.last or rest[loop.index0 + 1]['role'] != 'tool' -%}"
+        "{{- '<end_of_turn>\\n' -}}{%- endif -%}"
+        "{%- else -%}"
+        "{{- '<start_of_turn>user\\n' -}}"
+        "{%- if ns.first -%}{{- system -}}"
+        "{%- if tools -%}{{- '" + _GEMMA_TOOLS + "' -}}"
+        "{%- for tool in tools -%}{{- (tool | tojson) + '\\n' -}}{%- endfor -%}"
+        "{{- '" + _GEMMA_CALLS + "' -}}{%- endif -%}"
+        "{%- set ns.first = false -%}{%- endif -%}"
+        "{{- m['content'] + '<end_of_turn>\\n' -}}"
+        "{%- endif -%}"
+        "{%- endfor -%}"
+        "{%- if add_generation_prompt -%}{{- '<start_of_turn>model\\n' -}}{%- endif -%}"
+    )
+
+
+# name -> (template for a default system prompt, what provenance records as its origin)
+TEMPLATES = {"chatml-tools": chatml_tools, "gemma3-tools": gemma3_tools}
+ORIGINS = {"chatml-tools": "toolrl.models.templates.chatml_tools: ChatML with Hermes-style "
+                           "tools (Qwen2.5's tools section and tool-response turns)",
+           "gemma3-tools": "toolrl.models.templates.gemma3_tools: Gemma 3's documented turn "
+                           "format with JSON tools, calls and ```tool_output``` results"}
+
+__all__ = ["CHATML_DEFAULT_SYSTEM", "ORIGINS", "SMOLLM2_SYSTEM", "TEMPLATES", "chatml_tools",
+           "gemma3_tools"]

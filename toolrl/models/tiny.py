@@ -11,8 +11,9 @@ Tests and the CPU demo need a model without a hub. `build_tiny_model` writes a d
   arrays as ``array[type]``; then a line per parameter with a description or a default,
   ``  unit: the unit (default "c")``: everything the schema says, shorter than raw JSON
   schemas, which a tiny model learns from faster), assistant calls as
-  ``<tool_call>{json}</tool_call>`` (several per turn), tool results as role ``tool``. Each message renders independently of the ones after it, so the
-  template is prefix-preserving (what token-in/token-out rollouts need);
+  ``<tool_call>{json}</tool_call>`` (several per turn), tool results as role ``tool``. Each
+  message renders independently of the ones after it, so the template is prefix-preserving
+  (what token-in/token-out rollouts need);
 - ``Qwen2ForCausalLM`` with random weights (seeded), tied embeddings, fp32 safetensors.
 
 Besides the tiny family (`SIZES`), `REAL_SHAPES` builds the exact shapes of released models
@@ -21,6 +22,12 @@ embeddings, 494M parameters), and ``config`` takes any Hugging Face config as a 
 ``config.json``): random weights, the same tiny tokenizer, and the embedding sized to the
 shape's own vocabulary even though the tokenizer uses only its first ~4,096 ids. That is what
 memory and speed tests of real sizes need, without a hub.
+
+``tokenizer`` names a model family (`toolrl.core.families`) whose real tokenizer and chat
+template the model is built on instead of the tiny one (`toolrl.models.families`; e.g.
+``deepseek-r1-distill``: DeepSeek-R1-Distill's 152,064-token qwen2 tokenizer and its
+think-stripping template): the embedding covers the whole real vocabulary, so every token the
+model samples or trains on is the real tokenizer's own id.
 
 Building is deterministic for a seed and cached: a second call on the same directory with the
 same arguments is a no-op.
@@ -35,6 +42,7 @@ import random
 import shutil
 import tempfile
 from dataclasses import asdict, dataclass
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -188,13 +196,19 @@ def size_names() -> list[str]:
 
 def build_tiny_model(out: str | os.PathLike, seed: int = 0, size: str = "small",
                      vocab_size: int = VOCAB_SIZE, config: dict[str, Any] | None = None,
-                     dtype: str | None = None) -> Path:
+                     dtype: str | None = None, tokenizer: str = "tiny",
+                     vocab_texts: Sequence[str] | None = None,
+                     load_tokenizer: Callable[[str], Any] | None = None) -> Path:
     """Write a checkpoint + the tiny tokenizer to ``out`` and return its path (cached).
 
     ``size`` names a tiny size (`SIZES`) or a real shape (`REAL_SHAPES`); ``config`` (a Hugging
     Face config as a dict, with ``model_type``) replaces it. ``vocab_size`` is the tokenizer's;
     a real shape keeps its own, larger, embedding. ``dtype`` of the saved weights: float32 for
     the tiny sizes, bfloat16 (as released) for real shapes and ``config`` by default.
+    ``tokenizer``: ``tiny`` or a model family whose real tokenizer the model uses, loaded by
+    ``load_tokenizer`` (`toolrl.models.families.family_tokenizer`, the default);
+    ``vocab_texts``: restrict that tokenizer to the tokens these texts use
+    (`toolrl.models.compact`: the same pieces, a ``K``-token head instead of the full one).
     """
     if config is None and size not in SIZES and size not in REAL_SHAPES:
         raise ValueError(f"unknown size {size!r}; choose one of {size_names()}")
@@ -206,6 +220,10 @@ def build_tiny_model(out: str | os.PathLike, seed: int = 0, size: str = "small",
     dtype = dtype or ("float32" if shape is None else "bfloat16")
     out = Path(out)
     stamp = _stamp(seed, size, vocab_size, shape, dtype)
+    if tokenizer != "tiny":
+        stamp["tokenizer"] = tokenizer
+    if vocab_texts is not None:
+        stamp["vocab"] = "task"
     if (out / STAMP).exists():
         try:
             if json.loads((out / STAMP).read_text()) == stamp:
@@ -219,12 +237,22 @@ def build_tiny_model(out: str | os.PathLike, seed: int = 0, size: str = "small",
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".tiny-", dir=out.parent))
     try:
-        tokenizer = build_tokenizer(seed=seed, vocab_size=vocab_size)
-        tokenizer.save_pretrained(tmp)
-        if shape is None:
-            model = _build_model(tokenizer, SIZES[size], seed, dtype)
+        if tokenizer == "tiny":
+            tok = build_tokenizer(seed=seed, vocab_size=vocab_size)
         else:
-            model = _build_shape(tokenizer, shape, seed, dtype)
+            if load_tokenizer is None:
+                raise ValueError(f"tokenizer={tokenizer!r} needs load_tokenizer (e.g. "
+                                 f"toolrl.models.families.family_tokenizer)")
+            tok = load_tokenizer(tokenizer)
+        if vocab_texts is not None:
+            from toolrl.models.compact import compact_tokenizer
+
+            tok = compact_tokenizer(tok, vocab_texts, tmp, family=tokenizer)
+        tok.save_pretrained(tmp)
+        if shape is None:
+            model = _build_model(tok, SIZES[size], seed, dtype)
+        else:
+            model = _build_shape(tok, shape, seed, dtype)
         model.save_pretrained(tmp, safe_serialization=True)
         (tmp / STAMP).write_text(json.dumps(stamp, indent=2))
         if out.exists():
@@ -250,17 +278,19 @@ def _stamp(seed: int, size: str, vocab_size: int, shape: dict[str, Any] | None,
     return stamp
 
 
-def is_current(out: str | os.PathLike, size: str = "small") -> bool:
+def is_current(out: str | os.PathLike, size: str = "small", tokenizer: str = "tiny") -> bool:
     """Whether ``out`` holds a build of ``size`` in this toolrl's format (its template,
     tokenizer and architecture; any seed): False for a missing folder or an older format."""
     try:
         built = json.loads((Path(out) / STAMP).read_text())
     except (OSError, json.JSONDecodeError):
         return False
-    return built.get("format") == FORMAT_VERSION and built.get("size") == size
+    return built.get("format") == FORMAT_VERSION and built.get("size") == size and \
+        built.get("tokenizer", "tiny") == tokenizer
 
 
-def needs_build(out: str | os.PathLike, size: str = "small") -> bool:
+def needs_build(out: str | os.PathLike, size: str = "small", tokenizer: str = "tiny",
+                vocab: str = "full") -> bool:
     """Whether a run that builds its model at ``out`` builds it now: the folder is missing, or
     holds a tiny build of ``size`` in an older format (a folder without the stamp is a user's:
     kept). A tiny build of another size is never replaced (it may be another run's model):
@@ -277,6 +307,11 @@ def needs_build(out: str | os.PathLike, size: str = "small") -> bool:
                          f"model.tiny_size={size!r} would replace it: set "
                          f"model.tiny_size={built.get('size')}, or point model.path at "
                          f"another folder")
+    if built.get("tokenizer", "tiny") != tokenizer or built.get("vocab", "full") != vocab:
+        raise ValueError(f"{out} holds a tiny model on the {built.get('tokenizer', 'tiny')!r} "
+                         f"tokenizer ({built.get('vocab', 'full')} vocabulary), and "
+                         f"model.tiny_tokenizer={tokenizer!r} with model.tiny_vocab={vocab} "
+                         f"would replace it: point model.path at another folder")
     return built.get("format") != FORMAT_VERSION
 
 
@@ -317,8 +352,8 @@ def _build_model(tokenizer, spec: TinySpec, seed: int, dtype: str = "float32"):
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
-    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    pad = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    eos = tokenizer.eos_token_id
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
     config = Qwen2Config(
         vocab_size=_round_up(len(tokenizer), 64),
         hidden_size=spec.hidden_size,

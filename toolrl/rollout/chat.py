@@ -10,10 +10,18 @@ at the template's closing of the assistant turn when the model stopped without e
 That is only equal to rendering the whole conversation again when the template is
 prefix-preserving: rendering a message must not depend on the messages after it. Templates
 that drop earlier reasoning blocks (e.g. ``<think>`` of past turns) are not. `ChatRenderer`
-checks this once per template on a probe conversation (`check_prefix_preserving`) and raises
-`TemplateError` for a template that fails, unless ``allow_non_prefix_preserving=True`` says
-to train on the token stream the model actually saw (then the check's report is kept on
-`ChatRenderer.conformance`).
+checks this once per template on a probe conversation (`check_prefix_preserving`, which also
+names the first message whose arrival rewrites the rendering before it) and picks a history
+policy (`toolrl.rollout.history`): deltas for a prefix-preserving template, else one sample
+per model turn prompted with the template's own rendering (``per_turn``), or what the caller
+asks for. `ChatRenderer.history` holds the decision and its one-line reason.
+
+A template of a known family (`toolrl.core.families`, found by the template's sha256 or
+named) gets its conventions: the token that ends a turn, ``tools`` written into the system
+prompt when the template drops them, call arguments as a JSON string and no text beside
+calls where the template needs it. `ChatRenderer.inference_message` turns a sampled turn into
+the assistant message an OpenAI-compatible server would hand back (calls parsed, reasoning
+split off), which ``per_turn`` prompts are rendered from.
 
 `drops_tools` says whether a template ignores ``tools`` altogether (a prompt renders the same
 with and without them: the model would never see its tools); check-env, the dry run and the
@@ -29,6 +37,11 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from toolrl.core.families import Family, family_for_template, get_family
+from toolrl.core.parse import get_format
+from toolrl.core.types import ParseResult, ToolCall
+from toolrl.rollout.history import HistoryDecision, HistoryPolicyError, decide
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +62,7 @@ PROBE_TOOLS: list[dict[str, Any]] = [
 
 
 def _call(name: str, a: int, b: int, i: int) -> dict[str, Any]:
-    return {"id": f"call_{i}", "type": "function",
+    return {"id": f"call{i:05d}", "type": "function",
             "function": {"name": name, "arguments": {"a": a, "b": b}}}
 
 
@@ -60,10 +73,10 @@ PROBE_MESSAGES: list[dict[str, Any]] = [
     {"role": "user", "content": "What is 2 plus 3, then times 4?"},
     {"role": "assistant", "content": "<think>Add first.</think>",
      "tool_calls": [_call("add", 2, 3, 0)]},
-    {"role": "tool", "name": "add", "tool_call_id": "call_0", "content": "5"},
+    {"role": "tool", "name": "add", "tool_call_id": "call00000", "content": "5"},
     {"role": "assistant", "content": "<think>Now multiply.</think>",
      "tool_calls": [_call("mul", 5, 4, 1)]},
-    {"role": "tool", "name": "mul", "tool_call_id": "call_1", "content": "20"},
+    {"role": "tool", "name": "mul", "tool_call_id": "call00001", "content": "20"},
     {"role": "user", "content": "Thanks. And the final answer?"},
     {"role": "assistant", "content": "<think>Done.</think>The answer is 20."},
 ]
@@ -71,6 +84,10 @@ PROBE_MESSAGES: list[dict[str, Any]] = [
 
 class TemplateError(ValueError):
     """A chat template cannot be used for delta-appending (or failed to render)."""
+
+
+class RenderError(TemplateError):
+    """The chat template raised while rendering (a broken template, not a history rewrite)."""
 
 
 @dataclass(frozen=True)
@@ -84,13 +101,17 @@ class ConformanceReport:
     incremental_context: str = ""
     full_context: str = ""
     reason: str = ""
+    first_break: str = ""  # the first message whose arrival rewrites the rendering before it
 
     def describe(self) -> str:
         if self.ok:
             return "delta-append equals the full re-render"
+        where = f"; {self.first_break}" if self.first_break else ""
+        if self.first_mismatch is None:
+            return f"{self.reason}{where}"
         return (f"{self.reason} (first difference at token {self.first_mismatch}; "
                 f"delta-append has {self.incremental_context!r}, the full re-render has "
-                f"{self.full_context!r})")
+                f"{self.full_context!r}{where})")
 
 
 class ChatRenderer:
@@ -98,68 +119,179 @@ class ChatRenderer:
 
     Args:
         tokenizer: a transformers tokenizer with a chat template.
-        allow_non_prefix_preserving: keep going (with a warning) when the template fails the
-            prefix-preserving check instead of raising `TemplateError`.
-        check: run the check on the probe conversation now (`check_prefix_preserving`).
+        allow_non_prefix_preserving: the old spelling of ``history_policy="keep_stream"``.
+        check: run the check on the probe conversation now (`check_prefix_preserving`) and
+            decide the history policy (`history`); without it ``history`` is None.
         chat_template_kwargs: extra keyword arguments for every ``apply_chat_template`` call
             (e.g. ``{"enable_thinking": False}``).
+        family: the template's `toolrl.core.families.Family` (or its name); None: the family
+            whose template this is, if any.
+        history_policy: one of `toolrl.rollout.history.HISTORY_POLICIES` (``auto``: deltas
+            for a prefix-preserving template, else ``per_turn``).
     """
 
     def __init__(self, tokenizer: Any, *, allow_non_prefix_preserving: bool = False,
                  check: bool = True,
-                 chat_template_kwargs: Mapping[str, Any] | None = None) -> None:
+                 chat_template_kwargs: Mapping[str, Any] | None = None,
+                 family: Family | str | None = None, history_policy: str = "auto") -> None:
         if not getattr(tokenizer, "chat_template", None):
             raise TemplateError("the tokenizer has no chat template")
         self.tokenizer = tokenizer
-        self.allow_non_prefix_preserving = allow_non_prefix_preserving
+        self.family: Family | None = get_family(family) if family is not None else \
+            family_for_template(tokenizer.chat_template)
+        if allow_non_prefix_preserving and history_policy == "auto":
+            history_policy = "keep_stream"
+        self.allow_non_prefix_preserving = history_policy == "keep_stream"
         self.template_kwargs = dict(chat_template_kwargs or {})
-        self.eos_token_id: int = int(tokenizer.eos_token_id)
+        turn_end = self.family.turn_end if self.family is not None else None
+        self.eos_token_id: int = int(tokenizer.convert_tokens_to_ids(turn_end)) \
+            if turn_end else int(tokenizer.eos_token_id)
         self.eos_text: str = tokenizer.convert_ids_to_tokens(self.eos_token_id)
         self._dummy_cache: dict[str, tuple[str, str]] = {}
         self._prompt_cache: dict[str, list[int]] = {}  # oldest first
         self.conformance: ConformanceReport | None = None
+        self.history: HistoryDecision | None = None
+        self._real = _real_tokenizer(tokenizer)  # a compact vocabulary's real tokenizer
+        self._drop: set[int] | None = None  # `decode`: special ids not in the call format
         if check:
             self.conformance = self.check_prefix_preserving(PROBE_MESSAGES, PROBE_TOOLS)
-            if not self.conformance.ok:
-                msg = (f"the chat template is not prefix-preserving: "
-                       f"{self.conformance.describe()}. Delta-appended rollouts would differ "
-                       f"from a re-render of the same conversation. Use a prefix-preserving "
-                       f"template, or pass allow_non_prefix_preserving=True to train on the "
-                       f"tokens the model saw during the rollout.")
-                if not allow_non_prefix_preserving:
-                    raise TemplateError(msg)
-                logger.warning(msg)
+            self.history = self.decide_history(history_policy)
+
+    def decide_history(self, requested: str) -> HistoryDecision:
+        """Pick the history policy for this template (`toolrl.rollout.history.decide`); log
+        its line (a warning when it is not exact); `TemplateError` when it is refused."""
+        report = self.conformance or self.check_prefix_preserving(PROBE_MESSAGES, PROBE_TOOLS)
+
+        def recheck(kwargs: Mapping[str, Any]) -> tuple[bool, str]:
+            saved = self.template_kwargs
+            self.template_kwargs = {**saved, **kwargs}
+            self._dummy_cache, self._prompt_cache = {}, {}
+            try:
+                again = self.check_prefix_preserving(PROBE_MESSAGES, PROBE_TOOLS)
+            finally:
+                self.template_kwargs = saved
+            return again.ok, again.describe()
+
+        try:
+            decision = decide(requested, report.ok, report.describe(), family=self.family,
+                              recheck=recheck)
+        except HistoryPolicyError as e:
+            raise TemplateError(str(e)) from None
+        if decision.template_kwargs:
+            self.template_kwargs.update(decision.template_kwargs)
+            self._dummy_cache, self._prompt_cache = {}, {}
+        (logger.info if decision.exact else logger.warning)(decision.line())
+        self.history = decision
+        return decision
+
+    @property
+    def per_turn(self) -> bool:
+        """Each model turn is its own sample (`toolrl.rollout.history`, ``per_turn``)."""
+        return self.history is not None and self.history.per_turn
+
+    # --- the family's message conventions ----------------------------------------------------
+    def template_messages(self, messages: Sequence[Message], tools: Tools = None
+                          ) -> list[dict[str, Any]]:
+        """``messages`` as the family's template takes them: tools in the system prompt when
+        the template drops them, call arguments as a JSON string, no content beside calls."""
+        out = [dict(m) for m in messages]
+        fam = self.family
+        if fam is None:
+            return out
+        if fam.arguments_as_string or fam.content_none_with_calls:
+            for m in out:
+                if not m.get("tool_calls"):
+                    continue
+                if fam.content_none_with_calls:
+                    m["content"] = None
+                if fam.arguments_as_string:
+                    m["tool_calls"] = [_args_as_string(c) for c in m["tool_calls"]]
+        if fam.tools_in_system and tools:
+            listing = tool_listing(tools, fam.tool_format)
+            if out and out[0].get("role") == "system":
+                out[0]["content"] = f"{out[0].get('content') or ''}\n\n{listing}"
+            else:
+                out.insert(0, {"role": "system", "content": listing})
+        return out
+
+    def inference_message(self, text: str, parse: ParseResult | None) -> dict[str, Any]:
+        """The assistant message an OpenAI-compatible server hands back for a sampled turn
+        (and a client sends in the next request): the free text as ``content`` (the
+        reasoning split off into ``reasoning_content`` for a family that reasons), the parsed
+        calls as ``tool_calls``. What ``per_turn`` prompts render earlier turns from."""
+        content = parse.text if parse is not None else text
+        msg: dict[str, Any] = {"role": "assistant"}
+        thinking = self.family.thinking if self.family is not None else None
+        if thinking is not None:
+            reasoning, content = thinking.split(content)
+            if reasoning is not None:
+                msg["reasoning_content"] = reasoning
+        msg["content"] = content
+        if parse is not None and parse.calls:
+            msg["tool_calls"] = [c.to_openai() for c in parse.calls]
+        return msg
 
     # --- rendering --------------------------------------------------------------------------
     def render_text(self, messages: Sequence[Message], tools: Tools = None,
                     add_generation_prompt: bool = False) -> str:
         try:
             return self.tokenizer.apply_chat_template(
-                list(messages), tools=_tools(tools), add_generation_prompt=add_generation_prompt,
-                tokenize=False, **self.template_kwargs)
+                self.template_messages(messages, tools), tools=_tools(tools),
+                add_generation_prompt=add_generation_prompt, tokenize=False,
+                **self.template_kwargs)
         except Exception as e:
-            raise TemplateError(f"the chat template failed to render: {e}") from e
+            raise RenderError(f"the chat template failed to render: {e}") from e
 
     def encode(self, text: str) -> list[int]:
         """Token ids of a piece of rendered text (no special tokens added)."""
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+        ids = list(self.tokenizer.encode(text, add_special_tokens=False))
+        self._check_real(text, ids)
+        return ids
 
-    def render_prompt(self, messages: Sequence[Message], tools: Tools = None) -> list[int]:
+    def decode(self, ids: Sequence[int]) -> str:
+        """The text of sampled tokens as the env's parser reads it: special tokens dropped,
+        but those of the family's call format kept (`Family.text_tokens`)."""
+        keep = self.family.text_tokens if self.family is not None else ()
+        if not keep:
+            return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+        if self._drop is None:  # the special ids to drop: all but the format's own
+            special = set(self.tokenizer.all_special_ids) | {
+                i for i, t in self.tokenizer.added_tokens_decoder.items() if t.special}
+            self._drop = special - set(self.tokenizer.convert_tokens_to_ids(list(keep)))
+        return self.tokenizer.decode([i for i in ids if i not in self._drop],
+                                     skip_special_tokens=False)
+
+    def _check_real(self, text: str, ids: Sequence[int]) -> None:
+        """With a compact vocabulary (`toolrl.models.compact`): the pieces must be the real
+        tokenizer's, else `TemplateError` naming the text (nothing else is trained on)."""
+        if self._real is None:
+            return
+        real, real_ids = self._real
+        if [real_ids[i] for i in ids] != list(real.encode(text, add_special_tokens=False)):
+            raise TemplateError(f"the compact vocabulary cannot hold {text[-60:]!r} as the "
+                                f"real tokenizer splits it; the episode ends here")
+
+    def render_prompt(self, messages: Sequence[Message], tools: Tools = None, *,
+                      exact: bool = True) -> list[int]:
         """Token ids of the first prompt: the messages, the tools and the generation prompt.
 
         The last few prompts are remembered, so the samples of one GRPO group (the same task
-        ``n`` times) render it once.
+        ``n`` times) render it once. ``exact=False`` skips a compact vocabulary's check
+        against the real tokenizer (a probe that is never trained on).
         """
-        key = json.dumps([list(messages), _tools(tools)], sort_keys=True, default=str)
+        key = json.dumps([list(messages), _tools(tools), exact], sort_keys=True, default=str)
         ids = self._prompt_cache.get(key)
         if ids is None:
             try:
                 out = self.tokenizer.apply_chat_template(
-                    list(messages), tools=_tools(tools), add_generation_prompt=True,
-                    tokenize=True, **self.template_kwargs)
+                    self.template_messages(messages, tools), tools=_tools(tools),
+                    add_generation_prompt=True, tokenize=True, **self.template_kwargs)
             except Exception as e:
-                raise TemplateError(f"the chat template failed to render: {e}") from e
+                raise RenderError(f"the chat template failed to render: {e}") from e
             ids = _as_ids(out)
+            if self._real is not None and exact:
+                self._check_real(self.render_text(messages, tools, add_generation_prompt=True),
+                                 ids)
             if len(self._prompt_cache) >= PROMPT_CACHE_SIZE:
                 self._prompt_cache.pop(next(iter(self._prompt_cache)))
             self._prompt_cache[key] = ids
@@ -225,8 +357,11 @@ class ChatRenderer:
                 more = k + 1 < len(turns) or end > i + 1
                 ids += self.render_delta(messages[i + 1: end], tools, after_eos=True,
                                          add_generation_prompt=more)
+        except RenderError:
+            raise
         except TemplateError as e:
-            return ConformanceReport(False, 0, 0, reason=str(e))
+            return ConformanceReport(False, 0, 0, reason=str(e),
+                                     first_break=self.first_break(messages, tools))
         ends_with_model = messages[-1].get("role") == "assistant"
         full = self.encode(self.render_text(messages, tools,
                                             add_generation_prompt=not ends_with_model))
@@ -238,7 +373,27 @@ class ChatRenderer:
             False, len(ids), len(full), first_mismatch=at,
             incremental_context=self.tokenizer.decode(ids[max(0, at - 8): at + 8]),
             full_context=self.tokenizer.decode(full[max(0, at - 8): at + 8]),
-            reason="delta-appended tokens differ from a full re-render")
+            reason="delta-appended tokens differ from a full re-render",
+            first_break=self.first_break(messages, tools))
+
+    def first_break(self, messages: Sequence[Message], tools: Tools = None) -> str:
+        """Where the template first rewrites history: the first message whose arrival changes
+        the rendering of the messages before it ("" when none does)."""
+        messages = list(messages)
+        try:
+            before = self.render_text(messages[:1], tools)
+            for i in range(1, len(messages)):
+                after = self.render_text(messages[: i + 1], tools)
+                if not after.startswith(before):
+                    at = next((j for j, (a, b) in enumerate(zip(before, after, strict=False))
+                               if a != b), len(before))
+                    return (f"message {i} ({messages[i].get('role')}) rewrites the rendering "
+                            f"of the messages before it: {before[max(0, at - 20): at + 20]!r} "
+                            f"becomes {after[max(0, at - 20): at + 20]!r}")
+                before = after
+        except TemplateError as e:
+            return f"the template fails on a prefix of the conversation: {e}"
+        return ""
 
 
 # One tool whose every schema element carries a marker: what the rendered prompt lacks, the
@@ -297,6 +452,54 @@ def drops_tools_message(key: str, path: str) -> str:
             f"set chat_template in its tokenizer_config.json)")
 
 
+def tool_listing(tools: Sequence[Mapping[str, Any]], fmt: str) -> str:
+    """The tools as system-prompt text, for a template that drops ``tools``: one
+    ``name(a: type, b?: type) - description`` line per tool, then how to call them."""
+    lines = ["Tools:"]
+    for tool in tools:
+        f = tool.get("function", tool)
+        params = f.get("parameters") or {}
+        required = set(params.get("required") or ())
+        args = ", ".join(f"{k}{'' if k in required else '?'}: {_type(v)}"
+                         for k, v in (params.get("properties") or {}).items())
+        desc = f" - {f['description']}" if f.get("description") else ""
+        lines.append(f"{f.get('name')}({args}){desc}")
+    example = get_format(fmt).render([ToolCall("NAME", {"ARG": "VALUE"})])
+    lines.append(f"To call a tool, write:\n{example}")
+    return "\n".join(lines)
+
+
+def _type(schema: Mapping[str, Any]) -> str:
+    if "enum" in schema:
+        return "|".join(json.dumps(v) for v in schema["enum"])
+    kind = schema.get("type", "any")
+    return kind if isinstance(kind, str) else "|".join(kind)
+
+
+def _args_as_string(call: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(call)
+    fn = dict(out.get("function") or {})
+    if not isinstance(fn.get("arguments"), str):
+        fn["arguments"] = json.dumps(fn.get("arguments") or {}, ensure_ascii=False)
+    out["function"] = fn
+    return out
+
+
+def _real_tokenizer(tokenizer: Any) -> tuple[Any, list[int]] | None:
+    """(the real tokenizer, compact id -> real id) when ``tokenizer`` is a compact vocabulary
+    (``toolrl_vocab.json`` beside it, `toolrl.models.compact`), else None."""
+    from pathlib import Path
+
+    folder = Path(str(getattr(tokenizer, "name_or_path", "") or ""))
+    try:
+        record = json.loads((folder / "toolrl_vocab.json").read_text())
+    except (OSError, ValueError):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(folder / record["real_tokenizer"]), record["real_ids"]
+
+
 def _dummy_messages() -> list[dict[str, Any]]:
     return [{"role": "user", "content": "hi"}, {"role": "assistant", "content": _MARK}]
 
@@ -323,9 +526,11 @@ __all__ = [
     "PROBE_TOOLS",
     "ChatRenderer",
     "ConformanceReport",
+    "HistoryDecision",
     "TemplateError",
     "ToolCoverage",
     "drops_tools",
     "drops_tools_message",
     "tool_coverage",
+    "tool_listing",
 ]

@@ -63,7 +63,7 @@ class EngineChatModel:
         [out] = await self.engine.generate(prompt, self.sampling.replace(**changes))
         self.prompt_tokens += len(prompt)
         self.sampled_tokens += len(out.token_ids)
-        return self.renderer.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+        return self.renderer.decode(out.token_ids)
 
     def call_seed(self, call: int) -> int | None:
         """The sampling seed of call ``call`` (0-based) of this episode (None: unseeded)."""

@@ -19,6 +19,14 @@ failed on this episode's input; recorded, never raised). An episode the infrastr
 unreachable) also gets ``Trajectory.infra_failure``, so the trainer can tell it from a policy
 failure.
 
+With a template that rewrites history (`toolrl.rollout.history`, ``per_turn``: the renderer's
+decision), nothing is appended after a turn: the next turn gets a fresh prompt, the
+template's rendering of the history as at inference (earlier turns as
+`ChatRenderer.inference_message` hands them back), and starts a sample of its own. The
+trajectory then holds the last sample in ``tokens`` and the earlier ones in
+``extra["per_turn"]["streams"]``; `toolrl.rollout.samples.episode_rows` makes them rows that
+share the episode's advantage.
+
 The loop is built from small methods meant to be overridden: `EpisodeRunner.generate_turn`
 (how a model turn is produced: one engine call by default; several for a two-stage generate),
 `turn_sampling`, `decode`, `step_env`, `observe`. A turn is a `TurnOutput` whose own mask says
@@ -141,6 +149,9 @@ class EpisodeState:
     versions: list[int] = field(default_factory=list)
     start_version: int = 0  # the engine's weight version when the episode started
     final_info: dict[str, Any] = field(default_factory=dict)
+    history: list[dict[str, Any]] = field(default_factory=list)  # per_turn: as at inference
+    samples: list[TokenStream] = field(default_factory=list)  # per_turn: the closed samples
+    next_prompt: bool = False  # per_turn: the next turn starts a new sample
     done: bool = False
     finish_reason: str | None = None
     error: str | None = None
@@ -242,7 +253,7 @@ class EpisodeRunner:
         budget = min(self.config.max_response_len or limit, limit)
         traj = Trajectory(messages=list(messages), row=row, tools=tools,
                           format=info.get("format"), seed=seed)
-        state = EpisodeState(env, traj, prompt, max(budget, 0),
+        state = EpisodeState(env, traj, prompt, max(budget, 0), history=list(messages),
                              start_version=int(getattr(self.engine, "weight_version", 0)))
         if len(prompt) > self.max_prompt_len:  # keep a (cut) prompt so the row is not empty
             state.prompt_ids, state.max_response_len = prompt[-self.max_prompt_len:], 0
@@ -294,6 +305,8 @@ class EpisodeRunner:
         traj = state.traj
         if len(traj.turns) >= self.config.max_turns:
             state.end("max_turns")
+            return
+        if state.next_prompt and not self.new_sample(state):
             return
         if state.room < self.config.min_turn_tokens:
             state.end("context")
@@ -379,7 +392,7 @@ class EpisodeRunner:
 
     def decode(self, state: EpisodeState, turn: TurnOutput) -> str:
         """The assistant message text the env receives."""
-        return self.tokenizer.decode(turn.token_ids, skip_special_tokens=True)
+        return self.renderer.decode(turn.token_ids)
 
     async def bounded_step(self, state: EpisodeState, text: str, limit: float | None
                            ) -> tuple[list[dict[str, Any]], float, bool, bool, dict[str, Any]]:
@@ -420,7 +433,15 @@ class EpisodeRunner:
 
     async def observe(self, state: EpisodeState, observation: Sequence[Mapping[str, Any]],
                       ended_with_eos: bool) -> None:
-        """Append the observation delta (mask 0) if it fits; otherwise end with ``context``."""
+        """Append the observation delta (mask 0) if it fits; otherwise end with ``context``.
+        ``per_turn``: record the turn and the observation in the history instead; the next
+        turn starts a sample of its own (`new_sample`)."""
+        if self.renderer.per_turn:
+            turn = state.traj.turns[-1]
+            state.history.append(self.renderer.inference_message(turn.action, turn.parse))
+            state.history.extend(dict(m) for m in observation)
+            state.next_prompt = True
+            return
         try:
             delta = self.renderer.render_delta(observation, state.traj.tools,
                                                after_eos=ended_with_eos)
@@ -438,6 +459,30 @@ class EpisodeRunner:
             return
         turn.observation_span = state.append(delta)
 
+    def new_sample(self, state: EpisodeState) -> bool:
+        """``per_turn``: close the current sample and start the next one, prompted with the
+        template's rendering of the history; False (the episode ended) when it cannot be
+        rendered or does not fit."""
+        state.next_prompt = False
+        try:
+            prompt = self.renderer.render_prompt(state.history, state.traj.tools)
+        except Exception as e:  # a template that fails on this history: this episode ends
+            state.end("error", f"template: {e}")
+            return False
+        limit = self.engine.max_model_len - len(prompt)
+        if len(prompt) > self.max_prompt_len or limit < self.config.min_turn_tokens:
+            state.end("context", f"per_turn: the prompt of turn {len(state.traj.turns) + 1} "
+                                 f"has {len(prompt)} tokens, more than max_prompt_len="
+                                 f"{self.max_prompt_len}")
+            return False
+        state.samples.append(TokenStream(list(state.prompt_ids), list(state.response_ids),
+                                         list(state.response_mask), list(state.log_probs),
+                                         list(state.versions)))
+        state.prompt_ids, state.response_ids = prompt, []
+        state.response_mask, state.log_probs, state.versions = [], [], []
+        state.max_response_len = min(self.config.max_response_len or limit, limit)
+        return True
+
     def finish(self, state: EpisodeState) -> Trajectory:
         """Close the trajectory: finish reason, outcome, final state, tokens, timing."""
         snapshot: dict[str, Any] = {}
@@ -452,14 +497,19 @@ class EpisodeRunner:
         traj.infra_failure = state.infra_failure
         traj.finish(state.finish_reason or "error", state.final_info, snapshot, state.error)
         traj.messages = plain(traj.messages)
-        traj.prompt_tokens = len(state.prompt_ids)
-        traj.response_tokens = len(state.response_ids)
-        traj.sampled_tokens = int(sum(state.response_mask))
         traj.timing = {"generate_s": sum(t.generate_s for t in traj.turns),
                        "env_s": sum(t.env_s for t in traj.turns)}
         traj.tokens = TokenStream(list(state.prompt_ids), list(state.response_ids),
                                   list(state.response_mask), list(state.log_probs),
                                   list(state.versions))
+        streams = [*state.samples, traj.tokens]
+        traj.prompt_tokens = sum(len(t.prompt_ids) for t in streams)
+        traj.response_tokens = sum(len(t.response_ids) for t in streams)
+        traj.sampled_tokens = int(sum(sum(t.response_mask) for t in streams))
+        if self.renderer.per_turn:
+            traj.extra["per_turn"] = {"samples": len(streams),
+                                      "turn_sample": list(range(len(traj.turns))),
+                                      "streams": [t.to_dict() for t in state.samples]}
         return traj
 
 

@@ -40,11 +40,14 @@ from tensordict import TensorDict
 
 from toolrl import batch as B
 from toolrl.controller.worker import Dispatch, Worker, remote
+from toolrl.core.families import FAMILIES
 from toolrl.core.trajectory import TokenStream, Trajectory
 from toolrl.registry import import_object
 from toolrl.rollout.chat import ChatRenderer
 from toolrl.rollout.engine import EngineConfig, SamplingConfig, VLLMEngine
 from toolrl.rollout.episode import EpisodeConfig, EpisodeRunner
+from toolrl.rollout.history import HISTORY_POLICIES
+from toolrl.rollout.samples import per_turn_rows
 from toolrl.rollout.stream import EpisodeStream, FinishedGroup, GroupJob
 from toolrl.sync.weights import (
     Checksum,
@@ -108,10 +111,17 @@ class RolloutConfig:
             (``anthropic.AsyncAnthropic``: the Messages API).
         agent_format: the tool-call format gateway replies are parsed with; None: the format
             of ``env_id``'s env.
-        allow_non_prefix_preserving: keep going (with a warning) when the chat template is not
-            prefix-preserving instead of raising `TemplateError` (see `ChatRenderer`).
+        allow_non_prefix_preserving: the old spelling of ``history_policy="keep_stream"``.
         chat_template_kwargs: extra keyword arguments for every ``apply_chat_template`` call
             (e.g. ``{"enable_thinking": False}``).
+        history_policy: how a template that rewrites history is held
+            (`toolrl.rollout.history`): ``auto`` (deltas when the template is
+            prefix-preserving, else ``per_turn``), ``delta`` (refuse a template that is not),
+            ``per_turn`` (each model turn its own sample, prompted as at inference),
+            ``keep_stream`` (train on the sampled stream, not exact: said in a warning),
+            ``preserve`` (the family's keywords that keep earlier reasoning).
+        family: the model family of the tokenizer's template (`toolrl.core.families`); None:
+            found by the template itself (none: no conventions).
     """
 
     concurrency: int = 64
@@ -139,6 +149,8 @@ class RolloutConfig:
     agent_format: str | None = None
     allow_non_prefix_preserving: bool = False
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    history_policy: str = "auto"
+    family: str | None = None
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
@@ -155,6 +167,12 @@ class RolloutConfig:
         if self.agent_client not in ("openai", "anthropic"):
             raise ValueError(f"agent_client must be 'openai' or 'anthropic', got "
                              f"{self.agent_client!r}")
+        if self.history_policy not in HISTORY_POLICIES:
+            raise ValueError(f"history_policy={self.history_policy!r}; choose one of "
+                             f"{', '.join(HISTORY_POLICIES)}")
+        if self.family is not None and self.family not in FAMILIES:
+            raise ValueError(f"family={self.family!r} is not a known model family; known: "
+                             f"{', '.join(FAMILIES.names())}")
         if self.max_total_tokens > self.engine.max_model_len:
             raise ValueError(f"max_total_tokens ({self.max_total_tokens}) exceeds "
                              f"engine.max_model_len ({self.engine.max_model_len})")
@@ -251,7 +269,8 @@ class RolloutWorker(Worker):
             self.renderer = ChatRenderer(
                 self.engine.tokenizer,
                 allow_non_prefix_preserving=config.allow_non_prefix_preserving,
-                chat_template_kwargs=config.chat_template_kwargs)
+                chat_template_kwargs=config.chat_template_kwargs, family=config.family,
+                history_policy=config.history_policy)
             self.runner = resolve_runner(config.runner)(self.engine, self.renderer,
                                                         config.episode_config())
             self.agent = self._agent_runner() if config.agent else None
@@ -416,7 +435,8 @@ class RolloutWorker(Worker):
         rollout batch the actor can score."""
         sampling = SamplingConfig(temperature=temperature, max_tokens=max_tokens,
                                   ignore_eos=True)
-        prompts = [self.renderer.render_prompt([{"role": "user", "content": t}], [])
+        prompts = [self.renderer.render_prompt([{"role": "user", "content": t}], [],
+                                               exact=False)  # not trained on: any pieces
                    for t in texts]
 
         async def run() -> list[Any]:
@@ -478,7 +498,7 @@ class RolloutWorker(Worker):
             cfg.sampling = cfg.sampling.replace(temperature=0.0)
             runner = type(self.runner)(self.engine, self.renderer, cfg)
         results = await self.run_episodes(rows, self._seeds(n, seed), runner=runner)
-        return self.to_batch(rows, uids, results, start_version=start)
+        return self.to_batch(*per_turn_rows(rows, uids, results), start_version=start)
 
     async def agent_rollout(self, rows: Sequence[Mapping[str, Any]], uids: Sequence[str],
                             seeds: Sequence[int | None], greedy: bool,

@@ -45,6 +45,13 @@ class ModelConfig:
     # when `path` is toolrl's own `models/tiny` (a fresh clone has no models/ yet)
     build_tiny_if_missing: bool | None = None
     tiny_size: str = "small"  # what to build there: a tiny size or a real shape (qwen2.5-0.5b)
+    # the tokenizer and chat template of that build: toolrl's tiny one, or a model family's
+    # real one (toolrl.core.families, e.g. deepseek-r1-distill: its 152,064-token vocabulary)
+    tiny_tokenizer: str = "tiny"
+    # full: that tokenizer's whole vocabulary; task: only the tokens the task's texts use
+    # (prompts, oracle and bad-policy turns, tool results), same pieces, checked against the
+    # real tokenizer on every text the rollout encodes (toolrl.models.compact)
+    tiny_vocab: str = "full"
 
 
 @dataclass
@@ -271,6 +278,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "resources.memory_check": ("refuse", "warn", "skip"),
     "data.overlong_prompts": ("refuse", "filter"),
     "trainer.health.on_unhealthy": ("stop", "warn"),
+    "rollout.history_policy": ("auto", "delta", "per_turn", "keep_stream", "preserve"),
+    "model.tiny_vocab": ("full", "task"),
 }
 
 
@@ -388,6 +397,16 @@ def validate(cfg: ExperimentConfig) -> None:
     if cfg.model.tiny_size not in size_names():
         raise ConfigError(f"model.tiny_size={cfg.model.tiny_size!r} is not valid; choose one "
                           f"of {size_names()}")
+    from toolrl.core.families import FAMILIES
+
+    if cfg.model.tiny_tokenizer not in FAMILIES:
+        raise ConfigError(f"model.tiny_tokenizer={cfg.model.tiny_tokenizer!r} is not a model "
+                          f"family; choose one of {FAMILIES.names()}")
+    if cfg.rollout.history_policy == "per_turn" and \
+            cfg.algorithm.advantage not in AGENT_ADVANTAGES:
+        raise ConfigError(f"rollout.history_policy=per_turn makes each model turn a sample "
+                          f"sharing its episode's advantage: algorithm.advantage must be one of "
+                          f"{', '.join(AGENT_ADVANTAGES)}, not {cfg.algorithm.advantage}")
     for i, source in enumerate(cfg.data.mixture):
         if not source.env:
             raise ConfigError(f"data.mixture[{i}].env is required (a registered env id)")

@@ -19,9 +19,8 @@ import asyncio
 import copy
 import json
 import random
-import string
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,80 +31,17 @@ from toolrl.core.checks import describe_exception
 from toolrl.core.env import OracleUnavailable, resolve_astep
 from toolrl.core.registration import make_env
 from toolrl.core.trajectory import Trajectory, TurnRecord, plain
-from toolrl.core.types import ToolCall
 from toolrl.data.check import check_rows
 from toolrl.registry import RegistryError
 from toolrl.reward import ComposedReward, RewardBatch, RewardConfigError
 from toolrl.rollout.worker import RolloutConfig, row_env
 from toolrl.trainer.config import ConfigError, ExperimentConfig, worker_rollout_config
 from toolrl.trainer.mixture import RewardSets, env_of
+from toolrl.trainer.policies import BAD_POLICIES, Policy
+from toolrl.trainer.policies import oracle_policy as _oracle
 from toolrl.trainer.preflight import check_task_rows
 
 __all__ = ["BAD_POLICIES", "DryRunReport", "PolicySummary", "PromptCount", "dry_run"]
-
-Policy = Callable[[Any, list[dict[str, Any]], random.Random], str]
-
-
-def _no_call(env: Any, messages: list[dict[str, Any]], rng: random.Random) -> str:
-    return "I am not sure."
-
-
-def _unknown_tool(env: Any, messages: list[dict[str, Any]], rng: random.Random) -> str:
-    return env.unwrapped.render_calls([ToolCall("no_such_tool", {"x": 1})])
-
-
-def _no_arguments(env: Any, messages: list[dict[str, Any]], rng: random.Random) -> str:
-    tools = env.unwrapped.tools_schema()
-    name = tools[0]["function"]["name"] if tools else "no_such_tool"
-    return env.unwrapped.render_calls([ToolCall(name, {})])
-
-
-def _random_arguments(env: Any, messages: list[dict[str, Any]], rng: random.Random) -> str:
-    tools = env.unwrapped.tools_schema()
-    if not tools:
-        return _no_call(env, messages, rng)
-    fn = rng.choice(tools)["function"]
-    params = fn.get("parameters") or {}
-    required = set(params.get("required") or [])
-    args = {k: _random_value(v, rng) for k, v in (params.get("properties") or {}).items()
-            if k in required or rng.random() < 0.5}
-    return env.unwrapped.render_calls([ToolCall(fn["name"], args)])
-
-
-def _random_text(env: Any, messages: list[dict[str, Any]], rng: random.Random) -> str:
-    return "".join(rng.choice(string.printable) for _ in range(rng.randint(0, 40)))
-
-
-BAD_POLICIES: dict[str, Policy] = {
-    "no_call": _no_call, "unknown_tool": _unknown_tool, "no_arguments": _no_arguments,
-    "random_arguments": _random_arguments, "random_text": _random_text,
-}
-"""The scripted bad policies every sampled task is also played with (name -> policy)."""
-
-
-def _oracle(env: Any, messages: list[dict[str, Any]], rng: random.Random) -> str:
-    return env.unwrapped.oracle_action()
-
-
-def _random_value(schema: Any, rng: random.Random) -> Any:
-    if not isinstance(schema, Mapping):
-        return "x"
-    if schema.get("enum"):
-        return rng.choice(list(schema["enum"]))
-    kind = schema.get("type")
-    if isinstance(kind, list):
-        kind = next((k for k in kind if k != "null"), None)
-    if kind == "integer":
-        return rng.randint(-10, 100)
-    if kind == "number":
-        return round(rng.uniform(-10, 100), 2)
-    if kind == "boolean":
-        return rng.random() < 0.5
-    if kind == "array":
-        return [_random_value(schema.get("items"), rng) for _ in range(rng.randint(0, 2))]
-    if kind == "object":
-        return {}
-    return "".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(1, 8)))
 
 
 @dataclass
@@ -247,10 +183,14 @@ def _renderer(cfg: ExperimentConfig, rollout: RolloutConfig, report: DryRunRepor
     try:
         renderer = ChatRenderer(tokenizer,
                                 allow_non_prefix_preserving=rollout.allow_non_prefix_preserving,
-                                chat_template_kwargs=rollout.chat_template_kwargs)
+                                chat_template_kwargs=rollout.chat_template_kwargs,
+                                family=rollout.family, history_policy=rollout.history_policy)
     except TemplateError as exc:
         report.problems.append(f"chat template: {exc}")
         return None
+    from toolrl.rollout.conformance import template_report
+
+    report.notes.extend(f"template: {line}" for line in template_report(renderer))
     try:
         coverage = tool_coverage(renderer)
     except TemplateError as exc:
@@ -266,7 +206,8 @@ def _builds(cfg: ExperimentConfig) -> bool:
     from toolrl.models.tiny import needs_build
 
     try:
-        return needs_build(cfg.model.path, cfg.model.tiny_size)
+        return needs_build(cfg.model.path, cfg.model.tiny_size, cfg.model.tiny_tokenizer,
+                           cfg.model.tiny_vocab)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
 
@@ -277,6 +218,10 @@ def _tokenizer(cfg: ExperimentConfig, rollout: RolloutConfig) -> Any:
     if rollout.engine.tokenizer is not None:
         path = require_model(rollout.engine.tokenizer, key="rollout.engine.tokenizer")
     elif cfg.model.build_tiny_if_missing and _builds(cfg):
+        if cfg.model.tiny_tokenizer != "tiny":  # a family's real tokenizer (cached)
+            from toolrl.models.families import family_tokenizer
+
+            return family_tokenizer(cfg.model.tiny_tokenizer)
         from toolrl.models.tiny import build_tokenizer
 
         return build_tokenizer(seed=cfg.seed)  # the tokenizer of the model the run would build

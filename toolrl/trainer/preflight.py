@@ -34,12 +34,29 @@ from typing import Any
 
 from toolrl.trainer.config import ConfigError, ExperimentConfig
 
-__all__ = ["PromptBudget", "accepted_kwargs", "apply_prompt_budget", "budget_key",
-           "check_config", "check_devices", "check_env_kwargs", "check_kwargs", "check_loop",
-           "check_reward_section", "check_rows", "check_task_files", "check_task_kwargs",
-           "check_task_rows", "check_template_tools",
-           "env_creator",
-           "fit_prompt_budget", "has_generator", "prompt_lengths", "type_problem"]
+__all__ = [
+    "PromptBudget",
+    "accepted_kwargs",
+    "apply_prompt_budget",
+    "budget_key",
+    "check_config",
+    "check_devices",
+    "check_env_kwargs",
+    "check_history",
+    "check_kwargs",
+    "check_loop",
+    "check_reward_section",
+    "check_rows",
+    "check_task_files",
+    "check_task_kwargs",
+    "check_task_rows",
+    "check_template_tools",
+    "env_creator",
+    "fit_prompt_budget",
+    "has_generator",
+    "prompt_lengths",
+    "type_problem",
+]
 
 Row = dict[str, Any]
 _TASK_ARGS = ("n", "seed", "split")  # what the trainer passes make_tasks itself
@@ -439,7 +456,8 @@ def prompt_lengths(rows: Sequence[Mapping[str, Any]], cfg: ExperimentConfig, tok
     from toolrl.rollout.worker import row_env
 
     renderer = ChatRenderer(tokenizer, check=False,
-                            chat_template_kwargs=cfg.rollout.chat_template_kwargs)
+                            chat_template_kwargs=cfg.rollout.chat_template_kwargs,
+                            family=cfg.rollout.family)
     envs: dict[str, Any] = {}
     seen: dict[str, int | str] = {}  # a row repeated (a split cycled) is rendered once
     lengths: list[int | None] = []
@@ -515,6 +533,7 @@ def check_task_rows(train: list[Row], val: list[Row], cfg: ExperimentConfig,
 
     if tokenizer is not None:
         check_template_tools(tokenizer, cfg)
+        log(check_history(tokenizer, cfg).line())
     messages: list[str] = []
     out = []
     for rows, where in ((train, "train rows"), (val, "val rows")):
@@ -553,6 +572,28 @@ def check_task_rows(train: list[Row], val: list[Row], cfg: ExperimentConfig,
     return out[0], out[1]
 
 
+def check_history(tokenizer: Any, cfg: ExperimentConfig) -> Any:
+    """The history policy the rollout will use with this tokenizer's template
+    (`toolrl.rollout.history`): its `HistoryDecision` (whose ``line()`` names the policy and
+    why); one `ConfigError` line when the asked-for policy cannot hold the template."""
+    from toolrl.rollout.chat import ChatRenderer, TemplateError
+
+    try:
+        decision = ChatRenderer(
+            tokenizer, chat_template_kwargs=cfg.rollout.chat_template_kwargs,
+            family=cfg.rollout.family, history_policy=cfg.rollout.history_policy,
+            allow_non_prefix_preserving=cfg.rollout.allow_non_prefix_preserving).history
+    except TemplateError as exc:
+        raise ConfigError(f"rollout.history_policy={cfg.rollout.history_policy}: {exc}"
+                          ) from None
+    if decision.per_turn and cfg.trainer.infra_failures.rule == "refill":
+        raise ConfigError("the history policy is per_turn (an episode becomes one sample per "
+                          "model turn), and trainer.infra_failures.rule=refill cannot put such "
+                          "an episode in a failed one's rows; set trainer.infra_failures.rule="
+                          "drop_sample or drop_group")
+    return decision
+
+
 def check_template_tools(tokenizer: Any, cfg: ExperimentConfig) -> None:
     """The chat template of the run's tokenizer renders ``tools``: one `ConfigError` line
     naming ``model.path`` (or ``rollout.engine.tokenizer``) when it drops them."""
@@ -562,7 +603,8 @@ def check_template_tools(tokenizer: Any, cfg: ExperimentConfig) -> None:
         if cfg.rollout.engine.tokenizer is not None else ("model.path", cfg.model.path)
     try:
         renderer = ChatRenderer(tokenizer, check=False,
-                                chat_template_kwargs=cfg.rollout.chat_template_kwargs)
+                                chat_template_kwargs=cfg.rollout.chat_template_kwargs,
+                                family=cfg.rollout.family)
         dropped = drops_tools(renderer)
     except TemplateError:
         return  # a template that cannot render at all is reported where prompts are rendered

@@ -135,14 +135,25 @@ class Trainer:
             from toolrl.models.tiny import build_tiny_model, needs_build
 
             try:
-                build = needs_build(source.path, cfg.model.tiny_size)  # missing, or older
+                build = needs_build(source.path, cfg.model.tiny_size,  # missing, or older
+                                    cfg.model.tiny_tokenizer, cfg.model.tiny_vocab)
             except ValueError as exc:  # a tiny build of another size: never replaced
                 raise ConfigError(str(exc)) from None
             if build:
                 self.console.log(f"building a {cfg.model.tiny_size} model (random weights) at "
                                  f"{source.path}")
+                texts = None
+                if cfg.model.tiny_vocab == "task" and cfg.model.tiny_tokenizer != "tiny":
+                    from toolrl.trainer.warm_start import task_vocab_texts
+
+                    texts = task_vocab_texts(cfg, *self.load_tasks())
+                    self.console.log(f"model.tiny_vocab=task: the tokens of {len(texts)} texts "
+                                     f"of the task")
+                from toolrl.models.families import family_tokenizer
+
                 build_tiny_model(Path(source.path).expanduser(), seed=cfg.seed,
-                                 size=cfg.model.tiny_size)
+                                 size=cfg.model.tiny_size, tokenizer=cfg.model.tiny_tokenizer,
+                                 vocab_texts=texts, load_tokenizer=family_tokenizer)
                 return source.path
         try:
             return require_model(cfg.model.path, cfg.model.build_tiny_if_missing)
@@ -837,12 +848,13 @@ def warm_start_transcripts(cfg: ExperimentConfig, base: str) -> tuple[list[Any],
             **(ws.task_kwargs or cfg.data.task_kwargs))
     tokenizer = AutoTokenizer.from_pretrained(base)
     env_kwargs = {**cfg.env.kwargs, **ws.env_kwargs}
+    history = {"history_policy": cfg.rollout.history_policy, "family": cfg.rollout.family}
     transcripts = oracle_transcripts(cfg.env.id, rows, tokenizer, env_kwargs,
-                                     max_len=cfg.rollout.max_total_tokens)
+                                     max_len=cfg.rollout.max_total_tokens, **history)
     if ws.val_file:  # held-out rows, played by the same oracle
         return transcripts, oracle_transcripts(
             cfg.env.id, load_rows(ws.val_file), tokenizer, env_kwargs,
-            max_len=cfg.rollout.max_total_tokens)
+            max_len=cfg.rollout.max_total_tokens, **history)
     if ws.val_fraction > 0:
         return hold_out(transcripts, ws.val_fraction, cfg.seed)
     return transcripts, []

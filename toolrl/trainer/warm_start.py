@@ -48,15 +48,18 @@ class Transcript:
 
 def oracle_transcripts(env_id: str, rows: Sequence[Mapping[str, Any]], tokenizer: Any,
                        env_kwargs: Mapping[str, Any] | None = None, max_len: int = 1024,
-                       max_turns: int = 16) -> list[Transcript]:
-    """Play ``rows`` with the env's oracle and return the token streams (too long: dropped)."""
+                       max_turns: int = 16, history_policy: str = "auto",
+                       family: str | None = None) -> list[Transcript]:
+    """Play ``rows`` with the env's oracle and return the token streams (too long: dropped).
+    ``history_policy`` / ``family``: the rollout's (`toolrl.rollout.history`): under
+    ``per_turn`` each turn is its own transcript, prompted as the rollout prompts it."""
     import asyncio
 
     from toolrl.core.env import run_episode
     from toolrl.core.registration import make_env
     from toolrl.rollout.chat import ChatRenderer
 
-    renderer = ChatRenderer(tokenizer)
+    renderer = ChatRenderer(tokenizer, history_policy=history_policy, family=family)
     env = make_env(env_id, **dict(env_kwargs or {}))
     try:
         trajs = [asyncio.run(run_episode(env, row=dict(row), seed=i, max_steps=max_turns))
@@ -65,9 +68,10 @@ def oracle_transcripts(env_id: str, rows: Sequence[Mapping[str, Any]], tokenizer
         env.close()
     out = []
     for traj in trajs:
-        transcript = transcript_of(traj, renderer)
-        if len(transcript.input_ids) <= max_len:
-            out.append(transcript)
+        pieces = per_turn_transcripts(traj, renderer) if renderer.per_turn else \
+            [transcript_of(traj, renderer)]
+        if all(len(t.input_ids) <= max_len for t in pieces):
+            out.extend(pieces)
     return out
 
 
@@ -77,7 +81,7 @@ def transcript_of(traj: Trajectory, renderer: Any) -> Transcript:
 
     Each turn added one assistant message, so the assistant messages before the last
     ``len(traj.turns)`` belong to the first prompt (tau2 opens with the agent's greeting)."""
-    eos = renderer.tokenizer.eos_token_id
+    eos = renderer.eos_token_id
     assistant = [i for i, m in enumerate(traj.messages) if m.get("role") == "assistant"]
     if not traj.turns or len(assistant) < len(traj.turns):
         raise ValueError(f"episode {traj.id!r}: {len(traj.turns)} turns and "
@@ -98,10 +102,114 @@ def transcript_of(traj: Trajectory, renderer: Any) -> Transcript:
     return Transcript(ids, mask)
 
 
-def shared_prefix_batch(transcripts: Sequence[Transcript], pad_token_id: int) -> TensorDict:
+def per_turn_transcripts(traj: Trajectory, renderer: Any) -> list[Transcript]:
+    """An episode as the ``per_turn`` history policy samples it: one transcript per turn,
+    the template's rendering of the history as at inference (earlier turns as
+    `ChatRenderer.inference_message`), then the action's tokens + the turn's end."""
+    assistant = [i for i, m in enumerate(traj.messages) if m.get("role") == "assistant"]
+    if not traj.turns or len(assistant) < len(traj.turns):
+        raise ValueError(f"episode {traj.id!r}: {len(traj.turns)} turns and "
+                         f"{len(assistant)} assistant messages; no transcript")
+    first = assistant[len(assistant) - len(traj.turns)]
+    history = [dict(m) for m in traj.messages[:first]]
+    rest = traj.messages[first:]
+    starts = [i for i, m in enumerate(rest) if m.get("role") == "assistant"]
+    out = []
+    for k, (turn, start) in enumerate(zip(traj.turns, starts, strict=True)):
+        prompt = list(renderer.render_prompt(history, traj.tools))
+        act = [*renderer.encode(turn.action), renderer.eos_token_id]
+        out.append(Transcript(prompt + act, [0] * len(prompt) + [1] * len(act)))
+        end = starts[k + 1] if k + 1 < len(starts) else len(rest)
+        history += [renderer.inference_message(turn.action, turn.parse),
+                    *(dict(m) for m in rest[start + 1:end])]
+    return out
+
+
+def task_vocab_texts(cfg: Any, train: Sequence[Mapping[str, Any]],
+                     val: Sequence[Mapping[str, Any]], n: int = 128) -> list[str]:
+    """The texts a run on ``cfg``'s task renders, for a compact vocabulary
+    (`toolrl.models.compact`): ``n`` train rows and every val row, each played by the env's oracle
+    (its own and ``random_op``-style kwargs of the warm start), by the dry run's bad
+    policies and by the oracle cut short (the parse errors the env reports); every turn's
+    prompt as the rollout renders it, every action, on the family's real tokenizer and
+    template."""
+    import asyncio
+
+    from toolrl.core.env import run_episode
+    from toolrl.core.registration import make_env
+    from toolrl.models.families import family_tokenizer
+    from toolrl.rollout.chat import ChatRenderer
+    from toolrl.trainer.policies import BAD_POLICIES
+
+    renderer = ChatRenderer(family_tokenizer(cfg.model.tiny_tokenizer),
+                            history_policy=cfg.rollout.history_policy, family=cfg.rollout.family)
+    rows = [dict(r) for r in [*train[:n], *val]]
+    texts: list[str] = []
+    kwargs = [dict(cfg.env.kwargs), {**cfg.env.kwargs, **cfg.warm_start.env_kwargs}]
+    rng = random.Random(cfg.seed)
+
+    def cut_oracle(env: Any, messages: Any, rng: random.Random) -> str:
+        """The oracle's action cut short: the env's parse-error observations."""
+        action = env.unwrapped.oracle_action()
+        return action[: rng.randint(1, max(len(action) - 1, 1))]
+
+    for env_kwargs in kwargs:
+        env = make_env(cfg.env.id, **env_kwargs)
+        try:
+            policies = [None, *BAD_POLICIES.values(), cut_oracle, cut_oracle]
+            for i, (row, policy) in enumerate((r, p) for r in rows for p in policies):
+                play = (lambda e, messages, p=policy: p(e, messages, rng)) if policy else None
+                try:
+                    traj = asyncio.run(run_episode(env, **({"policy": play} if play else {}),
+                                                   row=row, seed=i, max_steps=64))
+                except RuntimeError:  # an env without a turn limit of its own
+                    continue
+                texts += _episode_texts(traj, renderer)
+        finally:
+            env.close()
+    return texts
+
+
+def _episode_texts(traj: Trajectory, renderer: Any) -> list[str]:
+    """Each turn's prompt text (the history as the rollout renders it) and action."""
+    assistant = [i for i, m in enumerate(traj.messages) if m.get("role") == "assistant"]
+    if not traj.turns or len(assistant) < len(traj.turns):
+        return []
+    first = assistant[len(assistant) - len(traj.turns)]
+    history = [dict(m) for m in traj.messages[:first]]
+    rest = traj.messages[first:]
+    starts = [i for i, m in enumerate(rest) if m.get("role") == "assistant"]
+    out = []
+    for k, (turn, start) in enumerate(zip(traj.turns, starts, strict=True)):
+        out += [renderer.render_text(history, traj.tools, add_generation_prompt=True),
+                turn.action]
+        end = starts[k + 1] if k + 1 < len(starts) else len(rest)
+        history += [renderer.inference_message(turn.action, turn.parse),
+                    *(dict(m) for m in rest[start + 1:end])]
+    out.append(renderer.render_text(history, traj.tools, add_generation_prompt=True))
+    return out
+
+
+def shared_prefix_batch(transcripts: Sequence[Transcript], pad_token_id: int,
+                        own_prompts: bool = False) -> TensorDict:
     """``transcripts`` in the rollout layout with their longest common prefix as the prompt
     (the system prompt and tool list an env's tasks share), so the prefix runs once for the
-    whole batch (`toolrl.workers.scoring`); the loss mask is the oracle's action tokens."""
+    whole batch (`toolrl.workers.scoring`); the loss mask is the oracle's action tokens.
+
+    With ``own_prompts``, transcripts that each end in their one action (``per_turn``: a
+    turn's prompt, then its tokens) get their own prompts instead, so the LM head, which runs
+    on every response token, runs on the actions alone: what a large vocabulary wants (with a
+    152,064-token head the history's share was the bulk of a step), while a small one gains
+    more from running the common prefix once."""
+    if own_prompts and all(_one_action(t.loss_mask) for t in transcripts):
+        cut = [t.loss_mask.index(1) for t in transcripts]
+        return build_rollout_batch([t.input_ids[:c] for t, c in zip(transcripts, cut,
+                                                                    strict=True)],
+                                   [t.input_ids[c:] for t, c in zip(transcripts, cut,
+                                                                    strict=True)],
+                                   [t.loss_mask[c:] for t, c in zip(transcripts, cut,
+                                                                    strict=True)],
+                                   pad_token_id)
     first = transcripts[0].input_ids
     lcp = min(len(t.input_ids) for t in transcripts) - 1
     for t in transcripts:
@@ -112,6 +220,28 @@ def shared_prefix_batch(transcripts: Sequence[Transcript], pad_token_id: int) ->
     return build_rollout_batch([first[:lcp]] * len(transcripts),
                                [t.input_ids[lcp:] for t in transcripts],
                                [t.loss_mask[lcp:] for t in transcripts], pad_token_id)
+
+
+LARGE_VOCAB = 32768  # above it, per_turn transcripts run the LM head on their actions alone
+
+
+def copy_vocab(source: str | Path, out: str | Path) -> None:
+    """Carry a compact vocabulary's map and real tokenizer (`toolrl.models.compact`) along
+    with a checkpoint written from ``source``, so the rollout keeps checking its pieces."""
+    from toolrl.models.compact import REAL_DIR, VOCAB_FILE
+
+    src, out = Path(source), Path(out)
+    if (src / VOCAB_FILE).is_file():
+        shutil.copy2(src / VOCAB_FILE, out / VOCAB_FILE)
+        shutil.copytree(src / REAL_DIR, out / REAL_DIR, dirs_exist_ok=True)
+
+
+def _one_action(mask: Sequence[int]) -> bool:
+    """The mask is 0s, then 1s to the end (a prompt, then one action)."""
+    if 1 not in mask:
+        return False
+    start = list(mask).index(1)
+    return all(mask[start:])
 
 
 def hold_out(transcripts: Sequence[Transcript], fraction: float,
@@ -338,7 +468,8 @@ def _train(model_path: str | Path, transcripts: Sequence[Transcript], out_dir: P
         task = progress.add_task("sft", total=steps, loss="-", completed=first)
         for step in range(first, steps):
             batch = shared_prefix_batch(
-                [transcripts[rng.randrange(len(transcripts))] for _ in range(batch_size)], pad)
+                [transcripts[rng.randrange(len(transcripts))] for _ in range(batch_size)], pad,
+                own_prompts=model.config.vocab_size > LARGE_VOCAB)
             nll, count = action_nll(model, batch)
             loss = nll / count.clamp(min=1)
             opt.zero_grad(set_to_none=True)
@@ -391,6 +522,7 @@ def _train(model_path: str | Path, transcripts: Sequence[Transcript], out_dir: P
     else:
         held.publish(out_dir)
     tokenizer.save_pretrained(out_dir)
+    copy_vocab(model_path, out_dir)
     if snapshot is not None:
         snapshot.drop()
     return {"warm_start/loss_first": losses[0], "warm_start/loss_last": losses[-1],

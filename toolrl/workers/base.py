@@ -459,9 +459,11 @@ def _save_hf(source: str, config: Any, state: dict[str, torch.Tensor], out: Path
     src = Path(source)
     for name in ("generation_config.json", "tokenizer.json", "tokenizer_config.json",
                  "special_tokens_map.json", "chat_template.jinja", "vocab.json", "merges.txt",
-                 "tokenizer.model", "added_tokens.json"):
+                 "tokenizer.model", "added_tokens.json", "toolrl_vocab.json"):
         if (src / name).is_file():
             shutil.copy2(src / name, out / name)
+    if (src / "real_tokenizer").is_dir():  # a compact vocabulary's real tokenizer
+        shutil.copytree(src / "real_tokenizer", out / "real_tokenizer", dirs_exist_ok=True)
 
 
 __all__ = ["LR_SCHEDULES", "FSDPConfig", "FSDPModel", "LossTotals", "lr_lambda", "tensors_only"]

@@ -30,7 +30,6 @@ log-probs at that temperature, and a seeded run repeats.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import importlib.util
 import inspect
 import logging
@@ -43,6 +42,7 @@ from toolrl.registry import import_object
 from toolrl.rollout.gateway.app import Gateway
 from toolrl.rollout.gateway.capture import Sample
 from toolrl.rollout.gateway.server import GatewayServer
+from toolrl.rollout.samples import episode_leads, episode_rows, is_episode_lead, one_per_episode
 
 logger = logging.getLogger(__name__)
 
@@ -197,50 +197,6 @@ class AgentRunner:
         traj.seed = seed
         traj.timing["total_s"] = time.perf_counter() - t0
         return traj, samples
-
-
-def episode_rows(rows: Sequence[Mapping[str, Any]], uids: Sequence[str],
-                 results: Sequence[tuple[Trajectory, list[Sample]]]
-                 ) -> tuple[list[dict[str, Any]], list[str], list[Trajectory]]:
-    """One batch row per sample: an episode of k samples gives k rows with its task row, its
-    uid (one group) and a copy of its trajectory holding that sample's tokens
-    (``extra["gateway"]["sample"]``: its index; the last is the episode's lead)."""
-    out_rows, out_uids, out_trajs = [], [], []
-    for row, uid, (traj, samples) in zip(rows, uids, results, strict=True):
-        for k, s in enumerate(samples):
-            g = {**traj.extra.get("gateway", {}), "sample": k, "samples": len(samples)}
-            out_trajs.append(dataclasses.replace(traj, tokens=s.tokens,
-                                                 extra={**traj.extra, "gateway": g}))
-            out_rows.append(dict(row))
-            out_uids.append(uid)
-    return out_rows, out_uids, out_trajs
-
-
-def episode_leads(trajs: Sequence[Trajectory]) -> list[int] | None:
-    """For a batch whose agent episodes span several samples (rows): the row of each row's
-    episode lead (`is_episode_lead`: the episode's last sample, which follows its others),
-    whose advantage the episode's other samples share; None when every episode is one row."""
-    if not any(t.extra.get("gateway", {}).get("samples", 1) > 1 for t in trajs):
-        return None
-    leads, lead = [0] * len(trajs), len(trajs) - 1
-    for i in reversed(range(len(trajs))):
-        if is_episode_lead(trajs[i]):
-            lead = i
-        leads[i] = lead
-    return leads
-
-
-def is_episode_lead(traj: Trajectory) -> bool:
-    """Whether a batch row stands for its whole episode in metrics over episodes: every env
-    episode's row, and the lead (last sample) of an agent episode split into several rows,
-    which carries the whole episode (turns, outcome, token counts of all its samples)."""
-    g = traj.extra.get("gateway")
-    return g is None or g.get("sample", 0) == g.get("samples", 1) - 1
-
-
-def one_per_episode(trajs: Sequence[Trajectory]) -> list[Trajectory]:
-    """The batch's trajectories with each episode once (`is_episode_lead`)."""
-    return [t for t in trajs if is_episode_lead(t)]
 
 
 def gateway_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:

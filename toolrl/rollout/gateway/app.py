@@ -215,8 +215,7 @@ class Gateway:
         except ContextLengthError as e:
             raise RequestError(str(e), param="messages", code="context_length_exceeded") from e
         gen_s = time.perf_counter() - t0
-        tok = self.renderer.tokenizer
-        text = tok.decode(out.token_ids, skip_special_tokens=True)
+        text = self.renderer.decode(out.token_ids)
         content = text
         stop = out.stop_reason if isinstance(out.stop_reason, str) else None
         if stop and stop in content:  # the APIs leave the stop string out, and what follows
@@ -293,10 +292,9 @@ class Gateway:
 
     def _pieces(self, ids: list[int], content: str) -> list[str]:
         """The content cut at token boundaries (one piece per token), for streaming."""
-        tok = self.renderer.tokenizer
         pieces, prev = [], ""
         for k in range(len(ids)):
-            text = tok.decode(ids[: k + 1], skip_special_tokens=True)
+            text = self.renderer.decode(ids[: k + 1])
             pieces.append(text[len(prev):] if text.startswith(prev) else "")
             prev = text
         return pieces if "".join(pieces) == content else [content]

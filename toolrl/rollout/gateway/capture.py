@@ -9,8 +9,9 @@ prompt of a call is built the way the env path builds its next turn (`EpisodeCap
   then new messages (tool results, a user turn), the prompt is the previous prompt and
   completion followed by the template delta of the new messages (`ChatRenderer.render_delta`):
   no re-tokenization, so the sampled tokens stay exactly as sampled;
-- otherwise (the agent rewrote, trimmed or summarized its history, or changed the tools) the
-  whole conversation is rendered afresh (`ChatRenderer.render_prompt`).
+- otherwise (the agent rewrote, trimmed or summarized its history, or changed the tools, or
+  the template rewrites history: the ``per_turn`` policy) the whole conversation is rendered
+  afresh (`ChatRenderer.render_prompt`).
 
 `EpisodeCapture.samples` merges the calls into training samples: a run of calls that each
 extend the previous one is one sample (mask 1 exactly on sampled tokens, the deltas between
@@ -157,7 +158,9 @@ class EpisodeCapture:
                    renderer: Any) -> tuple[list[int], bool]:
         """(prompt ids, whether they extend the previous call) for a call's conversation."""
         prev = self.calls[-1] if self.calls else None
-        if prev is not None and prev.completion_ids and self.extends(prev, messages, tools):
+        per_turn = getattr(renderer, "per_turn", False)  # every call its own sample
+        if prev is not None and prev.completion_ids and not per_turn and \
+                self.extends(prev, messages, tools):
             new = messages[len(prev.messages) + 1:]
             ended_with_eos = prev.completion_ids[-1] == renderer.eos_token_id
             delta = renderer.render_delta(new, tools or None, after_eos=ended_with_eos)
