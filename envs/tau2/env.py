@@ -138,6 +138,7 @@ class Tau2Env(ToolEnv):
 
     default_max_turns = 100
     default_max_output_chars = 1 << 20  # tau2 shows tool outputs whole
+    default_max_calls_per_turn = None  # tau2 runs every call of a message
     blocking_step = True  # tau2's tools, user and evaluator are sync code
 
     def __init__(self, *, domain: str = "mock", split: str = "train", user: str = "scripted",
