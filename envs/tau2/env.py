@@ -16,7 +16,8 @@ Everything domain-specific is tau2's own code, imported, not copied:
   ``DEFAULT_FIRST_AGENT_MESSAGE``, user turns (and the user's own tool calls, telecom's dual
   control) until the user speaks to the agent, ``###STOP###`` / transfer / out-of-scope from
   the user, a user message with neither text nor a call (``USER_ERROR``, tau2's
-  communication check), ``###STOP###`` (or the ``done`` tool in solo mode) from the agent,
+  communication check), ``###STOP###`` from the agent (in solo mode only the ``done`` tool:
+  a solo agent's text is an agent error, as tau2's ``LLMSoloAgent`` raises on it),
   ``max_steps``
   counted as the orchestrator counts them (one per agent, user and environment message),
   ``max_errors`` tool errors;
@@ -371,7 +372,14 @@ class Tau2Env(ToolEnv):
         text = (parse.text if calls else self.messages[-1]["content"]).strip()
         message = AssistantMessage(role="assistant", content=text or None,
                                    tool_calls=calls or None)
-        if self.solo and calls:
+        if self.solo and not calls:
+            # tau2's LLMSoloAgent asks its model for tool calls only and raises on any other
+            # reply ("LLMSoloAgent only supports tool calls"; its run_tasks scores the sample
+            # 0.0, an agent error): a plain ###STOP### is no stop here, only the `done` tool
+            self.trajectory.append(message)
+            self.termination = TerminationReason.AGENT_ERROR
+            return Turn(terminated=True)
+        if self.solo:
             message = self.agent._check_if_stop_toolcall(message)  # tau2's `done` handling
         if not message.has_text_content() and not message.is_tool_call():
             # an empty message: tau2's orchestrator raises on it (validate); an agent error
@@ -392,8 +400,6 @@ class Tau2Env(ToolEnv):
             self._pending = []
             return Turn(terminated=self.termination is not None)
         self._check_limits(False)
-        if self.solo and not stop:  # solo: only tool calls, or the stop
-            self.termination = self.termination or TerminationReason.AGENT_ERROR
         if self.termination is not None:
             return Turn(terminated=True)
         observation = self._user_turn(message)

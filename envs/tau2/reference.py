@@ -46,7 +46,9 @@ def _next(agent: Any, message: Any, state: Any) -> tuple[AssistantMessage, Any]:
     step = agent.script[min(index, len(agent.script) - 1)]
     agent.position += 1
     reply = _message(step, index)
-    if isinstance(agent, LLMSoloAgent) and reply.tool_calls:
+    if isinstance(agent, LLMSoloAgent):  # as LLMSoloAgent.generate_next_message
+        if not reply.is_tool_call():
+            raise ValueError("LLMSoloAgent only supports tool calls.")
         reply = agent._check_if_stop_toolcall(reply)
     state.messages.append(reply)
     return reply, state
@@ -76,7 +78,10 @@ class ReplaySoloAgent(LLMSoloAgent):
 
 def tau2_reward(domain: str, task: Task, script: list[Step], *, solo: bool = False,
                 max_steps: int = 100, max_errors: int = 10) -> RewardInfo:
-    """tau2's reward for the agent that sends ``script`` (as tau2's ``run_task`` wires it)."""
+    """tau2's reward for the agent that sends ``script`` (as tau2's ``run_task`` wires it).
+    A simulation that raises (e.g. a solo agent's text reply, which ``LLMSoloAgent`` refuses)
+    scores 0.0 with the error under ``info["failed_sample"]``, as tau2's ``run_tasks`` scores
+    a failed sample with ``skip_failed_samples``."""
     constructor = registry.get_env_constructor(domain)
     environment = constructor(solo_mode=True) if solo else constructor()
     if solo:
@@ -88,9 +93,12 @@ def tau2_reward(domain: str, task: Task, script: list[Step], *, solo: bool = Fal
         agent = ReplayAgent(tools=environment.get_tools(),
                             domain_policy=environment.get_policy(), script=script)
     user = make_user("solo" if solo else "scripted", task, environment)
-    simulation = Orchestrator(domain=domain, agent=agent, user=user, environment=environment,
-                              task=task, max_steps=max_steps, max_errors=max_errors,
-                              solo_mode=solo).run()
+    try:
+        simulation = Orchestrator(domain=domain, agent=agent, user=user,
+                                  environment=environment, task=task, max_steps=max_steps,
+                                  max_errors=max_errors, solo_mode=solo).run()
+    except Exception as exc:  # as run_tasks scores a failed sample (skip_failed_samples)
+        return RewardInfo(reward=0.0, info={"failed_sample": f"{type(exc).__name__}: {exc}"})
     return evaluate_simulation(simulation=simulation, task=task,
                                evaluation_type=EvaluationType.ALL, solo_mode=solo,
                                domain=domain)
@@ -154,8 +162,8 @@ def variants(task: Task, pool: dict[str, list[dict[str, Any]]], rng: random.Rand
     """Scripts around the gold one: gold; a step dropped; two steps swapped; a wrong argument;
     two actions of one requestor in one message; forty calls in one message (the first gold
     call of the agent after 39 read-only calls of the ``domain``, `FILLER`); no communicate
-    info; random valid calls (agent tools called with the arguments of gold calls of the
-    domain, ``pool``)."""
+    info (solo: ``###STOP###`` as text instead of the ``done`` tool); random valid calls
+    (agent tools called with the arguments of gold calls of the domain, ``pool``)."""
     steps = [[a] for a in gold_actions(task, solo=solo)]
     last = closing_step(task, solo=solo)
 
@@ -190,7 +198,9 @@ def variants(task: Task, pool: dict[str, list[dict[str, Any]]], rng: random.Rand
         k = own[0]
         padded = [("assistant", *filler)] * 39 + steps[k]
         out.append(("forty_calls", script([*steps[:k], padded, *steps[k + 1:]])))
-    if not solo:
+    if solo:  # the stop as text, not the `done` tool: tau2's solo agent refuses it
+        out.append(("text_stop", [*render_steps(steps), LLMSoloAgent.STOP_TOKEN]))
+    else:
         out.append(("silent", [*render_steps(steps), "Done."]))
     names = [n for n in (tools or sorted(pool)) if pool.get(n)]
     if names:

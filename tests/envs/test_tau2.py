@@ -191,6 +191,7 @@ def test_reward_equals_tau2_evaluate_simulation(domain, user, n):
                 domain, task, script, solo), (row["id"], kind, script)
             kinds.add(kind)
     assert {"gold", "dropped", "wrong_arg", "random", "forty_calls"} <= kinds
+    assert ("text_stop" if solo else "silent") in kinds
 
 
 def test_forty_calls_in_one_message_run_as_in_tau2():
@@ -228,6 +229,17 @@ def test_limits_and_solo_rules_follow_tau2s_orchestrator():
     traj = env_episode(solo, row, talk)
     assert traj.info["tau2"]["termination_reason"] == "agent_error"
     assert env_outcome(traj) == tau2_outcome("telecom", task, talk, True) == 0.0
+    # the gold calls, then ###STOP### as text instead of the `done` tool: tau2's solo agent
+    # refuses a reply without calls (its run_tasks scores the failed sample 0.0)
+    gold = gold_script(task, solo=True)
+    text_stop = [*gold[:-1], "###STOP###"]
+    traj = env_episode(solo, row, text_stop)
+    assert traj.info["tau2"]["termination_reason"] == "agent_error"
+    ref = tau2_reward("telecom", task, text_stop, solo=True)
+    assert env_outcome(traj) == ref.reward == 0.0
+    assert "LLMSoloAgent only supports tool calls" in ref.info["failed_sample"]
+    assert env_outcome(env_episode(solo, row, gold)) == tau2_outcome(
+        "telecom", task, gold, True) == 1.0
 
 
 @pytest.mark.timeout(300)
