@@ -16,6 +16,16 @@ Writes benchmarks/results/tau2.md and its section of benchmarks/RESULTS.md.
     .venv/bin/python benchmarks/bench_tau2.py [--quick] [--telecom-tasks N]
     (in parallel: --pairs airline/scripted --only, ..., then --report)
 
+``--speed``: one episode's time, side by side in one run: the oracle's episode of every
+task of ``--domain`` with tau2's databases loaded from their files at reset and twice in the
+evaluator (tau2's own path, ``Tau2Env.copy_databases = False``, tool schemas checked anew
+each episode as before) and with them loaded once a process and copied
+(`toolrl.envs.tau2.domain_cache`), the two alternating task by task; wall and CPU seconds per
+episode, and the rewards of the two paths, which must be equal. Writes
+benchmarks/results/tau2_speed.md and its section of RESULTS.md.
+
+    .venv/bin/python benchmarks/bench_tau2.py --speed [--domain airline] [--reps 3]
+
 ``--throughput``: rollout throughput instead, in episodes/s, with the rollout's own engine as
 tau2's user (``user: engine``): one `RolloutWorker` (the tiny model unless ``--model``, vLLM's
 CPU engine) runs ``--episodes`` episodes of ``--domain``'s train tasks, ``--concurrency`` (64)
@@ -47,6 +57,8 @@ RESULTS = benchlib.RESULTS_DIR / "tau2.md"
 SECTION = "## tau2-bench: oracle and reward exactness against tau2 itself"
 THROUGHPUT_RESULTS = benchlib.RESULTS_DIR / "tau2_throughput.md"
 THROUGHPUT_SECTION = "## tau2-bench: rollout episodes/s with the engine as the user"
+SPEED_RESULTS = benchlib.RESULTS_DIR / "tau2_speed.md"
+SPEED_SECTION = "## tau2-bench: one episode's time, databases loaded per environment vs copied"
 PAIRS = (("mock", "scripted"), ("mock", "solo"), ("airline", "scripted"),
          ("retail", "scripted"), ("telecom", "solo"), ("telecom", "scripted"))
 
@@ -252,6 +264,89 @@ def throughput(args: argparse.Namespace, argv: list[str]) -> str:
         ""])
 
 
+def speed(args: argparse.Namespace, argv: list[str]) -> tuple[str, bool]:
+    """Old path vs new path, one episode at a time (module docstring)."""
+    import gc
+    import os
+    import statistics
+
+    from toolrl.envs.tau2.env import Tau2Env
+
+    from toolrl.core import tools as core_tools
+    from toolrl.core.env import run_episode
+
+    class FromFiles(Tau2Env):  # tau2's own path: each environment loads its database
+        copy_databases = False
+
+    paths = {"tau2 loads (before)": FromFiles(domain=args.domain, split="all"),
+             "copied (now)": Tau2Env(domain=args.domain, split="all")}
+    rows = paths["copied (now)"].make_tasks(0, split="all")
+    if args.quick:
+        rows = rows[:3]
+    label = benchlib.machine_label()
+    times: dict[str, list[tuple[float, float]]] = {k: [] for k in paths}
+    rewards: dict[str, list[float]] = {k: [] for k in paths}
+    gc_s = {k: 0.0 for k in paths}
+    clock: dict[str, float] = {}
+
+    def on_gc(phase: str, info: dict) -> None:
+        if phase == "start":
+            clock["gc"] = time.process_time()
+        elif "path" in clock:
+            gc_s[clock["path"]] += time.process_time() - clock["gc"]
+
+    def play(name: str, row: dict, record: bool) -> None:
+        if name == "tau2 loads (before)":
+            core_tools._checked_schema.cache_clear()  # schemas were checked every episode
+        clock["path"] = name
+        wall, cpu = time.perf_counter(), time.process_time()
+        traj = asyncio.run(run_episode(paths[name], row=row, max_steps=10_000))
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        clock.pop("path")
+        if record:
+            times[name].append((wall, cpu))
+            rewards[name].append(traj.info["tau2"]["reward"])
+
+    for name in paths:  # warm-up: imports, the databases' one load, caches
+        play(name, rows[0], record=False)
+    gc_s = {k: 0.0 for k in paths}
+    gc.callbacks.append(on_gc)
+    try:
+        for rep in range(args.reps):
+            for i, row in enumerate(rows):
+                order = list(paths) if (i + rep) % 2 == 0 else list(paths)[::-1]
+                for name in order:
+                    play(name, row, record=True)
+    finally:
+        gc.callbacks.remove(on_gc)
+    load = os.getloadavg()[0]
+    before, now = list(paths)
+    same = rewards[before] == rewards[now]
+
+    def med(name: str, k: int) -> float:
+        return statistics.median(t[k] for t in times[name])
+
+    table = [[name, len(times[name]), f"{med(name, 0):.3f}",
+              f"{max(t[0] for t in times[name]):.3f}", f"{med(name, 1):.3f}",
+              f"{gc_s[name] / len(times[name]):.3f}",
+              sum(r == 1.0 for r in rewards[name])] for name in paths]
+    text = "\n".join([
+        SPEED_SECTION, "",
+        f"The oracle's episode of each of the {len(rows)} {args.domain} tasks, {args.reps} "
+        f"times, on two paths alternating task by task in one process: tau2 loading its "
+        f"database from its file for every environment (at reset and twice in its evaluator) "
+        f"as before, and the database loaded once a process and copied per environment "
+        f"(`toolrl.envs.tau2.domain_cache`). Rewards of the two paths on the same tasks: "
+        f"**{'equal' if same else 'DIFFERENT'}**.", "",
+        f"Median episode (wall): **{med(now, 0) / med(before, 0):.2f}x** the time before; "
+        f"CPU: {med(now, 1) / med(before, 1):.2f}x.", "",
+        f"Machine: {label}, load average at the end {load:.1f}. Command: "
+        f"`{benchlib.command_line('bench_tau2.py', argv)}`.", "",
+        md_table(["path", "episodes", "median s (wall)", "max s (wall)", "median s (CPU)",
+                  "GC s / episode (CPU)", "reward 1.0"], table), ""])
+    return text, same
+
+
 def update_results_md(section: str, title: str = SECTION) -> None:
     """Replace this benchmark's section of RESULTS.md (or append it), others untouched."""
     path = benchlib.BENCH_DIR / "RESULTS.md"
@@ -280,11 +375,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="no runs: the report from the saved raw results of every pair")
     parser.add_argument("--throughput", action="store_true",
                         help="rollout episodes/s with the engine as the user instead")
-    parser.add_argument("--domain", default="airline", help="--throughput: the domain")
+    parser.add_argument("--speed", action="store_true",
+                        help="one episode's time, tau2's database loading vs copies")
+    parser.add_argument("--domain", default="airline",
+                        help="--throughput, --speed: the domain")
     parser.add_argument("--episodes", type=int, default=128, help="--throughput: per round")
     parser.add_argument("--concurrency", type=int, default=64,
                         help="--throughput: episodes in flight")
-    parser.add_argument("--reps", type=int, default=3, help="--throughput: timed rounds")
+    parser.add_argument("--reps", type=int, default=3,
+                        help="--throughput: timed rounds; --speed: passes over the tasks")
     parser.add_argument("--turns", type=int, default=4, help="--throughput: most agent turns")
     parser.add_argument("--turn-tokens", type=int, default=64,
                         help="--throughput: most tokens of an agent turn")
@@ -298,6 +397,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     import toolrl.envs.tau2  # noqa: F401  (sets litellm offline before tau2 loads)
 
+    if args.speed:
+        text, same = speed(args, argv)
+        benchlib.write_result(SPEED_RESULTS, text)
+        if not args.quick:
+            update_results_md(text, SPEED_SECTION)
+        return 0 if same else 1
     if args.throughput:
         if args.quick:
             args.episodes, args.concurrency, args.reps, args.turns = 8, 8, 1, 2

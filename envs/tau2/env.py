@@ -21,6 +21,9 @@ Everything domain-specific is tau2's own code, imported, not copied:
   ``max_steps``
   counted as the orchestrator counts them (one per agent, user and environment message),
   ``max_errors`` tool errors;
+- tau2's domain databases are loaded once a process and copied per environment (the
+  episode's and the evaluator's two; `toolrl.envs.tau2.domain_cache`), equal by tau2's
+  hash, and the agent's tools are built once a domain;
 - the reward is ``tau2.evaluator.evaluator.evaluate_simulation`` on a tau2 ``SimulationRun``
   holding the episode's tau2 messages and termination reason (evaluation type ``ALL``:
   env/DB, action and communicate checks as the task's ``reward_basis`` says). NL assertions are
@@ -60,6 +63,7 @@ from tau2.user.user_simulator import UserSimulator
 
 from toolrl import ParseResult, Tool, ToolCall, ToolEnv, ToolResult, Turn
 
+from .domain_cache import agent_tools, evaluation_domain, make_environment
 from .reference import gold_script
 from .users import USER_KINDS, make_user
 
@@ -141,6 +145,9 @@ class Tau2Env(ToolEnv):
     default_max_output_chars = 1 << 20  # tau2 shows tool outputs whole
     default_max_calls_per_turn = None  # tau2 runs every call of a message
     blocking_step = True  # tau2's tools, user and evaluator are sync code
+    # tau2's databases loaded once a process and copied per environment (`.domain_cache`);
+    # False: loaded from their files each time, as tau2 does (benchmarks compare the two)
+    copy_databases: bool = True
 
     def __init__(self, *, domain: str = "mock", split: str = "train", user: str = "scripted",
                  user_model: str | None = None, user_base_url: str | None = None,
@@ -212,17 +219,22 @@ class Tau2Env(ToolEnv):
         else:
             self.task = get_task(self.domain, str(row["id"]))
         task = self.task
-        self.environment = registry.get_env_constructor(self.domain)(solo_mode=self.solo)
-        if self.solo:
-            if not LLMSoloAgent.check_valid_task(task):
-                raise ValueError(f"tau2 task {task.id!r} has no solo form (no ticket)")
-            user_tools = (self.environment.get_user_tools()
-                          if self.environment.user_tools is not None else [])
-            self.agent = LLMSoloAgent(tools=self.environment.get_tools() + user_tools,
-                                      domain_policy=self.environment.get_policy(), task=task)
-        else:
-            self.agent = LLMAgent(tools=self.environment.get_tools(),
-                                  domain_policy=self.environment.get_policy())
+        if self.solo and not LLMSoloAgent.check_valid_task(task):
+            raise ValueError(f"tau2 task {task.id!r} has no solo form (no ticket)")
+        if self.copy_databases:  # (`.domain_cache`)
+            self.environment = make_environment(self.domain, self.solo)
+            cached = agent_tools(self.domain, self.solo)
+            tools = [t for t, _ in cached]
+            self._schemas = {t.name: schema for t, schema in cached}
+        else:  # as tau2's run_task builds them
+            self.environment = registry.get_env_constructor(self.domain)(solo_mode=self.solo)
+            user_tools = (self.environment.get_user_tools() if self.solo and
+                          self.environment.user_tools is not None else [])
+            tools = self.environment.get_tools() + user_tools
+            self._schemas = {}
+        policy = self.environment.get_policy()
+        self.agent = LLMSoloAgent(tools=tools, domain_policy=policy, task=task) if self.solo \
+            else LLMAgent(tools=tools, domain_policy=policy)
         self.user_used = self.user_kind
         if self.user_kind == "engine" and self.rollout_model is None:
             self.user_used = "scripted"  # outside a rollout: no engine to speak for the user
@@ -289,7 +301,9 @@ class Tau2Env(ToolEnv):
         return {"role": "user", "content": message.content or ""}
 
     def episode_tools(self) -> list[Tool]:
-        return [_Tau2Tool.from_schema(t.openai_schema, fn=self._executor(t.name), inline=True)
+        return [_Tau2Tool.from_schema(copy.deepcopy(self._schemas[t.name]) if t.name in
+                                      self._schemas else t.openai_schema,
+                                      fn=self._executor(t.name), inline=True)
                 for t in self.agent.tools]
 
     def _executor(self, name: str) -> Any:
@@ -424,7 +438,8 @@ class Tau2Env(ToolEnv):
         try:
             self.reward_info = evaluate_simulation(
                 simulation=self.simulation_run(), task=self.task,
-                evaluation_type=EvaluationType.ALL, solo_mode=self.solo, domain=self.domain)
+                evaluation_type=EvaluationType.ALL, solo_mode=self.solo,
+                domain=evaluation_domain(self.domain) if self.copy_databases else self.domain)
         except Exception as exc:
             self.reward_info = RewardInfo(reward=0.0)
             self.eval_error = f"{type(exc).__name__}: {exc}"

@@ -251,6 +251,29 @@ def test_check_env_per_domain(kwargs):
     assert report.ok, str(report)
 
 
+@pytest.mark.parametrize("domain", ["airline", "retail", "telecom", "mock"])
+def test_databases_are_copies_of_tau2s_load(domain):
+    """Loaded once a process, copied per environment: each copy equals a fresh load by tau2's
+    own hash (what its evaluator compares), is validated from data (no fallback), and shares
+    nothing with another copy; tau2's evaluator gets the same constructor."""
+    from tau2.registry import registry
+    from toolrl.envs.tau2.domain_cache import evaluation_domain, make_environment, templates
+
+    fresh = registry.get_env_constructor(domain)()
+    first, second = make_environment(domain), make_environment(domain)
+    assert all(t is None or t.data is not None for t in templates(domain))
+    for env in (first, second):
+        assert env.get_db_hash() == fresh.get_db_hash()
+        assert env.get_user_db_hash() == fresh.get_user_db_hash()
+    assert first.tools.db is not second.tools.db
+    key = next(iter(type(first.tools.db).model_fields))
+    setattr(first.tools.db, key, type(getattr(first.tools.db, key))())  # emptied in one copy
+    assert second.get_db_hash() == fresh.get_db_hash() != first.get_db_hash()
+    name = evaluation_domain(domain)
+    assert name != domain and registry.get_env_constructor(name)().get_db_hash() == \
+        fresh.get_db_hash()
+
+
 def test_llm_user_is_tau2s_simulator_on_an_openai_compatible_endpoint():
     """Built, never called (no network in tests): tau2's UserSimulator through litellm."""
     from tau2.user.user_simulator import UserSimulator
