@@ -43,6 +43,7 @@ import datetime
 import functools
 import random
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 from tau2.agent.llm_agent import LLMAgent, LLMSoloAgent
@@ -110,6 +111,28 @@ def get_task(domain: str, task_id: str) -> Task:
     return tasks[task_id]
 
 
+def check_user_settings(user: str, *, user_model: str | None, user_base_url: str | None,
+                        user_api_key: str | None, user_llm_args: Any) -> None:
+    """The user settings fail when the env is made, not at its first reset: ``user='llm'``
+    needs ``user_model``; the endpoint settings are the ``llm`` user's only, the sampling
+    settings the ``llm`` and ``engine`` users' (a setting no user reads is an error)."""
+    if user == "llm" and not user_model:
+        raise ValueError("tau2 user='llm' needs user_model (a litellm model name, e.g. "
+                         "'openai/Qwen3-8B' with user_base_url for an OpenAI-compatible "
+                         "endpoint)")
+    unused = [k for k, v in (("user_model", user_model), ("user_base_url", user_base_url),
+                             ("user_api_key", user_api_key)) if v is not None and user != "llm"]
+    if user_llm_args is not None and user not in ("llm", "engine"):
+        unused.append("user_llm_args")
+    if unused:
+        raise ValueError(f"tau2 {', '.join(unused)} set but user={user!r} does not use "
+                         f"{'it' if len(unused) == 1 else 'them'} (user_model, user_base_url, "
+                         f"user_api_key: user='llm'; user_llm_args: 'llm' or 'engine')")
+    if user_llm_args is not None and not isinstance(user_llm_args, Mapping):
+        raise ValueError(f"tau2 user_llm_args must be a mapping of sampling settings "
+                         f"(temperature, max_tokens, ...), got {user_llm_args!r}")
+
+
 def _now() -> str:
     return datetime.datetime.now().isoformat()
 
@@ -162,6 +185,12 @@ class Tau2Env(ToolEnv):
                              f"not {domain!r}")
         self.split = split
         split_ids(domain, split)  # an unknown split fails here
+        check_user_settings(user, user_model=user_model, user_base_url=user_base_url,
+                            user_api_key=user_api_key, user_llm_args=user_llm_args)
+        for name, value in (("max_steps", max_steps), ("max_errors", max_errors)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"tau2 {name} must be a positive integer (as tau2's run_task "
+                                 f"requires), got {value!r}")
         self.user_kind = user
         self.solo = user == "solo"
         self.user_options = {"model": user_model, "base_url": user_base_url,

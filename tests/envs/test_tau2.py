@@ -61,6 +61,15 @@ def test_offline_and_task_files():
     ({"domain": "airline", "user": "solo"}, "solo mode for telecom, mock only"),
     ({"user": "robot"}, "unknown tau2 user 'robot'"),
     ({"split": "dev"}, "unknown tau2 split 'dev'"),
+    ({"user": "llm"}, "user='llm' needs user_model"),  # at make_env, not at reset
+    ({"user_model": "openai/x"}, "user_model set but user='scripted' does not use it"),
+    ({"user": "engine", "user_base_url": "http://h/v1", "user_api_key": "k"},
+     "user_base_url, user_api_key set but user='engine' does not use them"),
+    ({"user": "solo", "domain": "telecom", "user_llm_args": {"temperature": 1}},
+     "user_llm_args set but user='solo'"),
+    ({"user": "engine", "user_llm_args": 0.5}, "user_llm_args must be a mapping"),
+    ({"max_steps": 0}, "max_steps must be a positive integer"),
+    ({"max_errors": "3"}, "max_errors must be a positive integer"),
 ])
 def test_bad_configuration_is_one_clear_line(kwargs, match):
     with pytest.raises(ValueError, match=match) as err:
