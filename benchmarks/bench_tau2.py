@@ -47,7 +47,6 @@ import argparse
 import asyncio
 import json
 import random
-import re
 import sys
 import time
 from collections import Counter
@@ -406,16 +405,12 @@ def speed(args: argparse.Namespace, argv: list[str]) -> tuple[str, bool]:
     return text, same
 
 
-def update_results_md(section: str, title: str = SECTION) -> None:
-    """Replace this benchmark's section of RESULTS.md (or append it), others untouched."""
-    path = benchlib.BENCH_DIR / "RESULTS.md"
-    text = path.read_text() if path.exists() else "# toolrl benchmarks\n"
-    pattern = re.compile(re.escape(title) + r".*?(?=\n## |\Z)", re.S)
-    if pattern.search(text):
-        text = pattern.sub(lambda _: section.rstrip("\n") + "\n", text)
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    path.write_text(text if text.endswith("\n") else text + "\n")
+def refresh_results_md() -> None:
+    """RESULTS.md again from every result file (`run_all.py --assemble-only`): this
+    benchmark's sections as the others, nested under its title."""
+    import run_all
+
+    run_all.main(["--assemble-only"])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -460,7 +455,7 @@ def main(argv: list[str] | None = None) -> int:
         text, same = speed(args, argv)
         benchlib.write_result(SPEED_RESULTS, text)
         if not args.quick:
-            update_results_md(text, SPEED_SECTION)
+            refresh_results_md()
         return 0 if same else 1
     if args.throughput:
         if args.quick:
@@ -468,7 +463,7 @@ def main(argv: list[str] | None = None) -> int:
         text = throughput(args, argv)
         benchlib.write_result(THROUGHPUT_RESULTS, text)
         if not args.quick:
-            update_results_md(text, THROUGHPUT_SECTION)
+            refresh_results_md()
         return 0
 
     pairs = [tuple(p.split("/")) for p in args.pairs] if args.pairs else PAIRS
@@ -490,7 +485,7 @@ def main(argv: list[str] | None = None) -> int:
     text = report(results, [a for a in argv if a != "--report"])
     benchlib.write_result(RESULTS, text)
     if not args.quick:
-        update_results_md(text)
+        refresh_results_md()
     return 0 if all(not r["mismatches"] and not r["oracle_misses"] and
                     all(ok for _, _, ok in r["no_gold_checked"]) for r in results) else 1
 

