@@ -28,6 +28,7 @@ from __future__ import annotations
 import ast
 import json
 import re
+from collections.abc import Iterable
 from typing import Any
 
 from tau2.config import DEFAULT_LLM_ARGS_USER
@@ -56,9 +57,9 @@ class ScriptedUser(BaseUser):
     """States the task's instructions; then makes the user-tool calls an agent text asks for
     (`requested_calls`) and reports their results, or stops at a text that asks for none."""
 
-    def __init__(self, instructions: Any = None, tools: list[Tau2Tool] | None = None) -> None:
+    def __init__(self, instructions: Any = None, tool_names: Iterable[str] = ()) -> None:
         super().__init__(instructions=instructions)
-        self.tools = {t.name: t for t in tools or []}
+        self.tool_names = frozenset(tool_names)  # the user's tools (run by the environment)
 
     def get_init_state(self, message_history: list[Message] | None = None) -> UserState:
         self.spoken = False  # (a task's message history may hold earlier user lines)
@@ -75,7 +76,8 @@ class ScriptedUser(BaseUser):
                 r.content or "Done." for r in results))
         else:
             state.messages.append(message)
-            calls = requested_calls(message.content or "", self.tools) if self.spoken else []
+            calls = requested_calls(message.content or "", self.tool_names) \
+                if self.spoken else []
             if calls:
                 reply = UserMessage(role="user", tool_calls=[
                     Tau2Call(id=f"user_call_{self.calls_made + i}", name=name,
@@ -97,9 +99,9 @@ class ScriptedUser(BaseUser):
         pass
 
 
-def requested_calls(text: str, tools: dict[str, Tau2Tool]) -> list[tuple[str, dict[str, Any]]]:
-    """The user-tool calls a text asks for, in order: ``name(key=value, ...)`` for a tool in
-    ``tools``, values as JSON or Python literals (``mode="4g_only"``) or bare words (tau2's
+def requested_calls(text: str, tools: Iterable[str]) -> list[tuple[str, dict[str, Any]]]:
+    """The user-tool calls a text asks for, in order: ``name(key=value, ...)`` for a tool
+    named in ``tools``, values as JSON or Python literals (``mode="4g_only"``) or bare words (tau2's
     ``Action.get_func_format``: ``mode=4g_only``). A call whose arguments do not parse is not
     made."""
     if not tools:
@@ -219,8 +221,8 @@ def make_user(kind: str, task: Task, environment: Environment, *, model: str | N
     if kind == "solo":
         return DummyUser()
     if kind == "scripted":
-        tools = environment.get_user_tools() if environment.user_tools is not None else None
-        return ScriptedUser(instructions=str(task.user_scenario), tools=tools)
+        names = environment.user_tools.tools if environment.user_tools is not None else ()
+        return ScriptedUser(instructions=str(task.user_scenario), tool_names=names)
     if kind == "llm":
         if not model:
             raise ValueError("user='llm' needs user_model (a litellm model name, e.g. "

@@ -155,7 +155,7 @@ def test_scripted_user_makes_the_calls_the_agent_asks_for():
     from tau2.registry import registry
     from toolrl.envs.tau2.users import requested_calls
 
-    tools = {t.name: t for t in registry.get_env_constructor("telecom")().get_user_tools()}
+    tools = {t.name for t in registry.get_env_constructor("telecom")().get_user_tools()}
     text = ('First toggle_data_saver_mode(), then grant_app_permission(app_name="messaging", '
             "permission='sms'), set_network_mode_preference(mode=4g_5g_preferred) and "
             "toggle_data(). Not: my_toggle_data(), refuel_data(amount=2), toggle_wifi(x")
