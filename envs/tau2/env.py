@@ -162,6 +162,10 @@ class Tau2Env(ToolEnv):
         user_llm_args: the ``llm`` and ``engine`` users' sampling (``temperature``,
             ``max_tokens``, ...; tau2's default: temperature 0.0).
         max_steps, max_errors: tau2's orchestrator limits (defaults as in tau2).
+        max_calls_per_turn: default none: every call of a message runs, as in tau2 (a cap
+            drops the calls past it, counted; `toolrl.core.env.ToolEnv`).
+
+    Every setting is checked here: a bad one fails when the env is made, not at reset.
     """
 
     default_max_turns = 100

@@ -269,18 +269,15 @@ def test_databases_are_copies_of_tau2s_load(domain):
     from toolrl.envs.tau2.domain_cache import evaluation_domain, make_environment, templates
 
     fresh = registry.get_env_constructor(domain)()
+    digest, user_digest = fresh.get_db_hash(), fresh.get_user_db_hash()
     first, second = make_environment(domain), make_environment(domain)
     assert all(t is None or t.data is not None for t in templates(domain))
-    for env in (first, second):
-        assert env.get_db_hash() == fresh.get_db_hash()
-        assert env.get_user_db_hash() == fresh.get_user_db_hash()
-    assert first.tools.db is not second.tools.db
+    assert first.get_db_hash() == digest and first.get_user_db_hash() == user_digest
     key = next(iter(type(first.tools.db).model_fields))
     setattr(first.tools.db, key, type(getattr(first.tools.db, key))())  # emptied in one copy
-    assert second.get_db_hash() == fresh.get_db_hash() != first.get_db_hash()
+    assert first.get_db_hash() != digest == second.get_db_hash()
     name = evaluation_domain(domain)
-    assert name != domain and registry.get_env_constructor(name)().get_db_hash() == \
-        fresh.get_db_hash()
+    assert name != domain and registry.get_env_constructor(name)().get_db_hash() == digest
 
 
 def test_llm_user_is_tau2s_simulator_on_an_openai_compatible_endpoint():
