@@ -47,6 +47,7 @@ import argparse
 import asyncio
 import json
 import random
+import re
 import sys
 import time
 from collections import Counter
@@ -199,7 +200,13 @@ def report(results: list[dict], argv: list[str]) -> str:
     tasks = sum(r["tasks"] for r in results)
     solved = sum(r["env_oracle_1"] for r in results)
     no_gold = [x for r in results for x in r["no_gold_checked"]]
-    machines = sorted({r.get("machine", "") for r in results} - {""})
+    machines = sorted({r.get("machine", "").split(", load average")[0] for r in results}
+                      - {""})
+    loads = [float(m) for r in results for m in re.findall(r"load average at start ([\d.]+)",
+                                                             r.get("machine", ""))]
+    if loads:
+        machines = [f"{m} (load average at the start of each pair {min(loads):.1f} to "
+                    f"{max(loads):.1f})" for m in machines]
     coverage = "every task of every domain, each user: telecom's 2,285 with the scripted " \
         "user and in solo mode" if all(r["tasks"] == r.get("all_tasks") for r in results) \
         else "a sample: " + ", ".join(f"{r['tasks']} of {r.get('all_tasks', '?')} "
@@ -213,6 +220,8 @@ def report(results: list[dict], argv: list[str]) -> str:
         f"{tasks - solved} have no gold solution by tau2's own scoring (below). "
         f"{total:,} action sequences scored by toolrl/Tau2-v0 and by tau2 alone (tau2's "
         f"Orchestrator with a replay agent + `evaluate_simulation`): **{bad} differ**.", "",
+        f"The pairs took {sum(r['seconds'] for r in results) / 60:.0f} min in all, one after "
+        f"another (tau2's own replays of every sequence included).", "",
         f"Machine: {'; '.join(machines) or benchlib.machine_label()}. Command: "
         f"`{benchlib.command_line('bench_tau2.py', argv)}`.", "",
         "Oracle (the task's gold actions in order, one a message: the agent's as calls, the "
@@ -224,7 +233,8 @@ def report(results: list[dict], argv: list[str]) -> str:
         md_table(["domain (user)", "tasks", "env oracle = 1.0", "tau2 gold = 1.0",
                   "env oracle = 1.0 there", "tau2 gold < 1.0", "oracle s", "s / task"],
                  oracle_rows), "",
-        "Exactness (sequences per kind, over `tasks` of the domain; `tau2 raised`: tau2's "
+        "Exactness (sequences per kind, over `tasks` of the domain, the gold one over "
+        "every task; `tau2 raised`: tau2's "
         "evaluator raised, the env scored 0.0 with the same error; seconds: the pair's whole "
         "run, tau2's replays included):", "",
         md_table(["domain (user)", "tasks", *kinds, "total", "tau2 raised", "mismatches",
