@@ -95,7 +95,10 @@ BENCHES: tuple[Bench, ...] = (
           "Conformance matrix: real chat templates, exactly (1,000 episodes per family)",
           timeout_s=1200),
     Bench("tau2", "bench_tau2.py", "tau2-bench: oracle and reward exactness against tau2",
-          timeout_s=7200),  # the full set: ~85 min on 2 cores (airline, retail ~35 min each)
+          timeout_s=10800),  # every task of every domain (telecom's 2,285 twice): 76 min on 2 cores
+    Bench("tau2_speed", "bench_tau2.py",
+          "tau2-bench: one episode's time, databases loaded per environment vs copied",
+          args=("--speed",), timeout_s=1800),
     Bench("bfcl_multi_turn", "bench_bfcl_multi_turn.py",
           "BFCL multi-turn: the possible answers and reward exactness against BFCL",
           timeout_s=1800),  # ~10k episodes and as many BFCL verdicts: ~10 min on 2 cores

@@ -16,10 +16,14 @@ Everything domain-specific is tau2's own code, imported, not copied:
   ``DEFAULT_FIRST_AGENT_MESSAGE``, user turns (and the user's own tool calls, telecom's dual
   control) until the user speaks to the agent, ``###STOP###`` / transfer / out-of-scope from
   the user, a user message with neither text nor a call (``USER_ERROR``, tau2's
-  communication check), ``###STOP###`` (or the ``done`` tool in solo mode) from the agent,
+  communication check), ``###STOP###`` from the agent (in solo mode only the ``done`` tool:
+  a solo agent's text is an agent error, as tau2's ``LLMSoloAgent`` raises on it),
   ``max_steps``
   counted as the orchestrator counts them (one per agent, user and environment message),
   ``max_errors`` tool errors;
+- tau2's domain databases are loaded once a process and copied per environment (the
+  episode's and the evaluator's two; `toolrl.envs.tau2.domain_cache`), equal by tau2's
+  hash, and the agent's tools are built once a domain;
 - the reward is ``tau2.evaluator.evaluator.evaluate_simulation`` on a tau2 ``SimulationRun``
   holding the episode's tau2 messages and termination reason (evaluation type ``ALL``:
   env/DB, action and communicate checks as the task's ``reward_basis`` says). NL assertions are
@@ -39,6 +43,7 @@ import datetime
 import functools
 import random
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 from tau2.agent.llm_agent import LLMAgent, LLMSoloAgent
@@ -59,6 +64,7 @@ from tau2.user.user_simulator import UserSimulator
 
 from toolrl import ParseResult, Tool, ToolCall, ToolEnv, ToolResult, Turn
 
+from .domain_cache import agent_tools, evaluation_domain, make_environment
 from .reference import gold_script
 from .users import USER_KINDS, make_user
 
@@ -105,6 +111,28 @@ def get_task(domain: str, task_id: str) -> Task:
     return tasks[task_id]
 
 
+def check_user_settings(user: str, *, user_model: str | None, user_base_url: str | None,
+                        user_api_key: str | None, user_llm_args: Any) -> None:
+    """The user settings fail when the env is made, not at its first reset: ``user='llm'``
+    needs ``user_model``; the endpoint settings are the ``llm`` user's only, the sampling
+    settings the ``llm`` and ``engine`` users' (a setting no user reads is an error)."""
+    if user == "llm" and not user_model:
+        raise ValueError("tau2 user='llm' needs user_model (a litellm model name, e.g. "
+                         "'openai/Qwen3-8B' with user_base_url for an OpenAI-compatible "
+                         "endpoint)")
+    unused = [k for k, v in (("user_model", user_model), ("user_base_url", user_base_url),
+                             ("user_api_key", user_api_key)) if v is not None and user != "llm"]
+    if user_llm_args is not None and user not in ("llm", "engine"):
+        unused.append("user_llm_args")
+    if unused:
+        raise ValueError(f"tau2 {', '.join(unused)} set but user={user!r} does not use "
+                         f"{'it' if len(unused) == 1 else 'them'} (user_model, user_base_url, "
+                         f"user_api_key: user='llm'; user_llm_args: 'llm' or 'engine')")
+    if user_llm_args is not None and not isinstance(user_llm_args, Mapping):
+        raise ValueError(f"tau2 user_llm_args must be a mapping of sampling settings "
+                         f"(temperature, max_tokens, ...), got {user_llm_args!r}")
+
+
 def _now() -> str:
     return datetime.datetime.now().isoformat()
 
@@ -134,11 +162,19 @@ class Tau2Env(ToolEnv):
         user_llm_args: the ``llm`` and ``engine`` users' sampling (``temperature``,
             ``max_tokens``, ...; tau2's default: temperature 0.0).
         max_steps, max_errors: tau2's orchestrator limits (defaults as in tau2).
+        max_calls_per_turn: default none: every call of a message runs, as in tau2 (a cap
+            drops the calls past it, counted; `toolrl.core.env.ToolEnv`).
+
+    Every setting is checked here: a bad one fails when the env is made, not at reset.
     """
 
     default_max_turns = 100
     default_max_output_chars = 1 << 20  # tau2 shows tool outputs whole
+    default_max_calls_per_turn = None  # tau2 runs every call of a message
     blocking_step = True  # tau2's tools, user and evaluator are sync code
+    # tau2's databases loaded once a process and copied per environment (`.domain_cache`);
+    # False: loaded from their files each time, as tau2 does (benchmarks compare the two)
+    copy_databases: bool = True
 
     def __init__(self, *, domain: str = "mock", split: str = "train", user: str = "scripted",
                  user_model: str | None = None, user_base_url: str | None = None,
@@ -153,6 +189,12 @@ class Tau2Env(ToolEnv):
                              f"not {domain!r}")
         self.split = split
         split_ids(domain, split)  # an unknown split fails here
+        check_user_settings(user, user_model=user_model, user_base_url=user_base_url,
+                            user_api_key=user_api_key, user_llm_args=user_llm_args)
+        for name, value in (("max_steps", max_steps), ("max_errors", max_errors)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"tau2 {name} must be a positive integer (as tau2's run_task "
+                                 f"requires), got {value!r}")
         self.user_kind = user
         self.solo = user == "solo"
         self.user_options = {"model": user_model, "base_url": user_base_url,
@@ -210,17 +252,22 @@ class Tau2Env(ToolEnv):
         else:
             self.task = get_task(self.domain, str(row["id"]))
         task = self.task
-        self.environment = registry.get_env_constructor(self.domain)(solo_mode=self.solo)
-        if self.solo:
-            if not LLMSoloAgent.check_valid_task(task):
-                raise ValueError(f"tau2 task {task.id!r} has no solo form (no ticket)")
-            user_tools = (self.environment.get_user_tools()
-                          if self.environment.user_tools is not None else [])
-            self.agent = LLMSoloAgent(tools=self.environment.get_tools() + user_tools,
-                                      domain_policy=self.environment.get_policy(), task=task)
-        else:
-            self.agent = LLMAgent(tools=self.environment.get_tools(),
-                                  domain_policy=self.environment.get_policy())
+        if self.solo and not LLMSoloAgent.check_valid_task(task):
+            raise ValueError(f"tau2 task {task.id!r} has no solo form (no ticket)")
+        if self.copy_databases:  # (`.domain_cache`)
+            self.environment = make_environment(self.domain, self.solo)
+            cached = agent_tools(self.domain, self.solo)
+            tools = [t for t, _ in cached]
+            self._schemas = {t.name: schema for t, schema in cached}
+        else:  # as tau2's run_task builds them
+            self.environment = registry.get_env_constructor(self.domain)(solo_mode=self.solo)
+            user_tools = (self.environment.get_user_tools() if self.solo and
+                          self.environment.user_tools is not None else [])
+            tools = self.environment.get_tools() + user_tools
+            self._schemas = {}
+        policy = self.environment.get_policy()
+        self.agent = LLMSoloAgent(tools=tools, domain_policy=policy, task=task) if self.solo \
+            else LLMAgent(tools=tools, domain_policy=policy)
         self.user_used = self.user_kind
         if self.user_kind == "engine" and self.rollout_model is None:
             self.user_used = "scripted"  # outside a rollout: no engine to speak for the user
@@ -287,7 +334,9 @@ class Tau2Env(ToolEnv):
         return {"role": "user", "content": message.content or ""}
 
     def episode_tools(self) -> list[Tool]:
-        return [_Tau2Tool.from_schema(t.openai_schema, fn=self._executor(t.name), inline=True)
+        return [_Tau2Tool.from_schema(copy.deepcopy(self._schemas[t.name]) if t.name in
+                                      self._schemas else t.openai_schema,
+                                      fn=self._executor(t.name), inline=True)
                 for t in self.agent.tools]
 
     def _executor(self, name: str) -> Any:
@@ -370,7 +419,14 @@ class Tau2Env(ToolEnv):
         text = (parse.text if calls else self.messages[-1]["content"]).strip()
         message = AssistantMessage(role="assistant", content=text or None,
                                    tool_calls=calls or None)
-        if self.solo and calls:
+        if self.solo and not calls:
+            # tau2's LLMSoloAgent asks its model for tool calls only and raises on any other
+            # reply ("LLMSoloAgent only supports tool calls"; its run_tasks scores the sample
+            # 0.0, an agent error): a plain ###STOP### is no stop here, only the `done` tool
+            self.trajectory.append(message)
+            self.termination = TerminationReason.AGENT_ERROR
+            return Turn(terminated=True)
+        if self.solo:
             message = self.agent._check_if_stop_toolcall(message)  # tau2's `done` handling
         if not message.has_text_content() and not message.is_tool_call():
             # an empty message: tau2's orchestrator raises on it (validate); an agent error
@@ -391,8 +447,6 @@ class Tau2Env(ToolEnv):
             self._pending = []
             return Turn(terminated=self.termination is not None)
         self._check_limits(False)
-        if self.solo and not stop:  # solo: only tool calls, or the stop
-            self.termination = self.termination or TerminationReason.AGENT_ERROR
         if self.termination is not None:
             return Turn(terminated=True)
         observation = self._user_turn(message)
@@ -417,7 +471,8 @@ class Tau2Env(ToolEnv):
         try:
             self.reward_info = evaluate_simulation(
                 simulation=self.simulation_run(), task=self.task,
-                evaluation_type=EvaluationType.ALL, solo_mode=self.solo, domain=self.domain)
+                evaluation_type=EvaluationType.ALL, solo_mode=self.solo,
+                domain=evaluation_domain(self.domain) if self.copy_databases else self.domain)
         except Exception as exc:
             self.reward_info = RewardInfo(reward=0.0)
             self.eval_error = f"{type(exc).__name__}: {exc}"

@@ -12,6 +12,7 @@ calls (one assistant message).
 
 from __future__ import annotations
 
+import json
 import random
 from typing import Any
 
@@ -45,7 +46,9 @@ def _next(agent: Any, message: Any, state: Any) -> tuple[AssistantMessage, Any]:
     step = agent.script[min(index, len(agent.script) - 1)]
     agent.position += 1
     reply = _message(step, index)
-    if isinstance(agent, LLMSoloAgent) and reply.tool_calls:
+    if isinstance(agent, LLMSoloAgent):  # as LLMSoloAgent.generate_next_message
+        if not reply.is_tool_call():
+            raise ValueError("LLMSoloAgent only supports tool calls.")
         reply = agent._check_if_stop_toolcall(reply)
     state.messages.append(reply)
     return reply, state
@@ -75,7 +78,10 @@ class ReplaySoloAgent(LLMSoloAgent):
 
 def tau2_reward(domain: str, task: Task, script: list[Step], *, solo: bool = False,
                 max_steps: int = 100, max_errors: int = 10) -> RewardInfo:
-    """tau2's reward for the agent that sends ``script`` (as tau2's ``run_task`` wires it)."""
+    """tau2's reward for the agent that sends ``script`` (as tau2's ``run_task`` wires it).
+    A simulation that raises (e.g. a solo agent's text reply, which ``LLMSoloAgent`` refuses)
+    scores 0.0 with the error under ``info["failed_sample"]``, as tau2's ``run_tasks`` scores
+    a failed sample with ``skip_failed_samples``."""
     constructor = registry.get_env_constructor(domain)
     environment = constructor(solo_mode=True) if solo else constructor()
     if solo:
@@ -87,56 +93,115 @@ def tau2_reward(domain: str, task: Task, script: list[Step], *, solo: bool = Fal
         agent = ReplayAgent(tools=environment.get_tools(),
                             domain_policy=environment.get_policy(), script=script)
     user = make_user("solo" if solo else "scripted", task, environment)
-    simulation = Orchestrator(domain=domain, agent=agent, user=user, environment=environment,
-                              task=task, max_steps=max_steps, max_errors=max_errors,
-                              solo_mode=solo).run()
+    try:
+        simulation = Orchestrator(domain=domain, agent=agent, user=user,
+                                  environment=environment, task=task, max_steps=max_steps,
+                                  max_errors=max_errors, solo_mode=solo).run()
+    except Exception as exc:  # as run_tasks scores a failed sample (skip_failed_samples)
+        return RewardInfo(reward=0.0, info={"failed_sample": f"{type(exc).__name__}: {exc}"})
     return evaluate_simulation(simulation=simulation, task=task,
                                evaluation_type=EvaluationType.ALL, solo_mode=solo,
                                domain=domain)
 
 
-def gold_script(task: Task, *, solo: bool = False) -> list[Step]:
-    """The task's gold actions (one call a message; user actions only in solo mode, where the
-    agent has the user's tools), then its communicate info (or, solo, the ``done`` tool)."""
+Action = tuple[str, str, dict[str, Any]]  # (requestor, tool name, arguments)
+
+
+def gold_actions(task: Task, *, solo: bool = False) -> list[Action]:
+    """The task's gold actions in order; in solo mode the agent makes the user's too."""
     criteria = task.evaluation_criteria
-    actions = [a for a in (criteria.actions if criteria else None) or []
-               if a.requestor == "assistant" or solo]
-    script: list[Step] = [[(a.name, dict(a.arguments))] for a in actions]
+    return [("assistant" if solo else a.requestor, a.name, dict(a.arguments))
+            for a in (criteria.actions if criteria else None) or []]
+
+
+def render_steps(actions: list[list[Action]]) -> list[Step]:
+    """One message per group of actions: the agent's calls, or one text asking the user to
+    make theirs (`user_request`). A group mixes no requestors."""
+    return [[(n, args) for _, n, args in group] if group[0][0] == "assistant" else
+            " ".join(user_request(n, args) for _, n, args in group) for group in actions]
+
+
+def closing_step(task: Task, *, solo: bool = False) -> Step:
+    """The oracle's last message: the ``done`` tool (solo), else the communicate info."""
     if solo:
-        script.append([(LLMSoloAgent.STOP_FUNCTION_NAME, {})])
-    else:
-        info = (criteria.communicate_info if criteria else None) or []
-        script.append(" ".join(["Done.", *map(str, info)]))
-    return script
+        return [(LLMSoloAgent.STOP_FUNCTION_NAME, {})]
+    criteria = task.evaluation_criteria
+    info = (criteria.communicate_info if criteria else None) or []
+    return " ".join(["Done.", *map(str, info)])
+
+
+def gold_script(task: Task, *, solo: bool = False) -> list[Step]:
+    """The task's gold actions in order, one a message, then its communicate info (or, solo,
+    the ``done`` tool). The agent's actions are calls; the user's (telecom's phone) are, in
+    solo mode, calls too (the agent has the user's tools), else a text asking the user to make
+    the call (`user_request`), as tau2's ground-truth agent instructs the user."""
+    return [*render_steps([[a] for a in gold_actions(task, solo=solo)]),
+            closing_step(task, solo=solo)]
+
+
+def user_request(name: str, arguments: dict[str, Any]) -> str:
+    """The agent's text asking the user to make a call on their device: the call written as
+    tau2's telecom policy writes it (``grant_app_permission(app_name="messaging", ...)``),
+    which `toolrl.envs.tau2.users.ScriptedUser` follows."""
+    args = ", ".join(f"{k}={json.dumps(v)}" for k, v in arguments.items())
+    return f"Please do this on your phone: {name}({args})."
+
+
+# a read-only call per domain (and mode), to pad a message to many calls
+FILLER: dict[tuple[str, bool], tuple[str, dict[str, Any]]] = {
+    ("mock", False): ("get_users", {}), ("mock", True): ("get_users", {}),
+    ("airline", False): ("list_all_airports", {}),
+    ("retail", False): ("list_all_product_types", {}),
+    ("telecom", False): ("get_customer_by_phone", {"phone_number": "555-123-2002"}),
+    ("telecom", True): ("check_status_bar", {})}
 
 
 def variants(task: Task, pool: dict[str, list[dict[str, Any]]], rng: random.Random, *,
-             solo: bool = False, tools: list[str] | None = None) -> list[tuple[str, list[Step]]]:
+             solo: bool = False, tools: list[str] | None = None,
+             domain: str | None = None) -> list[tuple[str, list[Step]]]:
     """Scripts around the gold one: gold; a step dropped; two steps swapped; a wrong argument;
-    two calls in one message; no communicate info; random valid calls (tools called with the
-    arguments of gold calls of the domain, ``pool``)."""
-    gold = gold_script(task, solo=solo)
-    calls, last = gold[:-1], gold[-1]
-    out: list[tuple[str, list[Step]]] = [("gold", gold)]
-    if calls:
-        k = rng.randrange(len(calls))
-        out.append(("dropped", calls[:k] + calls[k + 1:] + [last]))
-    if len(calls) >= 2:
-        k = rng.randrange(len(calls) - 1)
-        swapped = list(calls)
+    two actions of one requestor in one message; forty calls in one message (the first gold
+    call of the agent after 39 read-only calls of the ``domain``, `FILLER`); no communicate
+    info (solo: ``###STOP###`` as text instead of the ``done`` tool); random valid calls
+    (agent tools called with the arguments of gold calls of the domain, ``pool``)."""
+    steps = [[a] for a in gold_actions(task, solo=solo)]
+    last = closing_step(task, solo=solo)
+
+    def script(groups: list[list[Action]]) -> list[Step]:
+        return [*render_steps(groups), last]
+
+    out: list[tuple[str, list[Step]]] = [("gold", script(steps))]
+    if steps:
+        k = rng.randrange(len(steps))
+        out.append(("dropped", script(steps[:k] + steps[k + 1:])))
+    if len(steps) >= 2:
+        k = rng.randrange(len(steps) - 1)
+        swapped = list(steps)
         swapped[k], swapped[k + 1] = swapped[k + 1], swapped[k]
-        out.append(("swapped", [*swapped, last]))
-        merged = [*calls[:k], calls[k] + calls[k + 1], *calls[k + 2:], last]
-        out.append(("parallel", merged))
-    with_args = [i for i, s in enumerate(calls) if s[0][1]]
+        out.append(("swapped", script(swapped)))
+        pairs = [i for i in range(len(steps) - 1) if steps[i][0][0] == steps[i + 1][0][0]]
+        if pairs:
+            k = rng.choice(pairs)
+            out.append(("parallel", script([*steps[:k], steps[k] + steps[k + 1],
+                                            *steps[k + 2:]])))
+    with_args = [i for i, s in enumerate(steps) if s[0][2]]
     if with_args:
         i = rng.choice(with_args)
-        name, args = calls[i][0]
+        requestor, name, args = steps[i][0]
         key = rng.choice(sorted(args))
         args = {**args, key: _wrong(args[key], rng)}
-        out.append(("wrong_arg", [*calls[:i], [(name, args)], *calls[i + 1:], last]))
-    if not solo:
-        out.append(("silent", [*calls, "Done."]))
+        out.append(("wrong_arg", script([*steps[:i], [(requestor, name, args)],
+                                         *steps[i + 1:]])))
+    filler = FILLER.get((domain, solo)) if domain else None
+    own = [i for i, s in enumerate(steps) if s[0][0] == "assistant"]
+    if filler and own:
+        k = own[0]
+        padded = [("assistant", *filler)] * 39 + steps[k]
+        out.append(("forty_calls", script([*steps[:k], padded, *steps[k + 1:]])))
+    if solo:  # the stop as text, not the `done` tool: tau2's solo agent refuses it
+        out.append(("text_stop", [*render_steps(steps), LLMSoloAgent.STOP_TOKEN]))
+    else:
+        out.append(("silent", [*render_steps(steps), "Done."]))
     names = [n for n in (tools or sorted(pool)) if pool.get(n)]
     if names:
         randoms = [[(n, dict(rng.choice(pool[n])))] for n in

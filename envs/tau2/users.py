@@ -2,7 +2,12 @@
 
 - ``scripted`` (tests, oracle, CPU runs): `ScriptedUser`, a tau2 ``BaseUser`` that states the
   task's instructions (``str(task.user_scenario)``, what tau2 gives its simulator) as its first
-  message and ends the conversation (``###STOP###``) at the agent's next text message.
+  message. Where the user has tools (telecom's phone: tau2's dual control) it does what the
+  agent's text asks in the form tau2's policy and ground-truth agent write it, a call of a user
+  tool such as ``toggle_airplane_mode()`` or ``grant_app_permission(app_name="messaging",
+  permission="sms")``: it makes those calls (tau2 user tool calls, run by the orchestrator /
+  the env against the user's device) and answers with their results. It ends the conversation
+  (``###STOP###``) at the first agent text that asks it to do nothing.
 - ``solo`` (domains where tau2 defines it: telecom, mock): tau2's ``DummyUser``; the agent gets
   the ticket and the user's tools, and ends with the ``done`` tool.
 - ``llm``: tau2's ``UserSimulator`` (litellm) against any OpenAI-compatible endpoint:
@@ -20,6 +25,10 @@ tau2's default is temperature 0.0 (``DEFAULT_LLM_ARGS_USER``).
 
 from __future__ import annotations
 
+import ast
+import json
+import re
+from collections.abc import Iterable
 from typing import Any
 
 from tau2.config import DEFAULT_LLM_ARGS_USER
@@ -45,16 +54,39 @@ ENGINE_USER_MODEL = "toolrl/rollout-engine"  # the EngineUser's ``llm`` (tau2 re
 
 
 class ScriptedUser(BaseUser):
-    """States the task's instructions, then stops at the agent's next text message."""
+    """States the task's instructions; then makes the user-tool calls an agent text asks for
+    (`requested_calls`) and reports their results, or stops at a text that asks for none."""
+
+    def __init__(self, instructions: Any = None, tool_names: Iterable[str] = ()) -> None:
+        super().__init__(instructions=instructions)
+        self.tool_names = frozenset(tool_names)  # the user's tools (run by the environment)
 
     def get_init_state(self, message_history: list[Message] | None = None) -> UserState:
         self.spoken = False  # (a task's message history may hold earlier user lines)
+        self.calls_made = 0
         return UserState(system_messages=[], messages=list(message_history or []))
 
     def generate_next_message(self, message: Any, state: UserState
                               ) -> tuple[UserMessage, UserState]:
-        state.messages.append(message)
-        reply = UserMessage(role="user", content=STOP if self.spoken else str(self.instructions))
+        if isinstance(message, MultiToolMessage | ToolMessage):  # results of its own calls
+            results = message.tool_messages if isinstance(message, MultiToolMessage) \
+                else [message]
+            state.messages.extend(results)
+            reply = UserMessage(role="user", content="\n".join(
+                r.content or "Done." for r in results))
+        else:
+            state.messages.append(message)
+            calls = requested_calls(message.content or "", self.tool_names) \
+                if self.spoken else []
+            if calls:
+                reply = UserMessage(role="user", tool_calls=[
+                    Tau2Call(id=f"user_call_{self.calls_made + i}", name=name,
+                             arguments=args, requestor="user")
+                    for i, (name, args) in enumerate(calls)])
+                self.calls_made += len(calls)
+            else:
+                reply = UserMessage(role="user",
+                                    content=STOP if self.spoken else str(self.instructions))
         self.spoken = True
         state.messages.append(reply)
         return reply, state
@@ -65,6 +97,44 @@ class ScriptedUser(BaseUser):
 
     def set_seed(self, seed: int) -> None:
         pass
+
+
+def requested_calls(text: str, tools: Iterable[str]) -> list[tuple[str, dict[str, Any]]]:
+    """The user-tool calls a text asks for, in order: ``name(key=value, ...)`` for a tool
+    named in ``tools``, values as JSON or Python literals (``mode="4g_only"``) or bare words (tau2's
+    ``Action.get_func_format``: ``mode=4g_only``). A call whose arguments do not parse is not
+    made."""
+    if not tools:
+        return []
+    names = "|".join(map(re.escape, sorted(tools, key=len, reverse=True)))
+    out = []
+    for match in re.finditer(rf"(?<![\w.])({names})\(([^()]*)\)", text):
+        args = _call_arguments(match.group(2))
+        if args is not None:
+            out.append((match.group(1), args))
+    return out
+
+
+def _call_arguments(inner: str) -> dict[str, Any] | None:
+    if not inner.strip():
+        return {}
+    try:
+        call = ast.parse(f"f({inner})", mode="eval").body
+        if not call.args:
+            return {k.arg: ast.literal_eval(k.value) for k in call.keywords}
+    except (SyntaxError, ValueError):
+        pass
+    args: dict[str, Any] = {}
+    for part in inner.split(","):
+        key, eq, value = part.partition("=")
+        if not eq or not key.strip().isidentifier():
+            return None
+        value = value.strip()
+        try:
+            args[key.strip()] = json.loads(value)
+        except ValueError:
+            args[key.strip()] = value.strip("\"'")
+    return args
 
 
 class EngineUser(UserSimulator):
@@ -151,7 +221,8 @@ def make_user(kind: str, task: Task, environment: Environment, *, model: str | N
     if kind == "solo":
         return DummyUser()
     if kind == "scripted":
-        return ScriptedUser(instructions=str(task.user_scenario))
+        names = environment.user_tools.tools if environment.user_tools is not None else ()
+        return ScriptedUser(instructions=str(task.user_scenario), tool_names=names)
     if kind == "llm":
         if not model:
             raise ValueError("user='llm' needs user_model (a litellm model name, e.g. "

@@ -147,8 +147,24 @@ def test_thousands_of_calls_in_one_turn_are_capped(envs, name):
     assert [c.arguments["a"] for c in info["calls"]] == list(range(cap))
     assert [m["content"] for m in obs[:cap]] == [str(i + 1) for i in range(cap)]
     assert [e["type"] for e in info["errors"]] == ["too_many_calls"]
+    assert info["errors"][0]["dropped"] == 5000 - cap  # counted: Trajectory.dropped_calls
     assert "5000 calls in one turn; only the first 32 ran" in obs[-1]["content"]
     assert len(obs) == cap + 1
+
+
+def test_calls_past_the_cap_are_counted_in_the_trajectory(envs):
+    import asyncio
+
+    from toolrl.core.env import run_episode
+    from toolrl.core.trajectory import Trajectory
+
+    env = envs["toolrl/Calculator-v0"]
+    text = get_format("hermes").render([ToolCall("add", {"a": i, "b": 1}) for i in range(40)])
+    traj = asyncio.run(run_episode(env, lambda e, m: text if e.unwrapped.turn == 0 else "1",
+                                   row=env.unwrapped.make_tasks(1)[0]))
+    assert traj.turns[0].dropped_calls == 8 and traj.dropped_calls == 8
+    assert len(traj.turns[0].results) == 32
+    assert Trajectory.from_dict(traj.to_dict()).dropped_calls == 8
 
 
 def test_thousands_of_unknown_and_malformed_calls_stay_bounded(envs):

@@ -264,6 +264,7 @@ def test_free_sampling_groups(worker, hf):
     records = B.trajectories(td)
     assert metrics["rollout/sampled_tokens"] == td[B.RESPONSE_MASK].sum().item()
     assert metrics["rollout/turns_mean"] == sum(r.num_turns for r in records) / 6
+    assert metrics["rollout/dropped_calls_mean"] == sum(r.dropped_calls for r in records) / 6
     assert sum(v for k, v in metrics.items() if k.startswith("rollout/finish_")) == \
         pytest.approx(1.0)
     # prompts are left-padded, responses right-padded

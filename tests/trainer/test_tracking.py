@@ -60,6 +60,7 @@ def test_console_and_plots_show_reward_components_finish_reasons_and_errors(tmp_
                            "reward/errors/success": 0.0, "reward/gate_open/format": 1.0,
                            "rollout/finish_terminated": 0.75, "rollout/finish_context": 0.25,
                            "rollout/finish_error": 0.0, "rollout/tool_errors_mean": 0.5,
+                           "rollout/dropped_calls_mean": 8.0 * (step - 1),
                            "val/reward_mean": 0.4})
     plots = tracker.close()
     lines = out.read_text().splitlines()
@@ -67,6 +68,7 @@ def test_console_and_plots_show_reward_components_finish_reasons_and_errors(tmp_
     assert lines[first + 1].split() == [
         "rewards:", "format=0.750", "success=0.250", "|", "finish:", "context=0.250", "|",
         "errors:", "tool/episode=0.500"]
-    assert lines[second + 1].endswith("errors: tool/episode=0.500 reward format=1")
+    assert lines[second + 1].endswith(  # calls past max_calls_per_turn are never silent
+        "errors: tool/episode=0.500 dropped_calls/episode=8.000 reward format=1")
     assert {p.name for p in plots} == {"reward.png", "success.png", "reward_components.png",
                                        "finish_reasons.png", "errors.png"}

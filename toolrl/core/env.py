@@ -181,8 +181,11 @@ class ToolEnv(gym.Env[list, str]):
         max_turns: assistant turns before truncation.
         tool_timeout: default per-call timeout in seconds (a tool's own limit can be lower).
         max_output_chars: default cap on one tool output.
-        max_calls_per_turn: calls run per turn; the rest of a longer turn are not run and one
-            ``too_many_calls`` error says so (a turn costs bounded time and observation size).
+        max_calls_per_turn: calls run per turn (default the class's
+            ``default_max_calls_per_turn``, 32; None there: no cap); the rest of a longer turn
+            are not run: one ``too_many_calls`` error observation says so and its record
+            counts them (``dropped``; `TurnRecord.dropped_calls`, the rollout's
+            ``rollout/dropped_calls_mean``). A turn costs bounded time and observation size.
     """
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
@@ -196,7 +199,7 @@ class ToolEnv(gym.Env[list, str]):
     # True when a step runs blocking code (sync evaluate/on_turn, inline tools): the rollout
     # then steps the env on a daemon thread, where rollout.env_timeout_s can stop the wait
     blocking_step: ClassVar[bool] = False
-    default_max_calls_per_turn: ClassVar[int] = 32
+    default_max_calls_per_turn: ClassVar[int | None] = 32  # None: every call runs
     # the rollout's own engine as a chat model, set by the episode runner before reset (None
     # outside a rollout: run_episode, check-env, the warm start's oracle)
     rollout_model: ChatModel | None = None
@@ -229,7 +232,7 @@ class ToolEnv(gym.Env[list, str]):
             self.default_max_output_chars
         self.max_calls_per_turn = max_calls_per_turn if max_calls_per_turn is not None else \
             self.default_max_calls_per_turn
-        if self.max_calls_per_turn < 1:
+        if self.max_calls_per_turn is not None and self.max_calls_per_turn < 1:
             raise ValueError(f"max_calls_per_turn must be >= 1, got {self.max_calls_per_turn}")
         self.render_mode = render_mode
         self.action_space = spaces.Text(max_length=self.max_action_chars, min_length=0,
@@ -353,7 +356,8 @@ class ToolEnv(gym.Env[list, str]):
         self.turn += 1
         self.messages.append({"role": "assistant", "content": action})
         parsed = self.parser.parse(action)  # the turn's one parse (rewards read it)
-        skipped = len(parsed.calls) - self.max_calls_per_turn
+        cap = self.max_calls_per_turn
+        skipped = 0 if cap is None else len(parsed.calls) - cap
         parse = parsed
         if skipped > 0:  # the turn's calls are the ones that ran
             parse = dataclasses.replace(parse, calls=parse.calls[:self.max_calls_per_turn])
@@ -367,6 +371,7 @@ class ToolEnv(gym.Env[list, str]):
             error = make_error("too_many_calls", None,
                                f"{skipped + self.max_calls_per_turn} calls in one turn; only the "
                                f"first {self.max_calls_per_turn} ran, the other {skipped} did not")
+            error["dropped"] = skipped
             errors.append(error)
             observation.append({"role": "tool", "name": "too_many_calls",
                                 "content": error_observation(error)})

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import contextvars
 import copy
+import functools
 import inspect
 import json
 import threading
@@ -191,6 +192,22 @@ def _schema_from_function(fn: Callable[..., Any]) -> tuple[str, dict[str, Any]]:
     return doc.split("\n\n", 1)[0].strip(), parameters
 
 
+def _check_schema(validator_cls: Any, parameters: dict[str, Any]) -> None:
+    """``validator_cls.check_schema(parameters)``, each distinct schema once a process (an env
+    that builds its tools per episode checks the same schemas again and again)."""
+    try:
+        key = json.dumps(parameters, sort_keys=True)
+    except (TypeError, ValueError):  # not JSON: checked every time
+        validator_cls.check_schema(parameters)
+        return
+    _checked_schema(validator_cls, key)
+
+
+@functools.lru_cache(maxsize=4096)
+def _checked_schema(validator_cls: Any, key: str) -> None:
+    validator_cls.check_schema(json.loads(key))  # raises SchemaError: not cached
+
+
 def _strict(parameters: dict[str, Any]) -> dict[str, Any]:
     """The validation schema: undeclared top-level arguments are errors unless allowed."""
     if "additionalProperties" in parameters or parameters.get("type") != "object":
@@ -288,7 +305,7 @@ class Tool:
         validator_cls = jsonschema.validators.validator_for(self.parameters,
                                                             default=jsonschema.Draft202012Validator)
         try:
-            validator_cls.check_schema(self.parameters)
+            _check_schema(validator_cls, self.parameters)
         except jsonschema.SchemaError as exc:
             raise ValueError(f"tool {self.name!r} has an invalid parameters schema: "
                              f"{exc.message}") from exc

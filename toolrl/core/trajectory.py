@@ -118,6 +118,12 @@ class TurnRecord:
         """The calls the turn made (as parsed; `results` has the ones that ran)."""
         return list(self.parse.calls)
 
+    @property
+    def dropped_calls(self) -> int:
+        """Calls of the turn that did not run: past the env's ``max_calls_per_turn``."""
+        return sum(int(e.get("dropped", 0)) for e in self.errors
+                   if e.get("type") == "too_many_calls")
+
     @classmethod
     def from_step(cls, action: str, reward: float, info: Mapping[str, Any],
                   parser: Any = None) -> TurnRecord:
@@ -262,6 +268,11 @@ class Trajectory:
     def errors(self) -> list[dict[str, Any]]:
         """Every typed error of every turn, in order."""
         return [e for t in self.turns for e in t.errors]
+
+    @property
+    def dropped_calls(self) -> int:
+        """Calls that did not run, past the env's ``max_calls_per_turn`` (every turn)."""
+        return sum(t.dropped_calls for t in self.turns)
 
     def tool_names(self) -> set[str]:
         return {t.get("function", t).get("name") for t in self.tools}

@@ -631,6 +631,7 @@ def rollout_metrics(td: TensorDict) -> dict[str, float]:
         "rollout/response_len_mean": sum(t.response_tokens for t in trajs) / n,
         "rollout/sampled_tokens": float(sum(t.sampled_tokens for t in trajs)),
         "rollout/tool_errors_mean": sum(len(t.errors) for t in trajs) / n,
+        "rollout/dropped_calls_mean": sum(t.dropped_calls for t in trajs) / n,
     }
     for t in trajs:
         key = f"rollout/finish_{t.finish_reason}"

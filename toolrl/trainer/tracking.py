@@ -159,6 +159,8 @@ def console_details(metrics: Mapping[str, Any]) -> str:
         parts.append("finish: " + " ".join(finish))
     errors = [f"reward {k.removeprefix('reward/errors/')}={v:g}"
               for k, v in sorted(metrics.items()) if k.startswith("reward/errors/") and v]
+    if metrics.get("rollout/dropped_calls_mean"):  # calls past max_calls_per_turn
+        errors.insert(0, f"dropped_calls/episode={_fmt(metrics['rollout/dropped_calls_mean'])}")
     if metrics.get("rollout/tool_errors_mean"):
         errors.insert(0, f"tool/episode={_fmt(metrics['rollout/tool_errors_mean'])}")
     if errors:
@@ -254,7 +256,7 @@ def plot_curves(metrics_path: str | os.PathLike, out_dir: str | os.PathLike) -> 
                [k for k in keys if k.startswith("rollout/finish_")]),
               ("errors.png", "count (tool errors: per episode)",
                [k for k in keys if k.startswith("reward/errors/")
-                or k == "rollout/tool_errors_mean"])]
+                or k in ("rollout/tool_errors_mean", "rollout/dropped_calls_mean")])]
     for name, ylabel, keys in panels:
         series = {k: [(r["step"], r[k]) for r in rows if isinstance(r.get(k), int | float)]
                   for k in keys}
