@@ -39,11 +39,26 @@ def test_readme_has_the_two_commands():
 
 
 def test_quickstart_numbers_are_the_measured_ones():
-    """The numbers the README quotes are the getting-started page's measurements."""
-    page = (ROOT / "docs" / "getting-started.md").read_text(encoding="utf-8")
-    seed0 = re.search(r"^\| seed 0 \|(.*)\|$", page, re.MULTILINE).group(1).split("|")
-    first, last, gain = seed0[0].strip(), seed0[4].strip(), seed0[5].strip()
+    """The README's seed-0 curve and mean gain are one CPU's rows of quickstart.json."""
+    import json
+
     text = " ".join(README.split())
-    assert f"from {first} to {last} for seed 0 ({gain} points" in text
-    mean = re.search(r"The mean gain of the three seeds is (\+[\d.]+) points", page).group(1)
-    assert f"the mean gain of three seeds is {mean}" in text
+    m = re.search(r"goes from ([\d.]+) to ([\d.]+) for seed 0 \(([+-][\d.]+) points; the mean "
+                  r"gain of (\w+) seeds is ([+-][\d.]+)\)", text)
+    assert m, "the README quotes seed 0's curve and the mean gain of the sync seeds"
+    first, last, gain, count, mean = m.groups()
+    runs = json.loads((ROOT / "benchmarks" / "results" / "quickstart.json").read_text())
+    words = {"two": 2, "three": 3, "four": 4, "five": 5}
+    for cpu in {r["cpu"] for r in runs}:
+        sync = [r for r in runs if r["cpu"] == cpu and r["mode"] == "sync"]
+        gains = {}
+        for r in sync:
+            curve = sorted((int(k), v) for k, v in r["val_success"].items())
+            gains[r["seed"]] = (curve[0][1], curve[-1][1], 100 * (curve[-1][1] - curve[0][1]))
+        if 0 not in gains or len(gains) != words.get(count):
+            continue
+        f0, l0, g0 = gains[0]
+        avg = sum(g for _, _, g in gains.values()) / len(gains)
+        if (f"{f0:.3f}", f"{l0:.3f}", f"{g0:+.1f}", f"{avg:+.1f}") == (first, last, gain, mean):
+            return
+    raise AssertionError(f"no CPU's sync runs in quickstart.json give {m.group(0)!r}")
