@@ -13,10 +13,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import zipfile
 from dataclasses import dataclass
 from importlib import metadata
@@ -24,6 +22,8 @@ from pathlib import Path
 from typing import Literal
 
 from packaging.requirements import InvalidRequirement, Requirement
+
+from toolrl.files import atomic_folder
 
 CACHE_ENV = "TOOLRL_CACHE"
 _MARKER = "toolrl_wheel.json"
@@ -118,17 +118,11 @@ def _download(req: Requirement, requirement: str, wheels: Path) -> Wheel:
     version = wheel.name.split("-")[1]
     digest = sha256_file(wheel)
     target = wheels / f"{name}-{version}"
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=wheels))
-    try:
+    with atomic_folder(target) as tmp:
         with zipfile.ZipFile(wheel) as zf:
             zf.extractall(tmp)
         (tmp / _MARKER).write_text(json.dumps({"name": req.name, "version": version,
                                                "file": wheel.name, "sha256": digest}))
-        if target.exists():
-            shutil.rmtree(target)
-        tmp.rename(target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return Wheel(req.name, version, target, "downloaded", wheel.name, digest)
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import gc
 import json
 import threading
 from dataclasses import dataclass
@@ -77,7 +78,13 @@ def templates(domain: str) -> tuple[_Template, _Template | None]:
     """The domain's databases as tau2 loads them (agent's, user's or None), once a process."""
     environment = registry.get_env_constructor(domain)()
     user = environment.user_tools.db if environment.user_tools is not None else None
-    return _template(environment.tools.db), None if user is None else _template(user)
+    out = _template(environment.tools.db), None if user is None else _template(user)
+    # The templates live as long as the process: keep the collector from walking their
+    # objects in every full collection an episode's copies trigger (a RolloutWorker freezes
+    # its startup heap the same way, after vLLM's freeze_gc_heap).
+    gc.collect()
+    gc.freeze()
+    return out
 
 
 def make_environment(domain: str, solo_mode: bool = False) -> Environment:

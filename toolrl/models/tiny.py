@@ -46,6 +46,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from toolrl.files import atomic_folder
+
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # Added (not special) so they survive decoding with skip_special_tokens and reach the parser.
 MARKUP_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>",
@@ -234,9 +236,7 @@ def build_tiny_model(out: str | os.PathLike, seed: int = 0, size: str = "small",
     elif out.exists() and any(out.iterdir()):
         raise FileExistsError(f"{out} exists and is not a tiny-model directory")
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".tiny-", dir=out.parent))
-    try:
+    with atomic_folder(out) as tmp:  # a killed build never leaves a half-written model
         if tokenizer == "tiny":
             tok = build_tokenizer(seed=seed, vocab_size=vocab_size)
         else:
@@ -255,11 +255,6 @@ def build_tiny_model(out: str | os.PathLike, seed: int = 0, size: str = "small",
             model = _build_shape(tok, shape, seed, dtype)
         model.save_pretrained(tmp, safe_serialization=True)
         (tmp / STAMP).write_text(json.dumps(stamp, indent=2))
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)  # atomic: a killed build never leaves a half-written model behind
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 

@@ -102,26 +102,40 @@ def transcript_of(traj: Trajectory, renderer: Any) -> Transcript:
     return Transcript(ids, mask)
 
 
-def per_turn_transcripts(traj: Trajectory, renderer: Any) -> list[Transcript]:
-    """An episode as the ``per_turn`` history policy samples it: one transcript per turn,
-    the template's rendering of the history as at inference (earlier turns as
-    `ChatRenderer.inference_message`), then the action's tokens + the turn's end."""
+def _inference_histories(traj: Trajectory, renderer: Any) -> list[tuple[list[dict], Any]] | None:
+    """Each turn's history as the template renders it at inference (earlier turns as
+    `ChatRenderer.inference_message`) with the turn, then the whole history with ``None``;
+    ``None`` when the episode has fewer assistant messages than turns."""
     assistant = [i for i, m in enumerate(traj.messages) if m.get("role") == "assistant"]
     if not traj.turns or len(assistant) < len(traj.turns):
-        raise ValueError(f"episode {traj.id!r}: {len(traj.turns)} turns and "
-                         f"{len(assistant)} assistant messages; no transcript")
+        return None
     first = assistant[len(assistant) - len(traj.turns)]
     history = [dict(m) for m in traj.messages[:first]]
     rest = traj.messages[first:]
     starts = [i for i, m in enumerate(rest) if m.get("role") == "assistant"]
-    out = []
+    out: list[tuple[list[dict], Any]] = []
     for k, (turn, start) in enumerate(zip(traj.turns, starts, strict=True)):
-        prompt = list(renderer.render_prompt(history, traj.tools))
-        act = [*renderer.encode(turn.action), renderer.eos_token_id]
-        out.append(Transcript(prompt + act, [0] * len(prompt) + [1] * len(act)))
+        out.append((list(history), turn))
         end = starts[k + 1] if k + 1 < len(starts) else len(rest)
         history += [renderer.inference_message(turn.action, turn.parse),
                     *(dict(m) for m in rest[start + 1:end])]
+    return [*out, (history, None)]
+
+
+def per_turn_transcripts(traj: Trajectory, renderer: Any) -> list[Transcript]:
+    """An episode as the ``per_turn`` history policy samples it: one transcript per turn,
+    the template's rendering of the history as at inference, then the action's tokens + the
+    turn's end."""
+    turns = _inference_histories(traj, renderer)
+    if turns is None:
+        assistant = sum(m.get("role") == "assistant" for m in traj.messages)
+        raise ValueError(f"episode {traj.id!r}: {len(traj.turns)} turns and "
+                         f"{assistant} assistant messages; no transcript")
+    out = []
+    for history, turn in turns[:-1]:
+        prompt = list(renderer.render_prompt(history, traj.tools))
+        act = [*renderer.encode(turn.action), renderer.eos_token_id]
+        out.append(Transcript(prompt + act, [0] * len(prompt) + [1] * len(act)))
     return out
 
 
@@ -172,21 +186,11 @@ def task_vocab_texts(cfg: Any, train: Sequence[Mapping[str, Any]],
 
 def _episode_texts(traj: Trajectory, renderer: Any) -> list[str]:
     """Each turn's prompt text (the history as the rollout renders it) and action."""
-    assistant = [i for i, m in enumerate(traj.messages) if m.get("role") == "assistant"]
-    if not traj.turns or len(assistant) < len(traj.turns):
-        return []
-    first = assistant[len(assistant) - len(traj.turns)]
-    history = [dict(m) for m in traj.messages[:first]]
-    rest = traj.messages[first:]
-    starts = [i for i, m in enumerate(rest) if m.get("role") == "assistant"]
-    out = []
-    for k, (turn, start) in enumerate(zip(traj.turns, starts, strict=True)):
-        out += [renderer.render_text(history, traj.tools, add_generation_prompt=True),
-                turn.action]
-        end = starts[k + 1] if k + 1 < len(starts) else len(rest)
-        history += [renderer.inference_message(turn.action, turn.parse),
-                    *(dict(m) for m in rest[start + 1:end])]
-    out.append(renderer.render_text(history, traj.tools, add_generation_prompt=True))
+    out: list[str] = []
+    for history, turn in _inference_histories(traj, renderer) or ():
+        out.append(renderer.render_text(history, traj.tools, add_generation_prompt=True))
+        if turn is not None:
+            out.append(turn.action)
     return out
 
 

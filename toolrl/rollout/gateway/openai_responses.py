@@ -41,8 +41,10 @@ from toolrl.rollout.gateway.protocol import (
     RequestError,
     bool_field,
     is_int,
+    named_tool_choice,
     number_field,
     sse,
+    string_tool_choice,
 )
 
 __all__ = ["ResponsesAPI", "ResponsesRequest"]
@@ -317,20 +319,13 @@ def _tools(value: Any) -> list[dict[str, Any]]:
 
 
 def _tool_choice(value: Any, tools: Sequence[Mapping[str, Any]]) -> str | dict[str, Any]:
-    if value is None:
-        return "auto" if tools else "none"
-    if value in ("none", "auto", "required"):
-        if value == "required" and not tools:
-            raise RequestError("tool_choice 'required' needs tools", param="tool_choice")
-        return value
+    if (choice := string_tool_choice(value, tools)) is not None:
+        return choice
     if not isinstance(value, Mapping) or value.get("type") != "function" or \
             not isinstance(value.get("name"), str):
         raise RequestError("tool_choice must be 'none', 'auto', 'required' or {'type': "
                            "'function', 'name': ...}", param="tool_choice")
-    if value["name"] not in {t["function"]["name"] for t in tools}:
-        raise RequestError(f"tool_choice names {value['name']!r}, which is not in tools",
-                           param="tool_choice")
-    return {"type": "function", "function": {"name": value["name"]}}
+    return named_tool_choice(value["name"], tools)
 
 
 # --- the response ---------------------------------------------------------------------------

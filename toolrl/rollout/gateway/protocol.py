@@ -247,23 +247,35 @@ def _tools(value: Any) -> list[dict[str, Any]]:
     return [dict(t) for t in value]
 
 
-def _tool_choice(value: Any, tools: Sequence[Mapping[str, Any]]) -> str | dict[str, Any]:
+def string_tool_choice(value: Any, tools: Sequence[Mapping[str, Any]]) -> str | None:
+    """The default (``auto`` with tools, else ``none``) and the three string choices, checked;
+    ``None`` for anything else (a named choice, in each API's own shape)."""
     if value is None:
         return "auto" if tools else "none"
-    if value in ("none", "auto", "required"):
+    if isinstance(value, str) and value in ("none", "auto", "required"):
         if value == "required" and not tools:
             raise RequestError("tool_choice 'required' needs tools", param="tool_choice")
         return value
+    return None
+
+
+def named_tool_choice(name: str, tools: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The chat form of a choice naming one tool, which must be among ``tools``."""
+    if name not in {t["function"]["name"] for t in tools}:
+        raise RequestError(f"tool_choice names {name!r}, which is not in tools",
+                           param="tool_choice")
+    return {"type": "function", "function": {"name": name}}
+
+
+def _tool_choice(value: Any, tools: Sequence[Mapping[str, Any]]) -> str | dict[str, Any]:
+    if (choice := string_tool_choice(value, tools)) is not None:
+        return choice
     fn = value.get("function") if isinstance(value, Mapping) else None
     if not isinstance(fn, Mapping) or value.get("type") != "function" or \
             not isinstance(fn.get("name"), str):
         raise RequestError("tool_choice must be 'none', 'auto', 'required' or {'type': "
                           "'function', 'function': {'name': ...}}", param="tool_choice")
-    names = {t["function"]["name"] for t in tools}
-    if fn["name"] not in names:
-        raise RequestError(f"tool_choice names {fn['name']!r}, which is not in tools",
-                          param="tool_choice")
-    return {"type": "function", "function": {"name": fn["name"]}}
+    return named_tool_choice(fn["name"], tools)
 
 
 # --- responses -----------------------------------------------------------------------------
