@@ -407,7 +407,8 @@ def speed(args: argparse.Namespace, argv: list[str]) -> tuple[str, bool]:
         f"database from its file for every environment (at reset and twice in its evaluator) "
         f"as before, and the database loaded once a process and copied per environment "
         f"(`toolrl.envs.tau2.domain_cache`, which freezes the loaded data out of the garbage "
-        f"collector). Both paths run after one warm-up episode each, with the process's heap "
+        f"collector and pauses the collector while it copies and while tau2's evaluator runs "
+        f"on the copies). Both paths run after one warm-up episode each, with the process's heap "
         f"frozen as a RolloutWorker freezes its own. Rewards of the two paths on the same tasks: "
         f"**{'equal' if same else 'DIFFERENT'}**.", "",
         f"Median episode (wall): **{med(now, 0) / med(before, 0):.2f}x** the time before; "

@@ -38,6 +38,7 @@ task's ``communicate_info``; in solo mode it ends with the ``done`` tool.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import datetime
 import functools
@@ -64,7 +65,7 @@ from tau2.user.user_simulator import UserSimulator
 
 from toolrl import ParseResult, Tool, ToolCall, ToolEnv, ToolResult, Turn
 
-from .domain_cache import agent_tools, evaluation_domain, make_environment
+from .domain_cache import agent_tools, collector_paused, evaluation_domain, make_environment
 from .reference import gold_script
 from .users import USER_KINDS, make_user
 
@@ -468,11 +469,14 @@ class Tau2Env(ToolEnv):
         the episode never created), the episode scores 0.0, as tau2's ``run_tasks`` scores a
         failed sample with ``skip_failed_samples``; the error is in the ``tau2`` info."""
         self.eval_error = None
+        paused = collector_paused() if self.copy_databases else contextlib.nullcontext()
         try:
-            self.reward_info = evaluate_simulation(
-                simulation=self.simulation_run(), task=self.task,
-                evaluation_type=EvaluationType.ALL, solo_mode=self.solo,
-                domain=evaluation_domain(self.domain) if self.copy_databases else self.domain)
+            with paused:  # two database copies hashed and replayed on (domain_cache)
+                self.reward_info = evaluate_simulation(
+                    simulation=self.simulation_run(), task=self.task,
+                    evaluation_type=EvaluationType.ALL, solo_mode=self.solo,
+                    domain=evaluation_domain(self.domain) if self.copy_databases
+                    else self.domain)
         except Exception as exc:
             self.reward_info = RewardInfo(reward=0.0)
             self.eval_error = f"{type(exc).__name__}: {exc}"
