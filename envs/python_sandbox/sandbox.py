@@ -110,16 +110,15 @@ def isolation_error() -> str | None:
 
 
 async def _drain(stream: asyncio.StreamReader, cap: int, over: asyncio.Event) -> bytes:
+    """``stream`` read to its end, its first ``cap`` bytes kept; past them ``over`` is set (the
+    run is killed) and the rest is read and dropped: a pipe left unread stops its transport
+    reading, so asyncio never sees the process end and ``wait()`` hangs to its timeout."""
     data = bytearray()
-    while True:
-        chunk = await stream.read(65536)
-        if not chunk:
-            return bytes(data)
+    while chunk := await stream.read(65536):
         if len(data) + len(chunk) > cap:
-            data += chunk[:cap - len(data)]
             over.set()
-            return bytes(data)
-        data += chunk
+        data += chunk[:max(0, cap - len(data))]
+    return bytes(data)
 
 
 def _kill_group(pid: int) -> None:

@@ -67,6 +67,8 @@ def test_limits_cpu_memory_files_processes_and_output():
     assert int(forks.stdout) < 8
     flood = sandboxed("while True: print('x' * 1000)", max_output_bytes=10_000)
     assert flood.output_exceeded and len(flood.stdout) == 10_000
+    # killed and reaped: its exit is known (an unread pipe once hid the end: wait() timed out)
+    assert flood.exit_code == -9  # SIGKILL, reaped at once
 
 
 def test_wall_clock_kills_the_whole_process_tree():
