@@ -13,6 +13,7 @@ offered, an unknown argument.
 
 from __future__ import annotations
 
+import abc
 import json
 import time
 import uuid
@@ -365,7 +366,7 @@ def stream_chunks(completion: Mapping[str, Any], pieces: Sequence[str],
 
 
 # --- how a route speaks one API ------------------------------------------------------------
-class API:
+class API(abc.ABC):
     """How a route of the gateway speaks one API (`toolrl.rollout.gateway.app.Gateway.serve`):
     ``parse`` a body (the request has ``model`` and ``stream``), ``resolve`` it into the
     `ChatRequest` the gateway serves (an episode's ``capture`` holds what the API keeps between
@@ -376,17 +377,20 @@ class API:
     name = ""
     call_prefix = "call_"
 
+    @abc.abstractmethod
     def parse(self, body: Any) -> Any:
-        raise NotImplementedError
+        """The request of a body (its ``model`` and ``stream`` among the fields)."""
 
     def resolve(self, req: Any, capture: Any) -> ChatRequest:
         return req
 
+    @abc.abstractmethod
     def answer(self, req: Any, chat: ChatRequest, reply: Reply, capture: Any) -> dict[str, Any]:
-        raise NotImplementedError
+        """The finished reply in the API's shape."""
 
+    @abc.abstractmethod
     def events(self, req: Any, answer: Mapping[str, Any], reply: Reply) -> Iterator[str]:
-        raise NotImplementedError
+        """The reply as the API's server-sent events."""
 
     def error(self, e: RequestError) -> tuple[dict[str, Any], int]:
         return e.body(), e.status
