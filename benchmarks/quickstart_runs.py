@@ -1,6 +1,7 @@
 """The quickstart's learning, recorded: held-out success per validation step and wall time of
 `make demo`'s run (``toolrl train --config configs/quickstart.yaml``) per seed, and of the same
-task in the other modes (pipeline, async, LoRA, an agent through the gateway).
+task in the other modes (pipeline, async, LoRA, an agent through the gateway) and through a
+think-stripping template (`configs/calculator_think.yaml`, mode ``think``).
 
 Each run is a whole ``toolrl train`` process from a clean run directory (it trains its own warm
 start, as `make demo` does), alone on the machine. Results accumulate in
@@ -31,7 +32,7 @@ RESULTS_JSON = benchlib.RESULTS_DIR / "quickstart.json"
 PLOT = ROOT / "docs" / "quickstart_success.png"
 # async mode's accounting, from the last step (cumulative) or over the steps
 ASYNC_KEYS = ("async/submitted", "async/trained", "async/dropped_stale")
-# mode -> (config, extra overrides, extra PYTHONPATH)
+# mode -> (config, extra overrides ("{seed}" filled in), extra PYTHONPATH)
 MODES: dict[str, tuple[str, tuple[str, ...], str | None]] = {
     "sync": ("configs/quickstart.yaml", (), None),
     "pipeline": ("configs/quickstart_pipeline.yaml", (), None),
@@ -40,6 +41,10 @@ MODES: dict[str, tuple[str, tuple[str, ...], str | None]] = {
     "gateway": ("examples/openai_agent/config.yaml", (), "examples/openai_agent"),
     "anthropic": ("examples/anthropic_agent/config.yaml", (), "examples/anthropic_agent"),
     "agents_sdk": ("examples/agents_sdk_agent/config.yaml", (), "examples/agents_sdk_agent"),
+    # DeepSeek-R1-Distill's tokenizer and think-stripping template, trained per_turn; each seed
+    # builds its own compact-vocabulary model (its vocabulary comes from that seed's texts)
+    "think": ("configs/calculator_think.yaml", ("model.path=models/tiny-deepseek-s{seed}",),
+              None),
 }
 
 
@@ -47,6 +52,7 @@ def run_one(mode: str, seed: int, out_root: Path, overrides: tuple[str, ...] = (
             ) -> dict[str, Any]:
     """One ``toolrl train`` from a clean run directory; its validation curve and times."""
     config, extra, path = MODES[mode]
+    extra = tuple(x.format(seed=seed) for x in extra)
     out = out_root / f"{mode}-seed{seed}"
     if out.exists():
         subprocess.run(["rm", "-rf", str(out)], check=True)

@@ -32,6 +32,9 @@ def test_the_section_is_the_workers_config_and_the_trainer_fills_its_part(tmp_pa
 @pytest.mark.parametrize("override,source", [
     ("rollout.env_id=toolrl/Bank-v0", "env.id"), ("rollout.seed=3", "seed"),
     ("rollout.engine.model=elsewhere", "model.path"), ("rollout.env_kwargs={a: 1}", "env.kwargs"),
+    ("actor.total_steps=50", "trainer.total_steps"), ("actor.updates_per_step=2", "ppo_epochs"),
+    ("critic.model_path=elsewhere", "model.path"), ("actor.seed=3", "seed"),
+    ("actor.temperature=0.5", "rollout.temperature"),
 ])
 def test_keys_the_trainer_fills_are_errors_not_silent_no_ops(override, source):
     with pytest.raises(ConfigError, match=f"set by the trainer from {source}"):

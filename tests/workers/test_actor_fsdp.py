@@ -7,8 +7,9 @@ import torch
 from fsdp_harness import hf_log_probs, make_batch, run_ranks, with_policy_inputs
 
 from toolrl.algo.loss import PolicyLossConfig
-from toolrl.batch import OLD_LOG_PROBS, REF_LOG_PROBS, RESPONSE_MASK, select_rows, split
+from toolrl.batch import OLD_LOG_PROBS, REF_LOG_PROBS, RESPONSE_MASK, concat, select_rows, split
 from toolrl.workers.actor import ENTROPY, ActorConfig, FSDPActor, FSDPReference
+from toolrl.workers.base import lr_lambda
 from toolrl.workers.fsdp import full_gradients
 
 N = 8
@@ -54,6 +55,32 @@ def test_two_ranks_give_single_process_gradients(tiny_model_dir, batch, agg):
             torch.testing.assert_close(g1[name], g0[name], atol=0, rtol=0)
         for key in ("loss", "pg_loss", "pg_clipfrac", "entropy", "kl_ref"):
             assert m0[key] == pytest.approx(m1[key], rel=1e-5, abs=1e-7), key
+
+
+def _schedule(rank: int, cfg: ActorConfig, per_rank: list):
+    actor = FSDPActor(cfg)
+    return [(actor.update(td), actor.schedule_pos) for td in per_rank[rank]]
+
+
+def test_the_lr_schedule_moves_one_trainer_step_per_update_whatever_the_batch_size(
+        tiny_model_dir, batch):
+    """With ``updates_per_step`` (the trainer's plan: 2 epochs x 2 mini-batches of 4), an
+    update moves the cosine schedule by 4 optimizer steps whether its batch makes 4, 8 or 2
+    of them (per-turn samples, split or dropped ones): three updates end the schedule, where
+    counting optimizer steps would end it in the second."""
+    cfg = _config(tiny_model_dir, ppo_epochs=2, ppo_mini_batch_size=4, lr_schedule="cosine",
+                  total_steps=12, updates_per_step=4)
+    big = concat([batch, batch])  # 16 rows: 8 optimizer steps
+    small = select_rows(batch, [0, 1, 2, 3])  # 4 rows: 2 optimizer steps
+    (first, p1), (second, p2), (third, p3) = run_ranks(_schedule, 1, cfg,
+                                                        [[batch, big, small]])[0]
+    assert (p1, p2, p3) == (4.0, 8.0, 12.0)
+    assert [h["actor/num_updates"] for h in (first, second, third)] == [4.0, 12.0, 14.0]
+    factor = lr_lambda(cfg)
+    assert first["actor/lr"] == pytest.approx(1e-4 * factor(3))  # as counted before
+    assert second["actor/lr"] == pytest.approx(1e-4 * factor(4 + 4 * 7 / 8))
+    assert third["actor/lr"] == pytest.approx(1e-4 * factor(10))
+    assert factor(p3) == 0.0 < third["actor/lr"]  # the run's last update ends the schedule
 
 
 def _log_probs(rank: int, cfg: ActorConfig, td):

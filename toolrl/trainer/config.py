@@ -263,6 +263,13 @@ FILLED_BY_TRAINER: dict[str, str] = {
     "rollout.engine.weight_bucket_mb": "actor.weight_bucket_mb",
     "rollout.engine.weight_transfer": "trainer.mode",
     "rollout.engine.max_lora_rank": "actor.lora (rank, with sync=adapter)",
+    **{f"{m}.{k}": v for m in ("actor", "critic") for k, v in {
+        "model_path": "model.path (or the warm start's checkpoint)", "seed": "seed",
+        "total_steps": "trainer.total_steps, ppo_epochs and ppo_mini_batch_size",
+        "updates_per_step": "ppo_epochs and ppo_mini_batch_size"}.items()},
+    "actor.temperature": "rollout.temperature",
+    "actor.max_response_length": "rollout.max_total_tokens",
+    "critic.max_response_length": "rollout.max_total_tokens",
 }
 """Keys of embedded component configs that the trainer fills (a value there would do nothing)."""
 
@@ -420,9 +427,10 @@ def validate(cfg: ExperimentConfig) -> None:
             RewardConfig.from_config(reward_cfg)
         except RewardConfigError as exc:
             raise ConfigError(f"env_rewards[{env_id!r}]: {exc}") from None
-    default = RolloutConfig()
+    defaults = {"rollout": RolloutConfig(), "actor": ActorConfig(), "critic": CriticConfig()}
     for key, source in FILLED_BY_TRAINER.items():
-        if _get(cfg, key) != _get(default, key.removeprefix("rollout.")):
+        section, _, rest = key.partition(".")
+        if _get(cfg, key) != _get(defaults[section], rest):
             raise ConfigError(f"{key} is set by the trainer from {source}; set {source} "
                               f"instead")
     for key in ("actor", "critic"):
@@ -533,12 +541,18 @@ def worker_rollout_config(cfg: ExperimentConfig, model: str | None = None) -> Ro
                    seed=cfg.seed)
 
 
-def optimizer_steps(cfg: ExperimentConfig, model: Any) -> int:
-    """Optimizer steps of a trained model over the run (what its LR schedule spans): steps x
-    PPO epochs x mini-batches per step."""
+def updates_per_step(cfg: ExperimentConfig, model: Any) -> int:
+    """Optimizer steps a trainer step plans for a trained model: PPO epochs x mini-batches of
+    one sample per episode (a step whose batch differs still moves the LR schedule by this
+    much: `FSDPConfig.updates_per_step`)."""
     samples = cfg.data.batch_size * cfg.algorithm.group_size
     mini = model.ppo_mini_batch_size or samples
-    return cfg.trainer.total_steps * model.ppo_epochs * -(-samples // mini)
+    return model.ppo_epochs * -(-samples // mini)
+
+
+def optimizer_steps(cfg: ExperimentConfig, model: Any) -> int:
+    """Planned optimizer steps of a trained model over the run (what its LR schedule spans)."""
+    return cfg.trainer.total_steps * updates_per_step(cfg, model)
 
 
 def _yaml_problem(exc: yaml.YAMLError) -> str:

@@ -53,6 +53,7 @@ from toolrl.trainer.config import (
     optimizer_steps,
     save_config,
     to_dict,
+    updates_per_step,
     validates_after,
     worker_rollout_config,
 )
@@ -216,7 +217,8 @@ class Trainer:
             self._spawn({"rollout": RoleSpec.of(RolloutWorker, self.rollout_config())})
             return
         actor_cfg = _replace(cfg.actor, model_path=self.model_path,
-                             total_steps=optimizer_steps(cfg, cfg.actor), seed=cfg.seed,
+                             total_steps=optimizer_steps(cfg, cfg.actor),
+                             updates_per_step=updates_per_step(cfg, cfg.actor), seed=cfg.seed,
                              temperature=cfg.rollout.temperature,
                              max_response_length=cfg.rollout.max_total_tokens)
         roles: dict[str, RoleSpec] = {"actor": RoleSpec.of(ActorWorker, actor_cfg)}
@@ -224,7 +226,9 @@ class Trainer:
             roles["ref"] = RoleSpec.of(RefWorker, actor_cfg)
         if cfg.algorithm.name == "ppo":
             critic_cfg = _replace(cfg.critic, model_path=self.model_path,
-                                  total_steps=optimizer_steps(cfg, cfg.critic), seed=cfg.seed,
+                                  total_steps=optimizer_steps(cfg, cfg.critic),
+                                  updates_per_step=updates_per_step(cfg, cfg.critic),
+                                  seed=cfg.seed,
                                   max_response_length=cfg.rollout.max_total_tokens)
             roles["critic"] = RoleSpec.of(CriticWorker, critic_cfg)
         roles["rollout"] = RoleSpec.of(RolloutWorker, self.rollout_config())

@@ -79,6 +79,12 @@ class FSDPConfig:
         min_lr_ratio: where the cosine schedule ends, as a fraction of ``lr``.
         total_steps: optimizer steps the schedule spans (0 in a config file: the trainer sets it
             from ``trainer.total_steps``, PPO epochs and mini-batches).
+        updates_per_step: optimizer steps of the schedule one `train_batch` (one trainer step)
+            stands for, however many mini-batches its batch makes (0 in a config file: the
+            trainer sets it beside ``total_steps``; 0 in a worker: each optimizer step moves the
+            schedule by one). A batch of another size than planned (per-turn samples, split
+            gateway samples, filtered groups, dropped samples) then still moves the schedule by
+            one trainer step's share, and it ends with the run, not before.
         grad_clip: max global gradient norm (None or 0: no clipping, the norm is still logged).
         ppo_epochs: passes over each batch in `update`.
         ppo_mini_batch_size: samples per optimizer step over all data-parallel ranks (None: the
@@ -107,6 +113,7 @@ class FSDPConfig:
     lr_schedule: str = "constant"
     warmup_steps: int = 0
     total_steps: int = 0
+    updates_per_step: int = 0
     min_lr_ratio: float = 0.0
     grad_clip: float | None = 1.0
     ppo_epochs: int = 1
@@ -135,6 +142,8 @@ class FSDPConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be >= 1 or None, got {value}")
+        if self.updates_per_step < 0:
+            raise ValueError(f"updates_per_step must be >= 0, got {self.updates_per_step}")
         if self.warmup_steps < 0 or self.lr < 0 or not 0.0 <= self.min_lr_ratio <= 1.0:
             raise ValueError("need warmup_steps >= 0, lr >= 0 and 0 <= min_lr_ratio <= 1")
 
@@ -148,11 +157,12 @@ class LossTotals:
     samples: int
 
 
-def lr_lambda(config: FSDPConfig) -> Callable[[int], float]:
-    """Multiplier of ``config.lr`` after ``step`` optimizer steps (warmup, then schedule)."""
+def lr_lambda(config: FSDPConfig) -> Callable[[float], float]:
+    """Multiplier of ``config.lr`` after ``step`` optimizer steps (warmup, then schedule);
+    ``step`` may be fractional (`FSDPModel.train_batch` with ``updates_per_step``)."""
     warmup, total, floor = config.warmup_steps, config.total_steps, config.min_lr_ratio
 
-    def factor(step: int) -> float:
+    def factor(step: float) -> float:
         if step < warmup:
             return (step + 1) / (warmup + 1)
         if config.lr_schedule == "constant":
@@ -243,13 +253,16 @@ class FSDPModel:
         self.tied = ties_embeddings(self.model)
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
-        self.num_updates = 0  # optimizer steps taken (drives the schedule and shuffling)
+        self.num_updates = 0  # optimizer steps taken (drives the shuffling)
+        self.schedule_pos = 0.0  # where the LR schedule stands, in planned optimizer steps
         self.frozen_base = prepare is not None and trainable  # checkpoints skip frozen weights
         if trainable:
             self.optimizer = torch.optim.AdamW(
                 [p for p in self.model.parameters() if p.requires_grad], lr=config.lr,
                 betas=tuple(config.betas), eps=config.eps, weight_decay=config.weight_decay)
-            self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(config))
+            factor = lr_lambda(config)
+            self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+                self.optimizer, lambda _: factor(self.schedule_pos))
 
     # --- batching -------------------------------------------------------------------------
     @property
@@ -329,9 +342,9 @@ class FSDPModel:
             sums.add(metrics)
         return sums.reduce(totals.tokens)
 
-    def step(self) -> dict[str, float]:
-        """Clip the gradients, take an optimizer step (skipped on a non-finite norm) and advance
-        the schedule. Returns grad_norm and lr."""
+    def step(self, schedule_pos: float | None = None) -> dict[str, float]:
+        """Clip the gradients, take an optimizer step (skipped on a non-finite norm) and move
+        the schedule to ``schedule_pos`` (None: one step on). Returns grad_norm and lr."""
         optimizer = self._require_optimizer()
         params = [p for p in self.model.parameters() if p.grad is not None]
         max_norm = self.config.grad_clip or math.inf
@@ -344,6 +357,7 @@ class FSDPModel:
         if not skipped:
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        self.schedule_pos = self.schedule_pos + 1 if schedule_pos is None else schedule_pos
         if self.scheduler is not None:
             self.scheduler.step()
         self.num_updates += 1
@@ -359,6 +373,11 @@ class FSDPModel:
         if n == 0:
             raise ValueError("update got an empty batch")
         mini_size = self._local_mini_batch_size(n)
+        slices = mini_batch_slices(n, mini_size)
+        # the schedule moves by updates_per_step over this batch's optimizer steps, evenly
+        updates = self.config.ppo_epochs * len(slices)
+        planned = self.config.updates_per_step or updates
+        start = self.schedule_pos
         history: list[dict[str, float]] = []
         for _ in range(self.config.ppo_epochs):
             order = list(range(n))
@@ -366,9 +385,9 @@ class FSDPModel:
                 gen = torch.Generator().manual_seed(self.config.seed * 1_000_003
                                                     + self.num_updates)
                 order = torch.randperm(n, generator=gen).tolist()
-            for sl in mini_batch_slices(n, mini_size):
+            for sl in slices:
                 metrics = self.accumulate(take(td, sorted(order[sl])), micro_loss)
-                metrics.update(self.step())
+                metrics.update(self.step(start + planned * (len(history) + 1) / updates))
                 history.append(metrics)
         keys = sorted({k for h in history for k in h})
         out = {f"{self.metric_prefix}/{k}": sum(h.get(k, 0.0) for h in history) / len(history)
@@ -396,7 +415,7 @@ class FSDPModel:
             state = {"model": get_state_dict(self.model, [], options=self._state_options())[0]}
         if self.scheduler is not None:
             state["scheduler"] = self.scheduler.state_dict()
-        state["meta"] = {"num_updates": self.num_updates}
+        state["meta"] = {"num_updates": self.num_updates, "schedule_pos": self.schedule_pos}
         return state
 
     def save_checkpoint(self, path: str | os.PathLike) -> None:
@@ -420,6 +439,7 @@ class FSDPModel:
         if self.scheduler is not None:
             self.scheduler.load_state_dict(state["scheduler"])
         self.num_updates = int(state["meta"]["num_updates"])
+        self.schedule_pos = float(state["meta"]["schedule_pos"])
 
     def export_hf(self, path: str | os.PathLike) -> Path | None:
         """Write a Hugging Face checkpoint (safetensors, config, tokenizer) to ``path``.
