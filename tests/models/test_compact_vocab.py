@@ -50,3 +50,20 @@ def test_the_renderer_refuses_a_text_the_compact_vocabulary_splits_otherwise(com
     again = ChatRenderer(AutoTokenizer.from_pretrained(tmp_path / "ckpt"), check=False)
     with pytest.raises(TemplateError, match="compact vocabulary"):
         again.encode("Photosynthesis quarterly")
+
+
+def test_the_task_texts_hold_the_parse_errors_a_sampled_typo_gets():
+    """The compact vocabulary's texts include the env's observations of typos in a call (a
+    missing comma, extra data): without their words such an episode ends as an
+    infrastructure failure and is never scored."""
+    from toolrl.trainer.config import load_config
+    from toolrl.trainer.warm_start import task_vocab_texts
+
+    from toolrl.envs.calculator import CalculatorEnv
+
+    cfg = load_config("configs/calculator_think.yaml")
+    rows = CalculatorEnv.make_tasks(8, seed=0, **cfg.data.task_kwargs)
+    texts = task_vocab_texts(cfg, rows[:4], rows[4:], n=4)
+    joined = "\n".join(texts)
+    for message in ("Expecting ',' delimiter", "Extra data", "Unterminated string"):
+        assert message in joined, message

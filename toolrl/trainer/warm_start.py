@@ -144,9 +144,9 @@ def task_vocab_texts(cfg: Any, train: Sequence[Mapping[str, Any]],
     """The texts a run on ``cfg``'s task renders, for a compact vocabulary
     (`toolrl.models.compact`): ``n`` train rows and every val row, each played by the env's oracle
     (its own and ``random_op``-style kwargs of the warm start), by the dry run's bad
-    policies and by the oracle cut short (the parse errors the env reports); every turn's
-    prompt as the rollout renders it, every action, on the family's real tokenizer and
-    template."""
+    policies, by the oracle cut short and with typos (the parse errors the env reports);
+    every turn's prompt as the rollout renders it, every action, on the family's real
+    tokenizer and template."""
     import asyncio
 
     from toolrl.core.env import run_episode
@@ -167,10 +167,21 @@ def task_vocab_texts(cfg: Any, train: Sequence[Mapping[str, Any]],
         action = env.unwrapped.oracle_action()
         return action[: rng.randint(1, max(len(action) - 1, 1))]
 
+    def typo_oracle(env: Any, messages: Any, rng: random.Random) -> str:
+        """The oracle's action with one character inserted, dropped or replaced: the parse
+        errors a sampled typo gets ("Expecting ',' delimiter", "Extra data", ...), which a
+        vocabulary without their words could not show the model (the episode would end as
+        an infrastructure failure, never scored)."""
+        action = env.unwrapped.oracle_action()
+        i = rng.randrange(len(action))
+        typo = rng.choice('{}[]:,"\\ 0a\n')
+        return action[:i] + rng.choice((typo + action[i], typo, "")) + action[i + 1:]
+
     for env_kwargs in kwargs:
         env = make_env(cfg.env.id, **env_kwargs)
         try:
-            policies = [None, *BAD_POLICIES.values(), cut_oracle, cut_oracle]
+            policies = [None, *BAD_POLICIES.values(), cut_oracle, cut_oracle,
+                        *[typo_oracle] * 6]
             for i, (row, policy) in enumerate((r, p) for r in rows for p in policies):
                 play = (lambda e, messages, p=policy: p(e, messages, rng)) if policy else None
                 try:
