@@ -486,6 +486,11 @@ class _DaemonWorkers:
 
     def __init__(self, idle_s: float = 30.0) -> None:
         self.idle_s = idle_s
+        self.forget()
+
+    def forget(self) -> None:
+        """No idle threads and a fresh lock: a forked child has none of the parent's threads
+        (and the parent's lock may have been held at the fork)."""
         self._lock = threading.Lock()
         self._idle: list[queue.SimpleQueue] = []  # one hand-off slot per idle thread
 
@@ -517,8 +522,7 @@ class _DaemonWorkers:
 
 
 _WORKERS = _DaemonWorkers()
-# a forked child has none of the parent's threads: it starts with no idle ones
-os.register_at_fork(after_in_child=lambda: _WORKERS.__init__(_WORKERS.idle_s))
+os.register_at_fork(after_in_child=_WORKERS.forget)
 
 
 def in_daemon_thread(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> asyncio.Future:

@@ -173,6 +173,8 @@ def task_vocab_texts(cfg: Any, train: Sequence[Mapping[str, Any]],
         vocabulary without their words could not show the model (the episode would end as
         an infrastructure failure, never scored)."""
         action = env.unwrapped.oracle_action()
+        if not action:
+            return action
         i = rng.randrange(len(action))
         typo = rng.choice('{}[]:,"\\ 0a\n')
         return action[:i] + rng.choice((typo + action[i], typo, "")) + action[i + 1:]
