@@ -22,6 +22,7 @@ import sys
 import time
 from pathlib import Path
 
+import benchlib
 import ray
 import torch
 from tensordict import TensorDict
@@ -149,14 +150,14 @@ def main(argv: list[str] | None = None) -> int:
         (f"{mib:.0f} MiB int64 [256x1024] + 256 dicts, DP_SPLIT to 2 and back "
          f"(median of {batch_reps})", ms(ctl_batch), ms(ray_batch)),
     ]
+    machine = benchlib.machine_label(python=platform.python_version(), ray=ray.__version__,
+                                     torch=torch.__version__)
     lines = [
         "# Controller overhead",
         "",
-        f"Machine: {platform.system()} {platform.machine()}, {os.cpu_count()} CPU cores, "
-        f"Python {platform.python_version()}, Ray {ray.__version__}, torch {torch.__version__}. "
-        f"Local Ray cluster (4 logical CPUs), 2 workers. Load average during the run: "
-        f"{load:.1f} (the cores are shared; both columns are timed alternately, so compare "
-        f"ratios).",
+        f"Machine: {machine}. "
+        f"Local Ray cluster (4 logical CPUs), 2 workers. Load average at the end: "
+        f"{load:.1f} (both columns are timed alternately, so compare ratios).",
         "",
         f"Command: `.venv/bin/python benchmarks/bench_controller.py{quick}`",
         "",

@@ -37,6 +37,10 @@ def small_run_overrides(model: Path, out: Path, **extra: object) -> list[str]:
         "algorithm.group_size": 4, "rollout.max_tokens_per_turn": 16,
         "rollout.max_total_tokens": 256, "rollout.max_prompt_tokens": 192,
         "rollout.engine.max_model_len": 256,
+        # the engine inside the rollout worker: its own process re-imports vLLM and torch,
+        # ~8 s of every run's start on 2 cores; the tests of the engine process (signals, a
+        # killed driver, tests/rollout/test_engine.py) ask for it
+        "rollout.engine.multiprocessing": False,
         "rollout.max_turns": 2, "trainer.val_every": 1000, "trainer.log_rollouts": 2,
         "resources.ray_num_cpus": 8,
         "reward": "{rewards: [{name: test_digit_fraction}, {name: success}]}",

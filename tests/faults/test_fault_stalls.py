@@ -131,6 +131,7 @@ def test_a_signal_ends_the_run_cleanly(sig, tiny_model_dir, tmp_path):
     # against the step's end: tests/trainer/test_stopping.py checks it without that race)
     args = small_run_overrides(tiny_model_dir, out, **{
         "trainer.total_steps": 50, "trainer.save_every": 0, "trainer.export_hf": False,
+        "rollout.engine.multiprocessing": True,  # the engine's own process must go too
         "trainer.stop_grace_s": 120 if sig == signal.SIGTERM else 0})
     env = _child_env()
     env.pop("RAY_ADDRESS", None)  # its own local cluster, which it must stop whole
