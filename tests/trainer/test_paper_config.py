@@ -27,6 +27,7 @@ def test_paper_config_dry_run_on_cpu(ray_cluster, tiny_model_dir, tmp_path):
         "model.path": tiny_model_dir, "trainer.output_dir": tmp_path / "paper",
         "resources.device": "cpu", "resources.processes_per_node": 1,
         "resources.ray_num_cpus": 8, "rollout.engine.backend": "cpu",
+        "rollout.engine.multiprocessing": False,  # as small_run_overrides: a faster start
         "rollout.engine.dtype": "float32", "rollout.engine.gpu_memory_utilization": 0.1,
         "actor.param_dtype": "null", "data.train_file": train,
         "data.val_file": data / "xlam.jsonl", "rollout.engine.max_model_len": 768,
