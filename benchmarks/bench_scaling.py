@@ -71,7 +71,6 @@ def overrides(args: argparse.Namespace, out: Path, workers: int, model: Path) ->
     over = {
         "model.path": str(model), "warm_start.enabled": False,
         "env.id": TURNS_ENV_ID, "data.train_size": 256, "data.val_size": 4,
-        "data.task_kwargs": f"{{turns: {args.default_turns}}}",
         "data.batch_size": args.default_batch, "algorithm.group_size": args.group_size,
         "rollout.max_tokens_per_turn": args.tokens, "rollout.max_turns": max_turns,
         "rollout.max_total_tokens": 2 * budget, "rollout.engine.max_model_len": 2 * budget,
@@ -84,13 +83,22 @@ def overrides(args: argparse.Namespace, out: Path, workers: int, model: Path) ->
     return [f"{k}={v}" for k, v in over.items()]
 
 
+def trainer_config(args: argparse.Namespace, out: Path, workers: int, model: Path) -> Any:
+    """The quickstart with `overrides`, on the Turns env's own task kwargs (an override would
+    merge into the quickstart's Calculator kwargs, which the Turns env refuses)."""
+    from toolrl.trainer.config import load_config
+
+    cfg = load_config(ROOT / "configs" / "quickstart.yaml", overrides(args, out, workers, model))
+    cfg.data.task_kwargs = {"turns": args.default_turns}
+    return cfg
+
+
 def run_trainers(args: argparse.Namespace, pts: list[tuple[int, int]]) -> dict[str, Any]:
     """One trainer per worker count, all alive at once in one Ray cluster; every round takes
     one step of each (trainer, point) in turn. The first trainer serves every point, the
     others the default point."""
     from toolrl.controller import init_ray, shutdown_ray
     from toolrl.data import TaskLoader
-    from toolrl.trainer.config import load_config
     from toolrl.trainer.trainer import Trainer
 
     env_cls = benchlib.register_bench_envs()
@@ -110,9 +118,7 @@ def run_trainers(args: argparse.Namespace, pts: list[tuple[int, int]]) -> dict[s
     try:
         for w in args.workers:
             out = Path(tempfile.mkdtemp(prefix=f"toolrl-bench-scaling-{w}-"))
-            cfg = load_config(ROOT / "configs" / "quickstart.yaml",
-                              overrides(args, out, w, model))
-            trainers[w] = Trainer(cfg)
+            trainers[w] = Trainer(trainer_config(args, out, w, model))
             trainers[w].setup()
         for rep in range(args.reps + 1):  # the first round warms up
             for w, p in plan:

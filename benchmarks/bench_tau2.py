@@ -304,6 +304,10 @@ def throughput(args: argparse.Namespace, argv: list[str]) -> str:
 
     ends = Counter((t.final_state or {}).get("termination_reason") or t.finish_reason
                    for t in trajs)
+    if not any(t.num_turns for t in trajs):  # e.g. every prompt over --max-prompt-tokens
+        raise SystemExit(f"--throughput: no episode reached an agent turn (the rollout's finish "
+                         f"reasons: {dict(Counter(t.finish_reason for t in trajs))}); "
+                         f"nothing was measured")
     rows_out = [[args.domain, args.concurrency, args.episodes, args.reps,
                  f"{args.episodes / statistics.median(walls):.2f}",
                  f"{statistics.median(walls):.1f}",
@@ -458,9 +462,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="--throughput: most tokens of an agent turn")
     parser.add_argument("--user-tokens", type=int, default=64,
                         help="--throughput: most tokens of a user line")
-    parser.add_argument("--max-model-len", type=int, default=8192)
-    parser.add_argument("--max-prompt-tokens", type=int, default=5632,
-                        help="the longest airline / retail prompt is ~5.6k tokens (tiny model)")
+    parser.add_argument("--max-model-len", type=int, default=10240)
+    parser.add_argument("--max-prompt-tokens", type=int, default=7168,
+                        help="the longest airline prompt is 7,052 tokens with the tools "
+                             "rendered (configs/tau2_airline.yaml)")
     parser.add_argument("--kv-cache-gib", type=float, default=2.0)
     parser.add_argument("--model", default=None, help="--throughput: default the tiny model")
     args = parser.parse_args(argv)

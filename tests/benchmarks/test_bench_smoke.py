@@ -118,6 +118,19 @@ def test_scaling_report_tables_and_plots(tmp_path, monkeypatch):
         assert (tmp_path / "plots" / f"scaling_{name}.png").stat().st_size > 1000
 
 
+def test_scaling_trainer_config_passes_the_trainers_checks(tiny_model_dir, tmp_path):
+    """The config every scaling trainer starts from passes `check_config` (the Turns env's
+    make_tasks refused the quickstart's Calculator kwargs that an override merged into)."""
+    from toolrl.trainer.preflight import check_config
+
+    benchlib.register_bench_envs()
+    args = bench_scaling.parse_args(["--quick"])
+    cfg = bench_scaling.trainer_config(args, tmp_path / "run", 1, tiny_model_dir)
+    check_config(cfg)
+    assert cfg.env.id == benchlib.TURNS_ENV_ID
+    assert cfg.data.task_kwargs == {"turns": args.default_turns}
+
+
 def test_weight_sync_report_and_plot(tmp_path, monkeypatch):
     monkeypatch.setattr(benchlib, "PLOTS_DIR", tmp_path)
     results = [{"size": size, "params": mib * 2.6e5, "mib": mib, "push_s": push,
