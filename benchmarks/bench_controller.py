@@ -150,8 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         (f"{mib:.0f} MiB int64 [256x1024] + 256 dicts, DP_SPLIT to 2 and back "
          f"(median of {batch_reps})", ms(ctl_batch), ms(ray_batch)),
     ]
-    machine = benchlib.machine_label(python=platform.python_version(), ray=ray.__version__,
-                                     torch=torch.__version__)
+    machine = benchlib.machine_label(ray=ray.__version__, torch=torch.__version__)
     lines = [
         "# Controller overhead",
         "",
