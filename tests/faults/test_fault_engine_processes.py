@@ -134,8 +134,10 @@ def test_a_killed_driver_leaves_no_engine_process(tiny_model_dir, tmp_path):
             tree = _marked("TOOLRL_TEST_MARK=" + mark)
             engines = _engine_cores(tree)
         [engine] = engines
-        host = psutil.Process(engine).ppid()  # the Ray worker that runs the rollout role
-        watched = {host: tree.get(host, ""), engine: tree[engine],
+        # the Ray worker that runs the rollout role, and the fork server between them
+        above = _up_to_ray_worker(engine)
+        assert len(above) == 2, "on CPU the core is forked from the engine's fork server"
+        watched = {**{p: tree.get(p, "") for p in above}, engine: tree[engine],
                    **{p.pid: tree.get(p.pid, "") for p in
                       psutil.Process(engine).children(recursive=True)}}
         driver.send_signal(signal.SIGKILL)  # the driver alone: its tree must follow on its own
@@ -152,17 +154,33 @@ def test_a_killed_driver_leaves_no_engine_process(tiny_model_dir, tmp_path):
 
 
 def _engine_cores(tree: dict[int, str]) -> list[int]:
-    """The engine processes among ``tree``: the children of a Ray worker that vLLM started.
-    vLLM titles its engine ``VLLM::EngineCore``, but a fresh-clone suite run twice saw the
-    engine keep its ``multiprocessing.spawn`` command line for the whole run, so the
-    title alone does not find it."""
+    """The engine processes among ``tree``: what vLLM started for a Ray worker, directly or
+    through the engine's fork server (`toolrl.rollout.engine_guard`). vLLM titles its engine
+    ``VLLM::EngineCore``, but a fresh-clone suite run twice saw the engine keep its
+    ``multiprocessing.spawn`` command line for the whole run, so the title alone does not
+    find it."""
     out = []
     for pid, cmd in tree.items():
         with contextlib.suppress(psutil.Error):
-            parent = " ".join(psutil.Process(pid).parent().cmdline())
-            if parent.startswith("ray::") and ("EngineCore" in cmd or "spawn_main" in cmd):
+            above = _up_to_ray_worker(pid)  # forked by the fork server: its command line
+            if above and ("EngineCore" in cmd or "spawn_main" in cmd or len(above) == 2):
                 out.append(pid)
     return out
+
+
+def _up_to_ray_worker(pid: int) -> list[int]:
+    """The Ray worker above ``pid`` and the fork server between them, if any; [] when
+    neither its parent nor its grandparent is a Ray worker."""
+    chain = []
+    with contextlib.suppress(psutil.Error):
+        for proc in psutil.Process(pid).parents()[:2]:
+            chain.append(proc.pid)
+            command = " ".join(proc.cmdline())
+            if command.startswith("ray::"):
+                return chain
+            if "multiprocessing.forkserver" not in command:
+                return []
+    return []
 
 
 def _tail(log: Path, chars: int = 3000) -> str:

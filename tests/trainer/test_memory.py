@@ -236,7 +236,7 @@ def test_the_warm_start_is_planned_while_it_runs_and_after_it_only_without_trim(
     extra = driver.resident["kept after the warm start (no malloc_trim)"]
     assert extra == 3 * half_b.params * 4  # fp32 weights + AdamW's two moments
     for phase in ("rollout", "update", "weight push"):
-        assert kept.phase_total(phase) == trimmed.phase_total(phase) + extra
+        assert kept.phase_total(phase) == pytest.approx(trimmed.phase_total(phase) + extra)
     assert any("cannot hand freed memory back" in n for n in kept.notes)
     assert not any("cannot hand" in n for n in trimmed.notes)
     assert "kept after" not in str(next(p for p in trimmed.processes if p.name == "driver"))

@@ -293,6 +293,13 @@ class Worker:
         super().__init_subclass__(**kwargs)
         cls.__remote__ = _build_table(cls)
 
+    @classmethod
+    def early_start(cls, *args: Any, **kwargs: Any) -> Callable[[], object] | None:
+        """Slow start-up work a group runs in this worker's process as soon as it exists,
+        before the constructors' modules are even imported (called with the constructor's
+        arguments, on the driver). A module-level function, or None (the default)."""
+        return None
+
     # --- place in the group ---------------------------------------------------------------
     @property
     def context(self) -> WorkerContext:

@@ -29,7 +29,7 @@ import os
 import signal
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,10 +88,12 @@ class RoleSpec:
 class _WorkerHost:
     """The Ray actor: holds one instance per role, all in this one process."""
 
-    def __init__(self, group: str) -> None:
+    def __init__(self, group: str, early: Sequence[Callable[[], object]] = ()) -> None:
         self._group = group
         self._roles: dict[str, Worker] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
+        for start in early:  # the roles' `Worker.early_start`, before their imports
+            start()
 
     def master_endpoint(self) -> tuple[str, int]:
         """Rank 0 publishes its node address and a free port for torch.distributed."""
@@ -324,7 +326,9 @@ class RayWorkerGroup:
         pool = self.pool
         pool.placement_groups(timeout_s=ready_timeout_s)
         options = [pool.actor_options(rank) for rank in range(pool.world_size)]
-        self._hosts = [_HostActor.options(max_restarts=0, **opts).remote(self.name)
+        early = [f for spec in self._roles.values()
+                 if (f := spec.worker_cls.early_start(*spec.args, **spec.kwargs)) is not None]
+        self._hosts = [_HostActor.options(max_restarts=0, **opts).remote(self.name, early)
                        for opts in options]
         # Ray leaves every GPU visible to actors that reserved none: hide them from CPU pools,
         # so `Worker.device` and the default backend match what the pool reserved.

@@ -34,6 +34,7 @@ import contextlib
 import contextvars
 import dataclasses
 import os
+import sys
 import uuid
 from collections.abc import Coroutine, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -346,12 +347,17 @@ class VLLMEngine(EngineWeights):
         self._check_backend()
         self._init_weight_routes(config.model)  # the weight routes' state (engine_weights.py)
         self.sleeping = 0  # the sleep level, 0 when awake
+        self._fork_server = _forks_core(config)
+        if self._fork_server:  # its vLLM import runs beside ours (`engine_guard`)
+            engine_guard.start_fork_server()
+        else:  # one a worker's `early_start` began, that this engine does not use
+            engine_guard.stop_fork_server()
         self._loop = BackgroundLoop("toolrl-vllm-engine", error=EngineError).start()
         before = _child_pids()
         try:
             with _engine_env(config):
                 args = config.engine_args()
-                self._llm = self._loop.run_sync(self._start(args),
+                self._llm = self._loop.run_sync(self._start(args, self._fork_server),
                                                 timeout=config.startup_timeout_s)
         except BaseException as e:
             self._engine_pids = sorted(_child_pids() - before)
@@ -367,11 +373,12 @@ class VLLMEngine(EngineWeights):
         self.block_size = int(self._llm.vllm_config.cache_config.block_size)
 
     @staticmethod
-    async def _start(args: Any) -> Any:
+    async def _start(args: Any, fork_server: bool) -> Any:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         engine_guard.install()  # on this loop's thread, which the engine's processes follow
-        llm = AsyncLLM.from_engine_args(args)
+        with engine_guard.fork_server() if fork_server else contextlib.nullcontext():
+            llm = AsyncLLM.from_engine_args(args)
         await llm.update_weight_version("0")  # the label of every token until the first push
         return llm
 
@@ -556,6 +563,8 @@ class VLLMEngine(EngineWeights):
         if loop is not None:
             loop.stop()
         _reap(self._engine_pids, timeout)
+        if getattr(self, "_fork_server", False):
+            engine_guard.stop_fork_server()
 
     def __enter__(self) -> VLLMEngine:
         return self
@@ -687,6 +696,17 @@ def _set_env(values: dict[str, str | None]) -> None:
             os.environ.pop(k, None)
         else:
             os.environ[k] = v
+
+
+def _forks_core(config: EngineConfig) -> bool:
+    """The engine core is forked from a fork server (`engine_guard`): on CPU in a Ray actor,
+    where vLLM would spawn it, unless VLLM_WORKER_MULTIPROC_METHOD chooses."""
+    if config.backend != "cpu" or os.environ.get("VLLM_WORKER_MULTIPROC_METHOD"):
+        return False
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return False
+    return ray.get_runtime_context().get_actor_id() is not None
 
 
 def _child_pids() -> set[int]:

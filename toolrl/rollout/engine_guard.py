@@ -15,24 +15,38 @@ for the worker the engine core starts); ``fork`` inherits the patched class.
 
 "The thread that started it": `toolrl.rollout.engine.VLLMEngine` builds the engine on its own
 event-loop thread, which lives until the engine's shutdown.
+
+`fork_server` makes the engine core start sooner in a Ray actor on CPU, where vLLM spawns it: a
+spawned core re-imports vLLM and torch (~5 s on 2 cores) while its owner waits. The engine
+starts multiprocessing's fork server at once, with vLLM's engine core preloaded, so that import
+runs beside the owner's own, and the core is forked from it. The forked core takes the
+environment of the process that started it (a fork server's child would have the server's),
+torch's thread count from it, and dies with the server, which exits when the owner does.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import multiprocessing
+import multiprocessing.context
 import os
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from multiprocessing import forkserver
 from typing import Any
 
-__all__ = ["die_with_parent", "install", "run_engine_core", "worker_main"]
+__all__ = ["die_with_parent", "fork_server", "install", "run_engine_core", "start_fork_server",
+           "worker_main"]
 
 PR_SET_PDEATHSIG = 1
 _ORIGINALS: dict[str, Callable[..., Any]] = {}
 _LOCK = threading.Lock()
+_SERVER_LOCK = threading.Lock()
+_SERVER: dict[str, int] = {}  # the fork server this module started
+_PARENT: dict[str, int] = {}  # a forked core's parent: the fork server, not its owner
 
 
 def die_with_parent(sig: int = signal.SIGKILL) -> None:
@@ -45,7 +59,8 @@ def die_with_parent(sig: int = signal.SIGKILL) -> None:
     if libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
     parent = multiprocessing.parent_process()
-    if parent is not None and os.getppid() != parent.pid:  # it died before the prctl
+    expected = _PARENT.get("pid", parent.pid if parent is not None else None)
+    if expected is not None and os.getppid() != expected:  # it died before the prctl
         os._exit(1)
 
 
@@ -78,3 +93,70 @@ def worker_main(*args: Any, **kwargs: Any) -> Any:
     die_with_parent()
     install()
     return _ORIGINALS["worker"](*args, **kwargs)
+
+
+# --- the engine core forked from a fork server --------------------------------------------------
+PRELOAD = ("vllm.v1.engine.core", "vllm.v1.executor.uniproc_executor",
+           "vllm.v1.worker.cpu_worker")
+
+
+def start_fork_server() -> int:
+    """Start (or find) this process's fork server, importing vLLM's engine core and this
+    module in the background. Returns its pid."""
+    forkserver.set_forkserver_preload([__name__, *PRELOAD])
+    forkserver.ensure_running()
+    _SERVER["pid"] = forkserver._forkserver._forkserver_pid  # type: ignore[attr-defined]
+    return _SERVER["pid"]
+
+
+def stop_fork_server() -> None:
+    """Stop the fork server `start_fork_server` started here, if it runs (the next start
+    launches a new one); one that other code started is left alone."""
+    pid = _SERVER.pop("pid", None)
+    if pid is not None and pid == forkserver._forkserver._forkserver_pid:  # type: ignore[attr-defined]
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+
+
+class _ForkedCore(multiprocessing.context.ForkServerProcess):
+    """A process forked by the fork server with its starter's environment."""
+
+    def start(self) -> None:
+        self._starter_env = dict(os.environ)  # pickled with the process, at the start
+        self._server_pid = start_fork_server()
+        super().start()
+
+    def run(self) -> None:
+        # Hold no write end of the server's "alive" pipe: the server must see EOF, and exit,
+        # once the owner is gone; this process dies with it (`die_with_parent`).
+        fd = forkserver._forkserver._forkserver_alive_fd  # type: ignore[attr-defined]
+        if fd is not None:
+            os.close(fd)
+            forkserver._forkserver._forkserver_alive_fd = None  # type: ignore[attr-defined]
+        _PARENT["pid"] = self._server_pid
+        os.environ.clear()
+        os.environ.update(self._starter_env)
+        threads = os.environ.get("OMP_NUM_THREADS")
+        if threads:  # torch was imported in the server: as a spawned core's torch reads it
+            import torch
+
+            torch.set_num_threads(int(threads))
+        super().run()
+
+
+class _ForkServerContext(multiprocessing.context.ForkServerContext):
+    Process = _ForkedCore  # type: ignore[assignment]
+
+
+@contextlib.contextmanager
+def fork_server() -> Iterator[None]:
+    """While vLLM builds an engine here, its engine core is forked from the fork server."""
+    import vllm.v1.engine.utils as engine_utils
+
+    with _SERVER_LOCK:
+        original = engine_utils.get_mp_context
+        engine_utils.get_mp_context = _ForkServerContext
+        try:
+            yield
+        finally:
+            engine_utils.get_mp_context = original

@@ -31,7 +31,7 @@ import dataclasses
 import logging
 import uuid
 import zlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +43,7 @@ from toolrl.controller.worker import Dispatch, Worker, remote
 from toolrl.core.families import FAMILIES
 from toolrl.core.trajectory import TokenStream, Trajectory
 from toolrl.registry import import_object
+from toolrl.rollout import engine_guard
 from toolrl.rollout.chat import ChatRenderer
 from toolrl.rollout.engine import EngineConfig, SamplingConfig, VLLMEngine
 from toolrl.rollout.episode import EpisodeConfig, EpisodeRunner
@@ -261,6 +262,13 @@ class RolloutWorker(Worker):
 
     Usable in one process (``RolloutWorker(config).rollout(td)``) or in a `RayWorkerGroup`.
     """
+
+    @classmethod
+    def early_start(cls, config: RolloutConfig) -> Callable[[], object] | None:
+        """The engine's fork server, whose vLLM import then runs beside this process's own
+        (`toolrl.rollout.engine_guard`): on CPU, where the engine forks its core from it."""
+        return engine_guard.start_fork_server if config.engine_config().backend == "cpu" \
+            else None
 
     def __init__(self, config: RolloutConfig) -> None:
         self.config = config

@@ -50,6 +50,7 @@ RAY_SYSTEM = 0.6 * GiB  # gcs, raylet and Ray's helper processes of a local clus
 WORKER_BASE = 0.8 * GiB  # a Ray worker with torch, transformers, vLLM's client imported
 ENGINE_CORE_BASE = 0.8 * GiB  # vLLM's engine core (with its model worker in-process)
 ENGINE_WORKER_BASE = 0.8 * GiB  # a separate vLLM worker process (engine multiprocessing)
+FORK_SERVER_BASE = 0.35 * GiB  # the CPU engine's fork server: what it shares not with its core
 CUDA_CONTEXT = 0.6 * GiB  # per process using a GPU
 LOGITS_CHUNK_BYTES = 256 * MiB  # `toolrl.workers.scoring`'s default LM-head chunk
 RAY_OOM_THRESHOLD = 0.95  # Ray's memory monitor kills workers above this share of RAM
@@ -409,6 +410,9 @@ def plan_memory(cfg: ExperimentConfig, shape: ModelShape, host_budget: float | N
             eng.resident.update(held)
         engine_procs.append(eng)
     else:
+        server = ProcessPlan("vLLM fork server", count=per_node)  # `rollout.engine_guard`
+        server.resident["process"] = FORK_SERVER_BASE
+        engine_procs.append(server)
         holder.resident["weights"] = float(engine_weights)
         if shape.tied:
             holder.resident["packed lm_head (CPU GEMM)"] = float(shape.vocab * shape.hidden
