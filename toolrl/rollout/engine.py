@@ -700,8 +700,10 @@ def _set_env(values: dict[str, str | None]) -> None:
 
 def _forks_core(config: EngineConfig) -> bool:
     """The engine core is forked from a fork server (`engine_guard`): on CPU in a Ray actor,
-    where vLLM would spawn it, unless VLLM_WORKER_MULTIPROC_METHOD chooses."""
-    if config.backend != "cpu" or os.environ.get("VLLM_WORKER_MULTIPROC_METHOD"):
+    where vLLM would spawn it. (VLLM_WORKER_MULTIPROC_METHOD says nothing here: vLLM's CPU
+    platform sets it to ``spawn`` in every process that builds an engine's config, and
+    children inherit it.)"""
+    if config.backend != "cpu":
         return False
     ray = sys.modules.get("ray")
     if ray is None or not ray.is_initialized():
