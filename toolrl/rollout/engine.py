@@ -350,8 +350,6 @@ class VLLMEngine(EngineWeights):
         self._fork_server = _forks_core(config)
         if self._fork_server:  # its vLLM import runs beside ours (`engine_guard`)
             engine_guard.start_fork_server()
-        else:  # one a worker's `early_start` began, that this engine does not use
-            engine_guard.stop_fork_server()
         self._loop = BackgroundLoop("toolrl-vllm-engine", error=EngineError).start()
         before = _child_pids()
         try:
