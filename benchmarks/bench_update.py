@@ -550,8 +550,8 @@ def main(argv: list[str] | None = None) -> int:
     times.update(zip(rows, benchlib.timed_alternating(list(rows.values()), reps=args.reps,
                                                       desc="SFT step"), strict=True))
     med = {name: median(t) for name, t in times.items()}
-    machine = (f"{benchlib.machine_label(torch=torch.__version__, transformers=transformers.__version__)}; "  # noqa: E501
-               f"torch threads: {args.threads}.")
+    machine = benchlib.machine_label(torch=torch.__version__,
+                                     transformers=transformers.__version__) + "."
     text = summarize(work, args, sys.argv[1:] if argv is None else argv, med,
                      loads["uniform"], machine)
     benchlib.write_result(args.output, text)
