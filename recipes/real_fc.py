@@ -26,8 +26,17 @@ Phases, each a ``toolrl`` command whose progress shows as it runs, each timed:
     .venv/bin/python recipes/real_fc.py --recorded benchmarks/results/real_fc.json
 
 ``--bfcl-limit N`` takes the first N questions of each category (a quick look, not BFCL's
-number). Finished phases are not redone: a phase whose output exists is skipped (delete it,
-or the whole ``--out``, to redo). ``--recorded FILE`` only renders scores kept in the
+number). Each phase starts with a line saying what it does; while a ``toolrl`` command prints
+nothing for ``HEARTBEAT_S`` seconds a line says the phase's time so far and, when known, the
+time left (from the command's own progress lines, or an earlier run's time of the phase).
+``<out>/phases.json`` records each finished phase (wall time, finish time, the seed,
+``--bfcl-limit`` and overrides that made it; ``PhaseRecord``): a rerun skips a recorded phase
+whose output is still there and reports its recorded time, refuses one recorded with other
+settings (use another ``--out``, or delete that phase's output), and goes on where a cut-off
+run stopped (``toolrl train`` resumes from its own snapshots and checkpoints). ``data`` is
+redone every run (a minute; ``data/real_fc/`` is shared by every ``--out``); an output made
+before ``phases.json`` existed is skipped too, its time unknown. Delete a phase's output, or
+the whole ``--out``, to redo it. ``--recorded FILE`` only renders scores kept in the
 repository (benchmarks/results/real_fc.json: the runs docs/guides/real-model.md reports) into
 FILE's ``.md`` and ``docs/<stem>_bfcl.png`` (the guide's and the README's plot).
 """
@@ -41,9 +50,14 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "configs" / "real_fc.yaml"
@@ -71,15 +85,279 @@ TOOLRL = str(Path(sys.executable).with_name("toolrl"))
 EVAL_THREADS = len(os.sched_getaffinity(0))
 
 
+HEARTBEAT_S = 60.0  # a line while a command has been silent this long
+PHASES = "phases.json"
+
+
 def run(*args: str) -> str:
-    """A toolrl command, its output shown as it runs; stops the recipe when it fails."""
+    """A toolrl command, its output shown as it runs (with `PhaseClock.heartbeat` lines while it
+    is silent); stops the recipe when it fails. Ctrl-C reaches the command too: the recipe waits
+    for it to stop (`toolrl train`'s GRPO first finishes its step and checkpoints), then stops."""
     print(f"\n$ toolrl {' '.join(args)}", flush=True)
-    proc = subprocess.run([TOOLRL, *args], cwd=ROOT, stdout=subprocess.PIPE, text=True,
-                          check=False)
-    print(proc.stdout, end="", flush=True)
+    clock = _clock or PhaseClock(args[0])
+    lines: list[str] = []
+    proc = subprocess.Popen([TOOLRL, *args], cwd=ROOT, stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    with clock.heartbeat():
+        try:
+            _echo(proc, lines, clock)
+        except BaseException as stopped:
+            if not isinstance(stopped, KeyboardInterrupt):  # it got no Ctrl-C: ask it to stop
+                proc.terminate()  # SIGTERM: `toolrl train` stops at its step's end
+            print(f"\nreal_fc: stopping; waiting for `toolrl {args[0]}` to stop", flush=True)
+            while proc.returncode is None:
+                try:
+                    _echo(proc, lines)
+                except KeyboardInterrupt:  # the command got it too: it stops sooner
+                    continue
+            raise
     if proc.returncode != 0:
         sys.exit(f"real_fc: `toolrl {args[0]}` failed (exit {proc.returncode})")
-    return proc.stdout
+    return "".join(lines)
+
+
+def _echo(proc: subprocess.Popen[str], lines: list[str], clock: PhaseClock | None = None
+          ) -> None:
+    """Show and keep the command's lines until it exits."""
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        print(line, end="", flush=True)
+        lines.append(line)
+        if clock is not None:
+            clock.saw(line)
+    proc.wait()
+
+
+# What the commands print about their progress (rich wraps lines and adds the logging call's
+# file:line at the right of a log line's first line: `PhaseClock.saw` reads the last few lines
+# joined, those removed)
+_LOG_PATH = re.compile(r"\s+\S+\.py:\d+\s*$")
+_WARM = re.compile(r"warm start step (\d+)/(\d+):.*?at most (\d+) min left")
+_EVAL = re.compile(r"eval: (\d+)/(\d+) episodes,.*?(\d+(?:\.\d+)?) min")
+_STEP = re.compile(r"(?<![\w/])step +(\d+)  ")  # the Tracker's step line: `step    5  ...`
+_STEP_S = re.compile(r"timing/step_s=(\d+(?:\.\d+)?)")
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:.1f} min"
+
+
+class PhaseClock:
+    """One phase's time: spent so far (with ``before``, earlier cut-off attempts') and, when
+    known, left: from what its command last said (the warm start's steps, GRPO's steps against
+    ``grpo_steps``, eval's episodes), else from ``estimate``, an earlier run's time of it."""
+
+    def __init__(self, name: str, before: float = 0.0, estimate: float | None = None,
+                 grpo_steps: int | None = None, every: float | None = None) -> None:
+        self.name, self.before, self.estimate, self.grpo_steps = name, before, estimate, grpo_steps
+        self.every = HEARTBEAT_S if every is None else every
+        self.start = self.heard = time.monotonic()  # heard: its last line, or last heartbeat
+        self._tail: deque[str] = deque(maxlen=4)
+        self._seen: set[tuple[str, int]] = set()
+        self._step_s: dict[int, float] = {}
+        self._said: tuple[float, float, str] | None = None  # seconds left, when, after what
+
+    def spent(self) -> float:
+        """Seconds of this phase so far, earlier attempts' included."""
+        return self.before + time.monotonic() - self.start
+
+    def saw(self, line: str) -> None:
+        """A line of the command's output: what it says about its progress."""
+        now = self.heard = time.monotonic()
+        self._tail.append(_LOG_PATH.sub("", line).strip())
+        text = " ".join(self._tail)
+        for m in _WARM.finditer(text):
+            if self._new("warm", int(m[1])):
+                self._said = (60.0 * int(m[3]), now, f"warm start step {m[1]}/{m[2]}")
+        for m in _EVAL.finditer(text):
+            done, total = int(m[1]), int(m[2])
+            if done and self._new("eval", done):
+                self._said = (60.0 * float(m[3]) * (total - done) / done, now,
+                              f"eval {done}/{total} episodes")
+        steps = list(_STEP.finditer(text))
+        for k, m in enumerate(steps):
+            end = steps[k + 1].start() if k + 1 < len(steps) else len(text)
+            step_s = _STEP_S.search(text, m.end(), end)
+            if step_s and self.grpo_steps and self._new("grpo", int(m[1])):
+                self._step_s[int(m[1])] = float(step_s[1])
+                mean = sum(self._step_s.values()) / len(self._step_s)
+                self._said = ((self.grpo_steps - int(m[1])) * mean, now,
+                              f"GRPO step {m[1]}/{self.grpo_steps}")
+
+    def _new(self, kind: str, at: int) -> bool:
+        fresh = (kind, at) not in self._seen
+        self._seen.add((kind, at))
+        return fresh
+
+    def left(self) -> str:
+        """The time left as known, or ''."""
+        if self._said is not None:
+            seconds, when, after = self._said
+            return f"about {_minutes(max(seconds - (time.monotonic() - when), 0.0))} left " \
+                   f"(after {after})"
+        if self.estimate is not None:
+            left = self.estimate - self.spent()
+            return (f"about {_minutes(left)} left (an earlier run took "
+                    f"{_minutes(self.estimate)})" if left > 0 else
+                    f"past an earlier run's {_minutes(self.estimate)}")
+        return ""
+
+    def status(self) -> str:
+        """The heartbeat line."""
+        quiet = time.monotonic() - self.heard
+        left = self.left()
+        return (f"[real_fc] {self.name}: {_minutes(self.spent())} so far, nothing printed for "
+                f"{_minutes(quiet)}" + (f"; {left}" if left else ""))
+
+    @contextmanager
+    def heartbeat(self) -> Iterator[None]:
+        """While the block runs: `status` each ``every`` seconds nothing was printed."""
+        stop = threading.Event()
+
+        def beat() -> None:
+            while not stop.wait(min(self.every, 1.0)):
+                if time.monotonic() - self.heard >= self.every:
+                    print(self.status(), flush=True)
+                    self.heard = time.monotonic()
+
+        thread = threading.Thread(target=beat, name=f"real_fc-{self.name}", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
+
+
+_clock: PhaseClock | None = None  # the phase running now (`PhaseRecord.run`)
+
+
+class Phase(NamedTuple):
+    """A step of the recipe: ``fn(*args)``; done once ``output`` exists (None: redone every run);
+    ``redo`` is what to delete to redo it; ``what`` says what it does."""
+
+    name: str
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    output: Path | None
+    redo: Path | None
+    what: Callable[[], str]
+    grpo_steps: int | None = None  # the GRPO steps it runs (`PhaseClock`'s time left)
+
+
+class PhaseRecord:
+    """``<out>/phases.json``: each finished phase (``phases``) with its wall time (earlier,
+    cut-off attempts' included), finish time and the settings (seed, ``--bfcl-limit``,
+    overrides) that made it; the time spent on phases cut off before they finished
+    (``unfinished``). Rewritten atomically after each phase; ``path`` None keeps it in memory."""
+
+    def __init__(self, path: Path | None, settings: Mapping[str, Any]) -> None:
+        self.path, self.settings = path, dict(settings)
+        data = json.loads(path.read_text()) if path is not None and path.exists() else {}
+        self.finished: dict[str, dict[str, Any]] = data.get("phases", {})
+        self.unfinished: dict[str, dict[str, Any]] = data.get("unfinished", {})
+        self.times: dict[str, str] = {}  # this run's phase table, phase -> wall time
+
+    def _settings(self, entry: Mapping[str, Any]) -> dict[str, Any]:
+        return {key: entry.get(key) for key in self.settings}
+
+    def refuse_mismatches(self, phases: Sequence[Phase]) -> None:
+        """Stop, naming each, when a phase whose output is here was recorded with other settings
+        than this run's: its output is never reused by another configuration."""
+        wrong = [p for p in phases if p.name in self.finished and p.output is not None
+                 and p.output.exists() and self._settings(self.finished[p.name]) != self.settings]
+        if wrong:
+            sys.exit("\n".join(
+                f"real_fc: phase {p.name} was recorded in {self.path} with "
+                f"{_show(self._settings(self.finished[p.name]))}, and this run has "
+                f"{_show(self.settings)}: use another --out, or delete {p.redo} to redo it"
+                for p in wrong))
+
+    def run(self, phase: Phase) -> None:
+        """Run ``phase`` unless it is done (recorded, or made before phases.json), timed with a
+        `PhaseClock`; record it when it finishes, its time spent when it is cut off."""
+        global _clock
+        done = phase.output is not None and phase.output.exists()
+        entry = self.finished.get(phase.name)
+        if done and entry is not None:
+            when = entry["finished"][:16].replace("T", " ")
+            self.times[phase.name] = f"{_minutes(entry['seconds'])} (an earlier run, {when})"
+            print(f"\n=== real_fc: {phase.name}: finished in an earlier run ({when}, "
+                  f"{_minutes(entry['seconds'])}): skipped ===", flush=True)
+            return
+        if done:
+            self.times[phase.name] = "not recorded (an earlier run)"
+            print(f"\n=== real_fc: {phase.name}: {phase.output} exists (made before "
+                  f"{PHASES} recorded phases): skipped ===", flush=True)
+            return
+        cut = self.unfinished.get(phase.name)
+        cut = cut if cut is not None and self._settings(cut) == self.settings else None
+        before = cut["seconds"] if cut else 0.0
+        attempts = cut["attempts"] + 1 if cut else 1
+        estimate = entry["seconds"] if entry is not None else None
+        print(f"\n=== real_fc: {phase.name} ===\n{phase.what()}" + (
+            f" (an earlier run took {_minutes(estimate)})" if estimate else "") + (
+            f" ({_minutes(before)} spent before it was cut off)" if before else ""), flush=True)
+        clock = _clock = PhaseClock(phase.name, before=before, estimate=estimate,
+                                    grpo_steps=phase.grpo_steps)
+        try:
+            phase.fn(*phase.args)
+        except BaseException:
+            self.unfinished[phase.name] = {"seconds": round(clock.spent(), 1),
+                                           "attempts": attempts,
+                                           "stopped": _now(), **self.settings}
+            self._save()
+            print(f"\n=== real_fc: {phase.name} stopped after {_minutes(clock.spent())}: not "
+                  f"finished; the same command goes on from here ===", flush=True)
+            raise
+        finally:
+            _clock = None
+        seconds = clock.spent()
+        self.unfinished.pop(phase.name, None)
+        self.finished[phase.name] = {"seconds": round(seconds, 1), "finished": _now(),
+                                     "attempts": attempts, **self.settings}
+        self._save()
+        self.times[phase.name] = _minutes(seconds) + (
+            f" ({attempts} attempts)" if attempts > 1 else "")
+        print(f"=== real_fc: {phase.name} done in {self.times[phase.name]} ===", flush=True)
+
+    def _save(self) -> None:
+        if self.path is None:
+            return
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        tmp.write_text(json.dumps({"phases": self.finished, "unfinished": self.unfinished},
+                                  indent=2) + "\n")
+        os.replace(tmp, self.path)
+
+
+def _now() -> str:
+    return datetime.now().astimezone().isoformat(timespec="seconds")
+
+
+def _show(settings: Mapping[str, Any]) -> str:
+    return ", ".join(f"{key}={value!r}" for key, value in settings.items())
+
+
+def config_value(key: str, overrides: Sequence[str]) -> Any:
+    """``key`` of configs/real_fc.yaml with ``overrides`` (None when it cannot be read)."""
+    from omegaconf import OmegaConf
+
+    try:
+        return OmegaConf.select(OmegaConf.merge(OmegaConf.load(CONFIG),
+                                                OmegaConf.from_dotlist(list(overrides))), key)
+    except Exception:  # only for what a phase says it will do
+        return None
+
+
+def _rel(path: Path) -> Path:
+    return path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+
+
+def _rows(path: Path) -> str:
+    """How many rows ``path`` holds ("the" when it is not there)."""
+    if not path.exists():
+        return "the"
+    return f"{sum(1 for line in path.read_text().splitlines() if line.strip()):,}"
 
 
 def _write_rows(path: Path, rows: list[dict[str, Any]]) -> None:
@@ -284,16 +562,16 @@ def sft_more(out: Path, overrides: list[str]) -> None:
         {"base_model": str(start), "rl_seconds": seconds, **metrics}, indent=2))
 
 
-def report(out: Path, times: dict[str, float]) -> str:
+def report(out: Path, times: dict[str, str]) -> str:
     """The markdown table (per category and BFCL's non-live average) and ``bfcl.png`` of this
-    run's checkpoints (``report.md`` beside them)."""
+    run's checkpoints (``report.md`` beside them), with ``times`` (phase -> its wall time, as
+    `PhaseRecord.times` says it)."""
     results: dict[str, Any] = {}
     for label, name in CHECKPOINTS:
         path = out / name / "results.json"
         if path.exists():
             results[label] = json.loads(path.read_text())["bfcl"]
-    text = render(results, {phase: f"{seconds / 60:.1f} min" for phase, seconds in
-                            times.items()}, out / "bfcl.png")
+    text = render(results, times, out / "bfcl.png")
     (out / "report.md").write_text(text)
     return text
 
@@ -395,31 +673,59 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out.resolve()
     overrides = [f"seed={args.seed}", f"trainer.output_dir={out}",
                  f"warm_start.output={out / 'warm_start'}", *args.overrides]
-    times: dict[str, float] = {}
-
-    def phase(name: str, fn: Any, *fn_args: Any) -> None:
-        print(f"\n=== real_fc: {name} ===", flush=True)
-        start = time.perf_counter()
-        fn(*fn_args)
-        times[name] = time.perf_counter() - start
-        print(f"=== real_fc: {name} done in {times[name] / 60:.1f} min ===", flush=True)
-
-    phase("data", data_phase, args.bfcl_limit)
+    data = Phase("data", data_phase, (args.bfcl_limit,), None, None, lambda: (
+        f"the model, NESTFUL's and BFCL's rows and the contamination check into {_rel(DATA)} "
+        f"(redone every run: every --out shares them)"))
     if args.only == "data":
+        PhaseRecord(None, {}).run(data)
         return 0
+    phases = [data, *recipe_phases(out, overrides)]
+    record = PhaseRecord(out / PHASES, {"seed": args.seed, "bfcl_limit": args.bfcl_limit,
+                                        "overrides": list(args.overrides)})
+    record.refuse_mismatches(phases)
     out.mkdir(parents=True, exist_ok=True)
-    phase("eval_base", evaluate, MODEL, out / "eval_base", overrides)
-    if not (out / "final_hf" / "config.json").exists():
-        phase("train", run, "train", "--config", str(CONFIG), *overrides)
-    phase("eval_warm_start", evaluate, out / "warm_start", out / "eval_warm_start", overrides)
-    phase("eval_rl", evaluate, out / "final_hf", out / "eval_rl", overrides)
-    if args.sft_comparison:
-        phase("sft_more", sft_more, out, overrides)
-        phase("eval_sft_more", evaluate, out / "sft_more", out / "eval_sft_more", overrides)
-    print("\n" + report(out, times))
+    for phase in phases:
+        if args.sft_comparison or phase.name not in ("sft_more", "eval_sft_more"):
+            record.run(phase)
+    print("\n" + report(out, record.times))
     print(f"report: {out / 'report.md'}, plot: {out / 'bfcl.png'}")
     return 0
 
 
+def recipe_phases(out: Path, overrides: list[str]) -> list[Phase]:
+    """The phases after ``data``, in order (``sft_more`` and ``eval_sft_more`` last)."""
+    def evaluation(name: str, model: Path) -> Phase:
+        def what() -> str:
+            return (f"toolrl eval of {_rel(model)} on {_rows(DATA / 'bfcl.jsonl')} BFCL rows "
+                    f"into {_rel(out / name)}")
+
+        return Phase(name, evaluate, (model, out / name, overrides), out / name / "results.json",
+                     out / name, what)
+
+    def training() -> str:
+        warm = (f"reuses the warm start in {_rel(out / 'warm_start')}"
+                if (out / "warm_start" / "config.json").exists() else
+                f"the warm start (SFT, at most {config_value('warm_start.steps', overrides)} "
+                f"steps) into {_rel(out / 'warm_start')}")
+        return (f"toolrl train: {warm}, then {steps} GRPO steps into {_rel(out)}; a cut-off run "
+                f"goes on from its last snapshot or checkpoint")
+
+    steps = config_value("trainer.total_steps", overrides)
+    return [evaluation("eval_base", MODEL),
+            Phase("train", run, ("train", "--config", str(CONFIG), *overrides),
+                  out / "final_hf" / "config.json", out, training,
+                  grpo_steps=steps if isinstance(steps, int) else None),
+            evaluation("eval_warm_start", out / "warm_start"),
+            evaluation("eval_rl", out / "final_hf"),
+            Phase("sft_more", sft_more, (out, overrides), out / "sft_more" / "config.json",
+                  out / "sft_more", lambda: (
+                      f"the warm start trained on RL's rows' gold calls for the RL steps' wall "
+                      f"time into {_rel(out / 'sft_more')}")),
+            evaluation("eval_sft_more", out / "sft_more")]
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # said by PhaseRecord.run
+        sys.exit(130)

@@ -1,0 +1,242 @@
+"""The real-model recipe's phase record (recipes/real_fc.py, ``<out>/phases.json``) and its
+progress lines, with every phase replaced by a cheap fake: nothing here fetches, trains or
+evaluates a model."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+import re
+import sys
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+RUN = ["data", "eval_base", "train", "eval_warm_start", "eval_rl"]
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("real_fc", ROOT / "recipes" / "real_fc.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def recipe(tmp_path, monkeypatch):
+    """The recipe with fake phases that write their outputs; ``recipe.calls`` lists what ran,
+    ``recipe.times`` the phase table each report got, ``recipe.fail`` a phase to interrupt."""
+    real_fc = _load()
+    out = tmp_path / "out"
+    monkeypatch.setattr(real_fc, "DATA", tmp_path / "data")
+    real_fc.calls, real_fc.times, real_fc.fail = [], [], None
+
+    def step(name: str) -> None:
+        real_fc.calls.append(name)
+        if real_fc.fail == name:
+            raise KeyboardInterrupt
+
+    def data_phase(bfcl_limit):
+        step("data")
+        real_fc.DATA.mkdir(parents=True, exist_ok=True)
+        (real_fc.DATA / "bfcl.jsonl").write_text('{"id": "a"}\n{"id": "b"}\n')
+
+    def evaluate(model, dest, overrides):
+        step(dest.name)
+        dest.mkdir(parents=True, exist_ok=True)
+        (dest / "results.json").write_text(json.dumps({"bfcl": {}}))
+
+    def run(*args):
+        assert args[0] == "train"
+        step("train")
+        for folder in ("warm_start", "final_hf"):
+            (out / folder).mkdir(parents=True, exist_ok=True)
+            (out / folder / "config.json").write_text("{}")
+        return ""
+
+    def sft_more(dest, overrides):
+        step("sft_more")
+        (dest / "sft_more").mkdir(exist_ok=True)
+        (dest / "sft_more" / "config.json").write_text("{}")
+
+    def report(dest, times):
+        real_fc.times.append(dict(times))
+        return "report"
+
+    for name, fake in (("data_phase", data_phase), ("evaluate", evaluate), ("run", run),
+                       ("sft_more", sft_more), ("report", report)):
+        monkeypatch.setattr(real_fc, name, fake)
+    real_fc.out = out
+    return real_fc
+
+
+def _phases(out: Path) -> dict:
+    return json.loads((out / "phases.json").read_text())
+
+
+def test_a_first_run_records_each_phase_with_its_settings(recipe):
+    assert recipe.main(["--out", str(recipe.out), "--seed", "3", "--bfcl-limit", "2",
+                        "actor.lr=1e-6"]) == 0
+    assert recipe.calls == RUN
+    record = _phases(recipe.out)
+    assert list(record["phases"]) == RUN and record["unfinished"] == {}
+    for entry in record["phases"].values():
+        assert entry["seed"] == 3 and entry["bfcl_limit"] == 2
+        assert entry["overrides"] == ["actor.lr=1e-6"] and entry["attempts"] == 1
+        assert entry["seconds"] >= 0 and datetime.fromisoformat(entry["finished"]).tzinfo
+    assert list(recipe.times[-1]) == RUN
+    assert all(t.endswith(" min") for t in recipe.times[-1].values())
+    assert not list(recipe.out.glob(".*.tmp"))  # written by replacing
+
+
+def test_a_rerun_skips_recorded_phases_and_reports_their_times(recipe, capsys):
+    assert recipe.main(["--out", str(recipe.out)]) == 0
+    first = _phases(recipe.out)["phases"]
+    recipe.calls.clear()
+    capsys.readouterr()
+    assert recipe.main(["--out", str(recipe.out)]) == 0
+    assert recipe.calls == ["data"]  # redone every run: every --out shares data/real_fc
+    out = capsys.readouterr().out
+    when = first["eval_rl"]["finished"][:16].replace("T", " ")
+    assert f"=== real_fc: eval_rl: finished in an earlier run ({when}, " in out
+    times = recipe.times[-1]
+    assert times["eval_rl"] == f"{first['eval_rl']['seconds'] / 60:.1f} min (an earlier run, " \
+                               f"{when})"
+    assert "earlier" not in times["data"]
+    again = _phases(recipe.out)["phases"]
+    assert {k: v for k, v in again.items() if k != "data"} == \
+        {k: v for k, v in first.items() if k != "data"}
+
+
+def test_an_interrupted_run_keeps_what_finished_and_the_rerun_does_the_rest(recipe, capsys):
+    recipe.fail = "eval_warm_start"
+    with pytest.raises(KeyboardInterrupt):
+        recipe.main(["--out", str(recipe.out)])
+    record = _phases(recipe.out)
+    assert list(record["phases"]) == ["data", "eval_base", "train"]
+    assert list(record["unfinished"]) == ["eval_warm_start"]
+    assert "=== real_fc: eval_warm_start stopped after " in capsys.readouterr().out
+    recipe.fail, recipe.calls[:] = None, []
+    assert recipe.main(["--out", str(recipe.out)]) == 0
+    assert recipe.calls == ["data", "eval_warm_start", "eval_rl"]
+    record = _phases(recipe.out)
+    assert list(record["phases"]) == RUN and record["unfinished"] == {}
+    assert record["phases"]["eval_warm_start"]["attempts"] == 2
+    assert recipe.times[-1]["eval_warm_start"].endswith(" min (2 attempts)")
+
+
+@pytest.mark.parametrize("argv", [["--seed", "1"], ["actor.lr=1e-6"], ["--bfcl-limit", "5"]])
+def test_a_phase_recorded_with_other_settings_is_refused(recipe, argv):
+    assert recipe.main(["--out", str(recipe.out)]) == 0
+    recipe.calls.clear()
+    with pytest.raises(SystemExit) as refused:
+        recipe.main(["--out", str(recipe.out), *argv])
+    message = str(refused.value)
+    assert recipe.calls == []  # before anything runs
+    assert "real_fc: phase eval_base was recorded in" in message
+    assert "seed=0, bfcl_limit=None, overrides=[]" in message
+    assert f"use another --out, or delete {recipe.out / 'eval_base'} to redo it" in message
+    assert "phase train " in message and "phase eval_rl " in message
+    for name in ("eval_base", "eval_warm_start", "eval_rl"):  # deleted: redone, recorded anew
+        (recipe.out / name / "results.json").unlink()
+    (recipe.out / "final_hf" / "config.json").unlink()
+    assert recipe.main(["--out", str(recipe.out), *argv]) == 0
+    assert recipe.calls == RUN
+
+
+def test_outputs_made_before_phases_json_are_still_skipped(recipe, capsys):
+    for name in ("eval_base", "final_hf"):
+        (recipe.out / name).mkdir(parents=True)
+    (recipe.out / "eval_base" / "results.json").write_text("{}")
+    (recipe.out / "final_hf" / "config.json").write_text("{}")
+    assert recipe.main(["--out", str(recipe.out), "--seed", "1"]) == 0
+    assert recipe.calls == ["data", "eval_warm_start", "eval_rl"]
+    assert "eval_base: " in capsys.readouterr().out
+    assert recipe.times[-1]["train"] == "not recorded (an earlier run)"
+    assert list(_phases(recipe.out)["phases"]) == ["data", "eval_warm_start", "eval_rl"]
+
+
+def test_the_sft_comparison_phases_are_recorded_too(recipe):
+    assert recipe.main(["--out", str(recipe.out), "--sft-comparison"]) == 0
+    assert recipe.calls == [*RUN, "sft_more", "eval_sft_more"]
+    assert list(_phases(recipe.out)["phases"]) == [*RUN, "sft_more", "eval_sft_more"]
+
+
+def test_only_data_records_nothing(recipe, capsys):
+    assert recipe.main(["--out", str(recipe.out), "--only", "data"]) == 0
+    assert recipe.calls == ["data"] and not recipe.out.exists()
+    assert "=== real_fc: data done in " in capsys.readouterr().out
+
+
+def test_the_time_left_comes_from_the_commands_progress_lines(recipe):
+    """The lines as rich prints them to a pipe (80 columns, wrapped, a log line's file:line at
+    its right), as `toolrl train` and `toolrl eval` do."""
+    from rich.console import Console
+
+    buffer = io.StringIO()
+    console = Console(file=buffer, width=80)
+    clock = recipe.PhaseClock("train", grpo_steps=20)
+    console.log("warm start step 40/200: loss 0.1234 (mean of the last 40: 0.1500); 28.1 s a "
+                "step, at most 75 min left")
+    for line in buffer.getvalue().splitlines(keepends=True):
+        clock.saw(line)
+    assert clock.left().startswith("about 75.0 min left (after warm start step 40/200)")
+    buffer.seek(0), buffer.truncate()
+    console.print("step    0  val/success=0.100", markup=False, highlight=False)
+    for step in (1, 2):  # a step line too long for 80 columns: step_s on the next line
+        console.print(f"step {step:>4}  reward_mean=0.410  success=0.200  val/success=0.300  "
+                      f"actor/loss=0.010  timing/step_s={60 * step}.000", markup=False,
+                      highlight=False)
+    for line in buffer.getvalue().splitlines(keepends=True):
+        clock.saw(line)
+    assert clock.left() == "about 27.0 min left (after GRPO step 2/20)"  # 18 x 90 s
+    clock = recipe.PhaseClock("eval_rl")
+    buffer.seek(0), buffer.truncate()
+    console.log("eval: 256/1240 episodes, success so far 0.312, 2.0 min")
+    for line in buffer.getvalue().splitlines(keepends=True):
+        clock.saw(line)
+    assert clock.left().startswith("about 7.7 min left (after eval 256/1240 episodes)")
+    clock = recipe.PhaseClock("train", before=60.0, estimate=600.0)  # an earlier run's time
+    assert clock.left() == "about 9.0 min left (an earlier run took 10.0 min)"
+    assert recipe.PhaseClock("x", estimate=30.0, before=60.0).left() == \
+        "past an earlier run's 0.5 min"
+    assert recipe.PhaseClock("x").left() == ""
+
+
+def test_a_command_streams_its_lines_and_a_silent_one_gets_heartbeats(recipe, monkeypatch,
+                                                                      capsys):
+    real_fc = _load()  # the real `run`
+    monkeypatch.setattr(real_fc, "TOOLRL", sys.executable)
+    monkeypatch.setattr(real_fc, "HEARTBEAT_S", 0.1)
+    child = ("import time; print('eval: 2/4 episodes, success so far 0.5, 0.5 min', "
+             "flush=True); time.sleep(0.6); print('done')")
+    assert real_fc.run("-c", child) == "eval: 2/4 episodes, success so far 0.5, 0.5 min\ndone\n"
+    assert re.search(r"\[real_fc\] -c: \d+\.\d min so far, nothing printed for \d+\.\d min; "
+                     r"about \d+\.\d min left \(after eval 2/4 episodes\)", capsys.readouterr().out)
+    with pytest.raises(SystemExit, match=r"`toolrl -c` failed \(exit 3\)"):
+        real_fc.run("-c", "raise SystemExit(3)")
+
+
+def test_ctrl_c_waits_for_the_command_to_stop(recipe, monkeypatch, capsys):
+    """The command got the same Ctrl-C (`toolrl train` checkpoints before it exits): the recipe
+    shows its last lines and waits for it, then stops."""
+    real_fc = _load()
+    monkeypatch.setattr(real_fc, "TOOLRL", sys.executable)
+    clock = real_fc.PhaseClock("train")
+    seen = clock.saw
+
+    def interrupted(line):
+        seen(line)
+        if line.startswith("first"):
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(clock, "saw", interrupted)
+    monkeypatch.setattr(real_fc, "_clock", clock)
+    with pytest.raises(KeyboardInterrupt):
+        real_fc.run("-c", "import time; print('first', flush=True); time.sleep(0.2); "
+                          "print('checkpoint written')")
+    out = capsys.readouterr().out
+    assert "waiting for `toolrl -c` to stop" in out and "checkpoint written" in out
