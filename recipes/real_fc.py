@@ -4,11 +4,14 @@ Phases, each a ``toolrl`` command whose progress shows as it runs, each timed:
 
 1. ``data``: SmolLM2-135M-Instruct into models/ (`toolrl model fetch`), NESTFUL's first turns
    (`toolrl data convert --from nestful`, the nestful-wrapper wheel; the warm start's rows)
-   split 9:1 into train/val by a hash of the id, BFCL v4's non-live categories from the
-   bfcl-eval wheel (`--from bfcl`; the evaluation), its live categories (at most ``LIVE_CAP``
-   a category), and the contamination check of both training sets against the evaluation
-   rows (a shared question in NESTFUL stops the recipe; live rows that share a question or a
-   13-word run are dropped: `toolrl data contamination --out`); half the clean live rows join
+   split 9:1 into train/val by a hash of the id, from the bfcl-eval wheel (`--from bfcl`) the
+   evaluation's rows (``bfcl_eval.jsonl``: BFCL v4's non-live categories, Java and
+   JavaScript included, 1 in ``LIVE_EVAL`` of each live category held out by a hash of its id,
+   and live_relevance) and the training's live rows (the other live rows, at most
+   ``LIVE_CAP`` a category), and the contamination check of both training sets against the
+   evaluation rows (a shared question in NESTFUL stops the recipe; live rows that share a
+   question or a 13-word run are dropped: `toolrl data contamination --out`); half the clean
+   live rows join
    NESTFUL's in the warm start (``sft_train.jsonl``, ``sft_val.jsonl``), the other half are
    RL's (``rl_train.jsonl``; ``rl_combined.jsonl`` adds two-call rows made of pairs of them,
    ``rl_unfit.jsonl`` also no-call rows whose tools do not fit the question);
@@ -17,8 +20,9 @@ Phases, each a ``toolrl`` command whose progress shows as it runs, each timed:
 4. ``eval_warm_start`` and ``eval_rl``: the warm-started and the final checkpoint on BFCL;
 5. with ``--sft-comparison``, ``sft_more`` and ``eval_sft_more``: the warm start trained for
    the RL steps' wall time on the gold calls of RL's rows instead (what RL is set beside);
-6. ``report``: BFCL's accuracy per category and the non-live average for the three (four)
-   checkpoints (``report.md``, ``bfcl.png``) with the wall time of every phase.
+6. ``report``: BFCL's accuracy per category and its Non-Live, Live (held-out rows) and Overall
+   columns for the three (four) checkpoints (``report.md``, ``bfcl.png``) with the wall time
+   of every phase.
 
     .venv/bin/python recipes/real_fc.py [--only data] [--bfcl-limit N] [--seed S]
         [--sft-comparison]
@@ -64,13 +68,18 @@ CONFIG = ROOT / "configs" / "real_fc.yaml"
 MODEL = ROOT / "models" / "smollm2-135m-instruct"
 DATA = ROOT / "data" / "real_fc"
 CATEGORIES = ("simple_python", "multiple", "parallel", "parallel_multiple", "irrelevance")
-# The live rows (half RL's, half the warm start's): BFCL's live categories (user-contributed
-# questions, none of them a non-live one: the contamination check drops any that shares a
-# question or a 13-word run), the same five kinds as the categories scored, at most LIVE_CAP
-# of each (live_multiple's 1,053 and live_irrelevance's 884 rows would otherwise be 87% of
-# them)
+# BFCL's non-live categories the evaluation runs: the five above (the table's columns) and
+# Java and JavaScript, so BFCL's Non-Live Overall counts every column it has
+NON_LIVE = (*CATEGORIES, "simple_java", "simple_javascript")
+# BFCL's live categories (user-contributed questions, none of them a non-live one: the
+# contamination check drops any that shares a question or a 13-word run), the same five kinds
+# as the categories scored. 1 in LIVE_EVAL of each (by a hash of its id) is held out for the
+# evaluation's Live columns (`hold_out_live`), with all of live_relevance, which nothing
+# trains on; of the rest, at most LIVE_CAP of each are training rows (live_multiple's and
+# live_irrelevance's would otherwise be most of them): half the warm start's, half RL's
 LIVE = ("live_simple", "live_multiple", "live_parallel", "live_parallel_multiple",
         "live_irrelevance")
+LIVE_EVAL = 4
 LIVE_CAP = 256
 # two-call rows of each kind that `combine_calls` makes from RL's rows (rl_combined.jsonl: the
 # RL rows of the parallel-call experiment in docs/guides/real-model.md)
@@ -389,8 +398,23 @@ def cap_per_category(source: Path, out: Path, cap: int) -> dict[str, int]:
     return {category: len(part) for category, part in kept.items()}
 
 
-def _bucket(row: dict[str, Any], n: int) -> int:
-    return int(hashlib.sha256(f"half:{row['id']}".encode()).hexdigest(), 16) % n
+def _bucket(row: dict[str, Any], n: int, salt: str = "half") -> int:
+    return int(hashlib.sha256(f"{salt}:{row['id']}".encode()).hexdigest(), 16) % n
+
+
+def hold_out_live(source: Path, held_out: Path, rest: Path, every: int = LIVE_EVAL
+                  ) -> tuple[int, int]:
+    """One live row in ``every`` of each category (by a hash of its id, independent of
+    `split_live`'s) to ``held_out``, the evaluation's live rows; the others to ``rest``, from
+    which the training rows come. Returns both counts."""
+    from toolrl.data.loader import load_rows
+
+    rows = load_rows(source)
+    held = [r for r in rows if _bucket(r, every, salt="eval") == 0]
+    kept = [r for r in rows if _bucket(r, every, salt="eval") != 0]
+    _write_rows(held_out, held)
+    _write_rows(rest, kept)
+    return len(held), len(kept)
 
 
 def split_live(source: Path, data: Path = DATA) -> dict[str, int]:
@@ -486,26 +510,39 @@ def data_phase(bfcl_limit: int | None) -> None:
                                 DATA / "nestful_val.jsonl")
     print(f"NESTFUL rows: {n_train} train, {n_val} val")
     wheel = Path(run("data", "wheel", "bfcl-eval").strip().splitlines()[-1])
-    files = [str(next(wheel.rglob(f"data/BFCL_v4_{c}.json"))) for c in CATEGORIES]
-    limit = ["--limit", str(bfcl_limit)] if bfcl_limit else []
+
+    def convert(categories: Sequence[str], out: Path) -> None:
+        files = [str(next(wheel.rglob(f"data/BFCL_v4_{c}.json"))) for c in categories]
+        if bfcl_limit:  # the first N of each category: one conversion per file
+            parts = []
+            for f in files:
+                part = DATA / f"bfcl_{Path(f).stem}.jsonl"
+                run("data", "convert", "--from", "bfcl", f, "--limit", str(bfcl_limit),
+                    "--out", str(part))
+                parts.append(part.read_text())
+            out.write_text("".join(parts))
+        else:
+            run("data", "convert", "--from", "bfcl", *files, "--out", str(out))
+
     bfcl = DATA / "bfcl.jsonl"
-    if bfcl_limit:  # the first N of each category: one conversion per file
-        parts = []
-        for f in files:
-            part = DATA / f"bfcl_{Path(f).stem}.jsonl"
-            run("data", "convert", "--from", "bfcl", f, *limit, "--out", str(part))
-            parts.append(part.read_text())
-        bfcl.write_text("".join(parts))
-    else:
-        run("data", "convert", "--from", "bfcl", *files, "--out", str(bfcl))
-    run("data", "contamination", str(DATA / "nestful.jsonl"), "--eval", str(bfcl))
-    live = DATA / "bfcl_live.jsonl"
-    run("data", "convert", "--from", "bfcl",
-        *[str(next(wheel.rglob(f"data/BFCL_v4_{c}.json"))) for c in LIVE], "--out", str(live))
-    counts = cap_per_category(live, DATA / "bfcl_live_capped.jsonl", LIVE_CAP)
-    print(f"BFCL live rows for RL (at most {LIVE_CAP} a category): {counts}")
-    run("data", "contamination", str(DATA / "bfcl_live_capped.jsonl"), "--eval", str(bfcl),
-        "--out", str(DATA / "bfcl_live_clean.jsonl"))
+    convert(NON_LIVE, bfcl)
+    live, relevance = DATA / "bfcl_live.jsonl", DATA / "bfcl_live_relevance.jsonl"
+    convert(LIVE, live)
+    convert(("live_relevance",), relevance)
+    held, rest = hold_out_live(live, DATA / "bfcl_live_held_out.jsonl",
+                               DATA / "bfcl_live_rest.jsonl")
+    evaluation = DATA / "bfcl_eval.jsonl"
+    evaluation.write_text(bfcl.read_text() + (DATA / "bfcl_live_held_out.jsonl").read_text()
+                          + relevance.read_text())
+    print(f"evaluation rows ({_rel(evaluation)}): non-live {_rows(bfcl)}, live held out {held} "
+          f"(1 in {LIVE_EVAL} a category) and live_relevance {_rows(relevance)}")
+    run("data", "contamination", str(DATA / "nestful.jsonl"), "--eval", str(evaluation))
+    counts = cap_per_category(DATA / "bfcl_live_rest.jsonl", DATA / "bfcl_live_capped.jsonl",
+                              LIVE_CAP)
+    print(f"BFCL live rows for training ({rest} not held out, at most {LIVE_CAP} a category): "
+          f"{counts}")
+    run("data", "contamination", str(DATA / "bfcl_live_capped.jsonl"), "--eval",
+        str(evaluation), "--out", str(DATA / "bfcl_live_clean.jsonl"))
     print(f"clean live rows: {split_live(DATA / 'bfcl_live_clean.jsonl')} "
           f"(sft_* also hold NESTFUL's train and val rows)")
     from toolrl.data.loader import load_rows
@@ -525,7 +562,7 @@ def evaluate(model: Path, out: Path, overrides: list[str]) -> None:
         print(f"{out}/results.json exists: skipped")
         return
     run("eval", "--config", str(CONFIG), "--model", str(model), "--output-dir", str(out),
-        f"data.val_file={DATA / 'bfcl.jsonl'}", *overrides,
+        f"data.val_file={DATA / 'bfcl_eval.jsonl'}", *overrides,
         f"rollout.engine.cpu_threads={EVAL_THREADS}")
 
 
@@ -611,7 +648,11 @@ def render(results: dict[str, Any], times: dict[str, str], png: Path,
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    columns = [*CATEGORIES, "mean of the five", "Non-Live Overall Acc"]
+    from toolrl.core.bfcl_scores import LIVE_AST_SIZES
+
+    summaries = (("non_live", "Non-Live Overall Acc"), ("live", "Live Overall Acc"),
+                 ("overall", "Overall Acc"))
+    columns = [*CATEGORIES, "mean of the five", *(name for _, name in summaries)]
     lines = ["| checkpoint | " + " | ".join(columns) + " |",
              "|---" * (len(columns) + 1) + "|"]
     for label, board in results.items():
@@ -620,13 +661,26 @@ def render(results: dict[str, Any], times: dict[str, str], png: Path,
         cells = [f"{100 * a:.1f}" if a is not None else "-" for a in accs]
         known = [a for a in accs if a is not None]
         cells.append(f"{100 * sum(known) / len(known):.1f}" if known else "-")
-        overall = board["non_live"]["Non-Live Overall Acc"]
-        cells.append(f"{100 * overall:.1f}" if isinstance(overall, float) else str(overall))
+        missing = set(board.get("missing", ()))
+        for key, name in summaries:
+            value = board.get(key, {}).get(name, "-")
+            if key == "live" and missing >= set(LIVE_AST_SIZES):
+                value = "not run"  # BFCL's 0, which reads as a score
+            cells.append(f"{100 * value:.1f}" if isinstance(value, float) else str(value))
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    lines += ["", "Non-Live Overall Acc is BFCL's: the mean of its four AST summaries, where "
-              "Simple AST averages Python, Java and JavaScript (only Python is run here: the "
-              "other two count 0, as in BFCL) and irrelevance is not part of it. The mean of "
-              "the five is the plain mean of the five categories run."]
+    lines += ["", "The summaries are BFCL's own (`toolrl.core.bfcl_scores.leaderboard`): "
+              "Non-Live Overall Acc the mean of its four AST summaries, where Simple AST "
+              "averages Python, Java and JavaScript, irrelevance not part of it; Live Overall "
+              "Acc over the live rows held out from training, weighted by entries; Overall Acc "
+              "BFCL's formula. As in BFCL, these overall columns count a category that was not "
+              "run (multi-turn, agentic) as 0; a checkpoint evaluated on no live row reads "
+              "'not run' under Live. The mean of the five is the plain mean of the "
+              "five categories in the table."]
+    not_run = sorted({c for board in results.values() for c in board.get("missing", ())
+                      if c in (*NON_LIVE, *LIVE_AST_SIZES, "live_irrelevance",
+                               "live_relevance")})
+    if not_run:
+        lines += ["", f"Not run here (BFCL counts them 0): {', '.join(not_run)}."]
     if times:
         lines += ["", "| phase | wall time |", "|---|---|"]
         lines += [f"| {phase} | {when} |" for phase, when in times.items()]
@@ -696,7 +750,7 @@ def recipe_phases(out: Path, overrides: list[str]) -> list[Phase]:
     """The phases after ``data``, in order (``sft_more`` and ``eval_sft_more`` last)."""
     def evaluation(name: str, model: Path) -> Phase:
         def what() -> str:
-            return (f"toolrl eval of {_rel(model)} on {_rows(DATA / 'bfcl.jsonl')} BFCL rows "
+            return (f"toolrl eval of {_rel(model)} on {_rows(DATA / 'bfcl_eval.jsonl')} BFCL rows "
                     f"into {_rel(out / name)}")
 
         return Phase(name, evaluate, (model, out / name, overrides), out / name / "results.json",

@@ -178,6 +178,30 @@ def test_more_sft_trains_on_rl_rows_gold_calls_for_the_rl_steps_wall_time(
     assert (out / "sft_more" / "config.json").exists()
 
 
+def test_the_recipe_holds_out_a_quarter_of_each_live_category_for_the_evaluation(tmp_path):
+    """The evaluation's Live columns are over rows no training set holds: 1 in LIVE_EVAL of
+    each category by a hash of its id (another hash than the warm start / RL split's)."""
+    spec = importlib.util.spec_from_file_location("real_fc", ROOT / "recipes" / "real_fc.py")
+    real_fc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(real_fc)
+    live = [{"id": f"{c}_{i}", "category": c} for c in ("live_simple", "live_multiple")
+            for i in range(400)]
+    source = tmp_path / "live.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in live))
+    held, rest = real_fc.hold_out_live(source, tmp_path / "held.jsonl", tmp_path / "rest.jsonl")
+
+    def ids(name):
+        return [json.loads(x)["id"] for x in (tmp_path / name).read_text().splitlines()]
+
+    assert held + rest == 800 and not set(ids("held.jsonl")) & set(ids("rest.jsonl"))
+    for category in ("live_simple", "live_multiple"):
+        n = sum(i.startswith(category) for i in ids("held.jsonl"))
+        assert 70 < n < 130  # ~100 of 400
+    source.write_text("".join(json.dumps(r) + "\n" for r in reversed(live)))
+    real_fc.hold_out_live(source, tmp_path / "again.jsonl", tmp_path / "rest2.jsonl")
+    assert set(ids("again.jsonl")) == set(ids("held.jsonl"))  # the file's order is moot
+
+
 def test_recorded_scores_render_to_bfcl_columns_and_a_plot(tmp_path):
     """The guide's table comes from the counts kept in benchmarks/results/real_fc.json: the mean
     of the five and BFCL's Non-Live Overall (Simple AST = Python, Java, JavaScript averaged,
@@ -191,7 +215,9 @@ def test_recorded_scores_render_to_bfcl_columns_and_a_plot(tmp_path):
                                   "parallel": [7, 200], "parallel_multiple": [3, 200],
                                   "irrelevance": [91, 240]}}]}))
     text = real_fc.recorded(source, tmp_path / "scores.md", tmp_path / "p.png")
-    assert "| a | 37.0 | 27.0 | 3.5 | 1.5 | 37.9 | 21.4 | 11.1 |" in text
+    # BFCL's overall columns count what was not run as 0: Overall 10% x the AST summary
+    # (11.1) + 10% x irrelevance (37.9 and live 0: 19.0) = 3.0; no live row was run
+    assert "| a | 37.0 | 27.0 | 3.5 | 1.5 | 37.9 | 21.4 | 11.1 | not run | 3.0 |" in text
     assert "| train | 1 min |" in text
     assert (tmp_path / "scores.md").read_text().startswith("# t\n")
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
