@@ -197,6 +197,25 @@ def test_a_healthy_step_says_nothing(tokenizer, tiny_model_dir):
                               "health/context_episodes": 0.0, "health/reward_failures": 0.0}
 
 
+def test_per_turn_prompts_over_the_budget_name_the_prompt_budget():
+    """Under the per_turn history policy a later turn's prompt is the rendered history: when it
+    ends most episodes, the key to raise is rollout.max_prompt_tokens, not max_total_tokens."""
+    from toolrl.core.trajectory import Trajectory
+
+    def ended(error):
+        return Trajectory(messages=[], finish_reason="context", error=error, sampled_tokens=9)
+
+    monitor = HealthMonitor(HealthConfig(), log=Lines())
+    per_turn = [ended("per_turn: the prompt of turn 2 has 201 tokens, more than "
+                      "max_prompt_len=192") for _ in range(4)]
+    report = monitor.check(1, per_turn, ["toolrl/Calculator-v0"] * 4)
+    assert len(report.problems) == 1
+    assert "raise rollout.max_prompt_tokens" in report.problems[0]
+    assert "the prompt of turn 2 has 201 tokens" in report.problems[0]
+    report = monitor.check(1, [ended(None) for _ in range(4)], ["toolrl/Calculator-v0"] * 4)
+    assert "raise rollout.max_total_tokens" in report.problems[0]
+
+
 def test_thresholds_are_validated():
     from toolrl.trainer.config import ConfigError, load_config
 

@@ -133,6 +133,18 @@ def test_a_prompt_over_the_budget_is_a_problem_with_the_key_to_change(tiny_model
 
 
 
+def test_per_turn_prompts_past_the_budget_are_a_problem_with_the_key_to_change(
+        tiny_model_dir):
+    """per_turn prompts each turn with the rendered history: the quickstart's 192-token budget
+    holds the first prompt but not the second (every episode would end after one turn)."""
+    per_turn = ("rollout.history_policy=per_turn", "trainer.infra_failures.rule=drop_sample")
+    report, _ = run(config(tiny_model_dir, *per_turn), tasks=2)
+    assert any("per_turn" in p and "turn 2" in p and "rollout.max_prompt_tokens=192" in p
+               for p in report.problems), report.problems
+    report, _ = run(config(tiny_model_dir, *per_turn, "rollout.max_prompt_tokens=352"), tasks=2)
+    assert report.ok, report.problems
+
+
 def test_a_tiny_build_of_another_size_is_a_problem_and_stays(tiny_model_dir):
     """A config that would build a tiny model of another size over an existing tiny build
     (an overridden model.path) is refused, not rebuilt: the folder may be another run's."""

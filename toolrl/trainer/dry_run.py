@@ -396,6 +396,28 @@ def _check_oracle(trajs: list[Trajectory], renderer: Any, rollout: RolloutConfig
                 f"rollout.max_total_tokens={rollout.max_total_tokens}: a model that acts like "
                 f"the oracle runs out of context; raise rollout.max_total_tokens")
             break
+        if getattr(renderer, "per_turn", False) and _per_turn_overflow(t, renderer, report):
+            break
+
+
+def _per_turn_overflow(t: Trajectory, renderer: Any, report: DryRunReport) -> bool:
+    """``per_turn`` prompts every turn with the template's rendering of the history: a later
+    turn's prompt past the prompt budget ends the episode there (finish reason 'context')."""
+    starts = [i for i, m in enumerate(t.messages) if m.get("role") == "assistant"]
+    for k, i in enumerate(starts[1:], start=2):
+        try:
+            tokens = len(renderer.render_prompt(t.messages[:i], t.tools))
+        except Exception:  # counted nowhere else: the template check reports it
+            return False
+        if tokens > report.max_prompt_tokens:
+            report.problems.append(
+                f"rollout.history_policy=per_turn prompts each turn with the rendered history: "
+                f"turn {k} of the oracle's episode of task {t.id!r} has a {tokens}-token "
+                f"prompt, more than rollout.max_prompt_tokens={report.max_prompt_tokens}, so "
+                f"every such episode ends before that turn (finish reason 'context'); raise "
+                f"rollout.max_prompt_tokens")
+            return True
+    return False
 
 
 def _check_episodes(report: DryRunReport) -> None:

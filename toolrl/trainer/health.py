@@ -136,9 +136,12 @@ class HealthMonitor:
                 f"room to answer, or raise trainer.health.max_no_token_fraction "
                 f"({cfg.max_no_token_fraction})")
         if len(context) / n > cfg.max_context_fraction:
+            per_turn = [i for i in context if (trajs[i].error or "").startswith("per_turn:")]
+            key = self.prompt_key if len(per_turn) * 2 > len(context) else self.context_key
+            why = f" ({_first_line(trajs[per_turn[0]].error)})" if key == self.prompt_key else ""
             report.problems.append(
-                f"step {step}: the context limit ended {len(context)} of {n} episodes; raise "
-                f"{self.context_key} (or lower rollout.max_turns, or shorten the env's "
+                f"step {step}: the context limit ended {len(context)} of {n} episodes{why}; "
+                f"raise {key} (or lower rollout.max_turns, or shorten the env's "
                 f"observations), or raise trainer.health.max_context_fraction "
                 f"({cfg.max_context_fraction})")
         for name, failures in by_reward.items():
