@@ -45,6 +45,9 @@ ADVANTAGES = "advantages"  # [B, R] advantage per response token
 RETURNS = "returns"  # [B, R] returns (targets of the critic)
 UID = "uid"  # per-sample group id (NonTensorStack of str): samples of one task share it
 POLICY_VERSION = "policy_version"  # [B] version of the weights that generated each sample
+# [B] the row of each row's episode lead, set only when episodes span several rows (the
+# per_turn history policy, a gateway agent's rewritten history): its rows share a mini-batch
+EPISODE = "episode"
 ROWS = "rows"  # per-sample task rows (NonTensorStack of dict)
 TRAJECTORIES = "trajectories"  # per-sample `toolrl.core.trajectory.Trajectory` (NonTensorStack)
 

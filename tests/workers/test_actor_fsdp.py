@@ -7,7 +7,15 @@ import torch
 from fsdp_harness import hf_log_probs, make_batch, run_ranks, with_policy_inputs
 
 from toolrl.algo.loss import PolicyLossConfig
-from toolrl.batch import OLD_LOG_PROBS, REF_LOG_PROBS, RESPONSE_MASK, concat, select_rows, split
+from toolrl.batch import (
+    EPISODE,
+    OLD_LOG_PROBS,
+    REF_LOG_PROBS,
+    RESPONSE_MASK,
+    concat,
+    select_rows,
+    split,
+)
 from toolrl.workers.actor import ENTROPY, ActorConfig, FSDPActor, FSDPReference
 from toolrl.workers.base import lr_lambda
 from toolrl.workers.fsdp import full_gradients
@@ -81,6 +89,29 @@ def test_the_lr_schedule_moves_one_trainer_step_per_update_whatever_the_batch_si
     assert second["actor/lr"] == pytest.approx(1e-4 * factor(4 + 4 * 7 / 8))
     assert third["actor/lr"] == pytest.approx(1e-4 * factor(10))
     assert factor(p3) == 0.0 < third["actor/lr"]  # the run's last update ends the schedule
+
+
+def _updates(rank: int, cfg: ActorConfig, per_rank: list):
+    return [FSDPActor(cfg).update(td) for td in per_rank[rank]]
+
+
+def test_a_mini_batch_counts_episodes_not_their_rows(tiny_model_dir, batch):
+    """Rows of one episode (``episode``: the per_turn history policy's samples of it) train in
+    one mini-batch and count once: 8 rows in 4 episodes make 2 mini-batches of 2 where 8
+    one-row episodes make 4; one episode of all 8 rows is one update, the same as the whole
+    batch as one mini-batch."""
+    cfg = _config(tiny_model_dir, ppo_mini_batch_size=2, shuffle=True, seed=1)
+    paired = batch.clone()
+    paired.set(EPISODE, torch.tensor([1, 1, 3, 3, 5, 5, 7, 7]))
+    whole = batch.clone()
+    whole.set(EPISODE, torch.full((N,), 7))
+    rows, episodes, one = run_ranks(_updates, 1, cfg, [[batch, paired, whole]])[0]
+    assert (rows["actor/num_updates"], episodes["actor/num_updates"]) == (4.0, 2.0)
+    assert one["actor/num_updates"] == 1.0
+    (alone,), = run_ranks(_updates, 1, _config(tiny_model_dir, seed=1), [[batch]])
+    assert alone["actor/num_updates"] == 1.0
+    for key in ("loss", "pg_loss", "entropy", "grad_norm"):
+        assert one[f"actor/{key}"] == pytest.approx(alone[f"actor/{key}"], rel=1e-6), key
 
 
 def _log_probs(rank: int, cfg: ActorConfig, td):

@@ -449,6 +449,7 @@ class Trainer:
         else:
             adv, ret = episode_advantage(cfg.advantage, rewards, mask, leads, uids,
                                          values=values, gamma=cfg.gamma, lam=cfg.lam)
+            batch.set(B.EPISODE, torch.tensor(leads))  # its rows share a mini-batch
         batch.set(B.ADVANTAGES, adv)
         batch.set(B.RETURNS, ret)
         valid = mask.bool()

@@ -35,7 +35,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.tensor import DTensor
 
 from toolrl.algo.loss import batch_totals
-from toolrl.batch import RESPONSE_MASK, batch_len
+from toolrl.batch import EPISODE, RESPONSE_MASK, batch_len
 from toolrl.workers.fsdp import (
     all_reduce,
     build_sharded_model,
@@ -366,27 +366,33 @@ class FSDPModel:
     def train_batch(self, td: TensorDict, micro_loss: MicroLoss) -> dict[str, float]:
         """PPO epochs over mini-batches of ``td``: one optimizer step per mini-batch.
 
+        A mini-batch counts episodes: where an episode spans several rows (``episode``: the
+        per_turn history policy), its rows train together and count once, so the optimizer
+        steps as often as it would on the episode as one row.
+
         Returns every metric averaged over the mini-batches, prefixed with `metric_prefix`.
         """
         td = tensors_only(td)
         n = batch_len(td)
         if n == 0:
             raise ValueError("update got an empty batch")
-        mini_size = self._local_mini_batch_size(n)
-        slices = mini_batch_slices(n, mini_size)
+        units = _episode_rows(td)
+        mini_size = self._local_mini_batch_size(len(units))
+        slices = mini_batch_slices(len(units), mini_size)
         # the schedule moves by updates_per_step over this batch's optimizer steps, evenly
         updates = self.config.ppo_epochs * len(slices)
         planned = self.config.updates_per_step or updates
         start = self.schedule_pos
         history: list[dict[str, float]] = []
         for _ in range(self.config.ppo_epochs):
-            order = list(range(n))
+            order = list(range(len(units)))
             if self.config.shuffle:
                 gen = torch.Generator().manual_seed(self.config.seed * 1_000_003
                                                     + self.num_updates)
-                order = torch.randperm(n, generator=gen).tolist()
+                order = torch.randperm(len(units), generator=gen).tolist()
             for sl in slices:
-                metrics = self.accumulate(take(td, sorted(order[sl])), micro_loss)
+                rows = sorted(row for unit in order[sl] for row in units[unit])
+                metrics = self.accumulate(take(td, rows), micro_loss)
                 metrics.update(self.step(start + planned * (len(history) + 1) / updates))
                 history.append(metrics)
         keys = sorted({k for h in history for k in h})
@@ -487,3 +493,15 @@ def _save_hf(source: str, config: Any, state: dict[str, torch.Tensor], out: Path
 
 
 __all__ = ["LR_SCHEDULES", "FSDPConfig", "FSDPModel", "LossTotals", "lr_lambda", "tensors_only"]
+
+
+def _episode_rows(td: TensorDict) -> list[list[int]]:
+    """The rows of each episode, in order of first row: every row its own episode unless
+    ``td`` holds `EPISODE` (each row's episode lead)."""
+    leads = td.get(EPISODE, None)
+    if leads is None:
+        return [[i] for i in range(batch_len(td))]
+    units: dict[int, list[int]] = {}
+    for row, lead in enumerate(leads.tolist()):
+        units.setdefault(int(lead), []).append(row)
+    return list(units.values())
