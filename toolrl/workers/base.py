@@ -88,7 +88,8 @@ class FSDPConfig:
         grad_clip: max global gradient norm (None or 0: no clipping, the norm is still logged).
         ppo_epochs: passes over each batch in `update`.
         ppo_mini_batch_size: samples per optimizer step over all data-parallel ranks (None: the
-            whole batch is one mini-batch). Must divide by the data-parallel size.
+            whole batch is one mini-batch); an episode split into several samples (per_turn)
+            counts once, its samples together. Must divide by the data-parallel size.
         micro_batch_size: samples per forward/backward on each rank (None: the mini-batch).
         max_tokens_per_micro_batch: dynamic micro-batches: pack samples by real token count up
             to this budget per rank (overrides ``micro_batch_size``).
