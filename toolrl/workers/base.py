@@ -493,9 +493,6 @@ def _save_hf(source: str, config: Any, state: dict[str, torch.Tensor], out: Path
         shutil.copytree(src / "real_tokenizer", out / "real_tokenizer", dirs_exist_ok=True)
 
 
-__all__ = ["LR_SCHEDULES", "FSDPConfig", "FSDPModel", "LossTotals", "lr_lambda", "tensors_only"]
-
-
 def _episode_rows(td: TensorDict) -> list[list[int]]:
     """The rows of each episode, in order of first row: every row its own episode unless
     ``td`` holds `EPISODE` (each row's episode lead)."""
@@ -506,3 +503,7 @@ def _episode_rows(td: TensorDict) -> list[list[int]]:
     for row, lead in enumerate(leads.tolist()):
         units.setdefault(int(lead), []).append(row)
     return list(units.values())
+
+
+__all__ = ["LR_SCHEDULES", "FSDPConfig", "FSDPModel", "LossTotals", "lr_lambda", "tensors_only"]
+
