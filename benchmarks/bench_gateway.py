@@ -1,17 +1,17 @@
 """Gateway rollout vs the in-process env rollout on the same episodes, per API route.
 
-The same multi-turn episodes are played on one vLLM engine (the tiny model, in this process):
-by the env path (`EpisodeRunner`: token ids straight into the engine, template deltas for the
+The same multi-turn episodes are played on one vLLM engine (the tiny model, in this process): by
+the env path (`EpisodeRunner`: token ids straight into the engine, template deltas for the
 observations) and by an agent through the gateway (`AgentRunner`; the gateway renders, samples,
-parses and captures every call), once per route: Chat Completions and the Responses API with
-the official ``openai`` client, Anthropic's Messages API with the official ``anthropic``
-client. The agent's client reaches the gateway in-process (`AgentRunner`'s default: an ASGI
-transport into the gateway's app); Chat Completions is also timed over HTTP on loopback
-(uvicorn). Episodes run on the engine's event loop and the long-lived heap is frozen out of
-the garbage collector, as in a `RolloutWorker`. All decode greedily with the same per-turn
-budget, so they sample the same tokens (checked): the ratio of sampled tokens per second is
-each route's cost. The env is ``toolrl-bench/Turns-v0`` (every message is one tool call; the
-episode ends after ``--turns``). The paths alternate, ``--reps`` times.
+parses and captures every call), once per route: Chat Completions and the Responses API with the
+official ``openai`` client, Anthropic's Messages API with the official ``anthropic`` client. The
+agent's client reaches the gateway in-process (`AgentRunner`'s default: the gateway's own httpx
+transport, `Gateway.transport`); Chat Completions is also timed over HTTP on loopback (uvicorn).
+Episodes run on the engine's event loop and the long-lived heap is frozen out of the garbage
+collector, as in a `RolloutWorker`. All decode greedily with the same per-turn budget, so they
+sample the same tokens (checked): the ratio of sampled tokens per second is each route's cost.
+The env is ``toolrl-bench/Turns-v0`` (every message is one tool call; the episode ends after
+``--turns``). The paths alternate, ``--reps`` times.
 
     .venv/bin/python benchmarks/bench_gateway.py [--quick] [--episodes 64] [--turns 4]
 """
@@ -108,15 +108,15 @@ def make_agent(turns: int, max_tokens: int, api: str = "chat"):
 # (route, API, transport, client, label)
 ROUTES = [
     ("chat", "chat", "inprocess", "openai",
-     "Chat Completions, in-process (openai client -> ASGI -> Gateway -> engine)"),
+     "Chat Completions, in-process (openai client -> transport -> Gateway -> engine)"),
     ("chat-http", "chat", "http", "openai",
      "Chat Completions over HTTP (openai client -> loopback -> uvicorn -> Gateway)"),
     ("responses", "responses", "inprocess", "openai",
-     "Responses API, whole input each call, in-process (openai client -> ASGI -> Gateway)"),
+     "Responses API, whole input each call, in-process (openai client -> transport -> Gateway)"),
     ("responses-chained", "responses-chained", "inprocess", "openai",
-     "Responses API, previous_response_id, in-process (openai client -> ASGI -> Gateway)"),
+     "Responses API, previous_response_id, in-process (openai client -> transport -> Gateway)"),
     ("messages", "messages", "inprocess", "anthropic",
-     "Messages API, in-process (anthropic client -> ASGI -> Gateway -> engine)"),
+     "Messages API, in-process (anthropic client -> transport -> Gateway -> engine)"),
 ]
 
 

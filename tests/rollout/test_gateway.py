@@ -281,6 +281,56 @@ def test_malformed_json_and_unknown_paths(server):
     assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
 
 
+def _same_answer(r: httpx.Response) -> tuple[int, str, object]:
+    """Status, media type and body, fresh ids and timestamps left out."""
+    volatile = {"id", "created", "created_at", "request_id", "system_fingerprint"}
+
+    def strip(v):
+        if isinstance(v, dict):
+            return {k: strip(x) for k, x in v.items() if k not in volatile}
+        return [strip(x) for x in v] if isinstance(v, list) else v
+
+    media = r.headers["content-type"].split(";")[0]
+    if media == "text/event-stream":
+        body = [strip(json.loads(line[6:])) if line.startswith("data: {") else line
+                for line in r.text.splitlines() if line]
+    else:
+        body = strip(r.json())
+    return r.status_code, media, body
+
+
+def test_the_in_process_transport_answers_as_the_served_app(engine, gateway, server):
+    """`Gateway.transport` skips the ASGI round trip: every route, status, error shape and
+    reply (streamed too) is the one the app serves over HTTP."""
+    chat = {"model": MODEL, "messages": MESSAGES, "max_tokens": 8, "temperature": 0.0}
+    requests = [
+        ("GET", "/v1/models", None), ("GET", "/episodes/nope/v1/models", None),
+        ("GET", "/v1/nothing-here", None), ("GET", "/v1/chat/completions", None),
+        ("POST", "/v1/models", b"{}"), ("POST", "/v1/chat/completions", b"{not json"),
+        ("POST", "/v1/chat/completions", json.dumps({**chat, "model": "other"}).encode()),
+        ("POST", "/v1/messages", b"{}"), ("POST", "/v1/responses", b"{}"),
+        ("POST", "/episodes/nope/v1/chat/completions", json.dumps(chat).encode()),
+        ("POST", "/v1/chat/completions", json.dumps(chat).encode()),
+        ("POST", "/v1/chat/completions", json.dumps({**chat, "stream": True}).encode()),
+        ("POST", "/v1/messages", json.dumps({"model": MODEL, "max_tokens": 8,
+                                             "temperature": 0.0, "stream": True, "messages": [
+                                                 {"role": "user", "content": "Hi"}]}).encode()),
+    ]
+
+    async def in_process():
+        async with httpx.AsyncClient(transport=gateway.transport(httpx),
+                                     base_url="http://gateway") as c:
+            return [await c.request(m, path, content=body) for m, path, body in requests]
+
+    inside = engine.run_on_loop(in_process())
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        served = [c.request(m, path, content=body) for m, path, body in requests]
+    statuses = [r.status_code for r in served]
+    assert statuses == [200, 404, 404, 405, 405, 400, 404, 400, 400, 404, 200, 200, 200]
+    for (m, path, _), a, b in zip(requests, inside, served, strict=True):
+        assert _same_answer(a) == _same_answer(b), f"{m} {path}"
+
+
 def test_an_idle_connection_stays_open_past_uvicorns_default_keep_alive(server):
     """An agent whose tool runs ~5 s sends its next call on its kept-alive connection: a server
     that closes idle connections after uvicorn's default 5 s failed such calls (a race)."""

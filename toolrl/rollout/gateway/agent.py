@@ -111,8 +111,8 @@ class AgentRunner:
         ``anthropic.AsyncAnthropic`` when ``client="anthropic"``), and the HTTP client it owns.
 
         Its ``base_url`` is the route on the served gateway, usable by any HTTP client. Its
-        own requests go by ``transport``: ``"inprocess"`` hands them to the gateway's app on
-        the agent's event loop (an ASGI transport: the same requests, app and replies,
+        own requests go by ``transport``: ``"inprocess"`` hands them to the gateway on the
+        agent's event loop (`Gateway.transport`: the same requests, routes and replies,
         without a socket, HTTP parsing on both ends, or a hop to the server's thread);
         ``"http"`` sends them over loopback, on a connection pool of the episode's own
         (httpx scans every connection of a pool on each request and response, so one pool
@@ -139,7 +139,7 @@ class AgentRunner:
     def _transport(self, httpx: Any) -> Any:
         """``transport``'s transport from the ``httpx`` module given (httpx or httpx2)."""
         if self.transport == "inprocess":
-            return httpx.ASGITransport(self.gateway.app, raise_app_exceptions=False)
+            return self.gateway.transport(httpx)
         if httpx.__name__ not in self._tls:  # unused on loopback, but built per client
             self._tls[httpx.__name__] = httpx.create_ssl_context()
         return httpx.AsyncHTTPTransport(verify=self._tls[httpx.__name__])

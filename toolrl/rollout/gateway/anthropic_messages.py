@@ -27,7 +27,6 @@ field) is refused in Anthropic's error shape: ``{"type": "error", "error": {"typ
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -39,6 +38,7 @@ from toolrl.rollout.gateway.protocol import (
     RequestError,
     bool_field,
     is_int,
+    new_id,
     number_field,
     sse,
 )
@@ -62,7 +62,7 @@ def error_object(status: int, message: str) -> dict[str, Any]:
     """Anthropic's error body for an HTTP ``status``."""
     kind = ERROR_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
     return {"type": "error", "error": {"type": kind, "message": message},
-            "request_id": f"req_{uuid.uuid4().hex[:24]}"}
+            "request_id": new_id("req_", 24)}
 
 
 @dataclass
@@ -323,7 +323,7 @@ def message_object(model: str, reply: Reply) -> dict[str, Any]:
         content.append({"type": "tool_use", "id": call["id"], "name": call["function"]["name"],
                         "input": args if isinstance(args, dict) else {"value": args}})
     reason = stop_reason(reply)
-    return {"id": f"msg_{uuid.uuid4().hex[:24]}", "type": "message", "role": "assistant",
+    return {"id": new_id("msg_", 24), "type": "message", "role": "assistant",
             "model": model, "content": content, "stop_reason": reason,
             "stop_sequence": reply.stop if reason == "stop_sequence" else None,
             "usage": {"input_tokens": reply.prompt_tokens,

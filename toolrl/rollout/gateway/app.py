@@ -29,11 +29,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
+import re
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from toolrl.core.parse import get_format
@@ -48,14 +51,53 @@ from toolrl.rollout.gateway.protocol import (
     Reply,
     RequestError,
     error_body,
+    new_id,
 )
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Gateway"]
+__all__ = ["Answer", "Gateway"]
 
 APIS: dict[str, API] = {"chat/completions": ChatAPI(), "responses": ResponsesAPI(),
                         "messages": MessagesAPI()}
+_ROUTE = re.compile(r"(?:/episodes/(?P<episode_id>[^/]+))?/v1/(?P<route>[a-z/]+)")
+METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What one request gets: a status and a JSON body, or the API's server-sent events."""
+
+    status: int
+    body: Any = None
+    events: Iterable[str] | None = None
+
+    def content(self) -> bytes:
+        """The body as the JSON bytes sent (starlette's JSONResponse rendering)."""
+        return json.dumps(self.body, ensure_ascii=False, allow_nan=False,
+                          separators=(",", ":")).encode()
+
+
+@functools.cache
+def _transport_class(httpx: Any) -> type:
+    """`Gateway.transport`'s class for one httpx module (the openai SDK speaks httpx, the
+    anthropic SDK httpx2: the same API)."""
+
+    class GatewayTransport(httpx.AsyncBaseTransport):
+        def __init__(self, gateway: Gateway) -> None:
+            self.gateway = gateway
+
+        async def handle_async_request(self, request: Any) -> Any:
+            answer = await self.gateway.handle(request.method, request.url.path,
+                                               await request.aread())
+            if answer.events is not None:  # complete already: sent whole, as over ASGI
+                return httpx.Response(answer.status, content="".join(answer.events).encode(),
+                                      headers={"content-type": "text/event-stream; "
+                                                               "charset=utf-8"})
+            return httpx.Response(answer.status, content=answer.content(),
+                                  headers={"content-type": "application/json"})
+
+    return GatewayTransport
 
 
 class Gateway:
@@ -108,51 +150,59 @@ class Gateway:
     # --- the app ---------------------------------------------------------------------------
     @property
     def app(self) -> Any:
-        """The starlette application."""
+        """The ASGI application (starlette): every request goes to `handle`."""
         if self._app is None:
             from starlette.applications import Starlette
-            from starlette.exceptions import HTTPException
+            from starlette.responses import Response, StreamingResponse
             from starlette.routing import Route
 
-            async def not_found(request: Any, exc: Any) -> Any:
-                status = getattr(exc, "status_code", 404)
-                return _json(error_body(f"{request.method} {request.url.path}: "
-                                        f"{getattr(exc, 'detail', 'not found')}",
-                                        code="not_found" if status == 404 else None), status)
+            async def endpoint(request: Any) -> Any:
+                answer = await self.handle(request.method, request.url.path,
+                                           await request.body())
+                if answer.events is not None:
+                    return StreamingResponse(answer.events, media_type="text/event-stream")
+                return Response(answer.content(), status_code=answer.status,
+                                media_type="application/json")
 
-            routes = []
-            for prefix in ("", "/episodes/{episode_id}"):
-                routes.append(Route(f"{prefix}/v1/models", self._models, methods=["GET"]))
-                for path, api in APIS.items():
-                    routes.append(Route(f"{prefix}/v1/{path}", self._endpoint(api),
-                                        methods=["POST"]))
-            self._app = Starlette(routes=routes, exception_handlers={HTTPException: not_found})
+            self._app = Starlette(routes=[Route("/{path:path}", endpoint, methods=METHODS)])
         return self._app
 
-    async def _models(self, request: Any) -> Any:
-        eid = request.path_params.get("episode_id")
+    def transport(self, httpx: Any) -> Any:
+        """An ``httpx`` (or ``httpx2``) transport that hands each request straight to `handle`
+        on the caller's event loop: the same routes, bodies and replies as the app, without
+        the ASGI round trip (scope, receive and send, the app's routing and response objects;
+        ~5% of a Chat Completions agent's call here)."""
+        return _transport_class(httpx)(self)
+
+    async def handle(self, method: str, path: str, body: bytes) -> Answer:
+        """One request, by its method, path and body: routed (``/v1/...`` and
+        ``/episodes/{id}/v1/...``), answered, refused in the API's own shape."""
+        m = _ROUTE.fullmatch(path)
+        if m is None or (m["route"] != "models" and m["route"] not in APIS):
+            return Answer(404, error_body(f"{method} {path}: Not Found", code="not_found"))
+        eid, route = m["episode_id"], m["route"]
+        if method != ("GET" if route == "models" else "POST"):
+            return Answer(405, error_body(f"{method} {path}: Method Not Allowed"))
+        if route == "models":
+            return self._models(eid)
+        return await self.serve(body, APIS[route], eid)
+
+    def _models(self, eid: str | None) -> Answer:
         if eid is not None and eid not in self.episodes:
-            return _json(_no_episode(eid).body(), 404)
-        return _json({"object": "list", "data": [
+            return Answer(404, _no_episode(eid).body())
+        return Answer(200, {"object": "list", "data": [
             {"id": self.model, "object": "model", "created": 0, "owned_by": "toolrl"}]})
 
-    def _endpoint(self, api: API) -> Any:
-        async def endpoint(request: Any) -> Any:
-            return await self.serve(request, api)
-        return endpoint
-
-    async def serve(self, request: Any, api: API) -> Any:
-        """One request of ``api``: parse, check, answer (captured on an episode route);
-        refusals and failures in the API's own error shape."""
-        from starlette.responses import StreamingResponse
-
-        eid = request.path_params.get("episode_id")
+    async def serve(self, body: bytes, api: API, eid: str | None = None) -> Answer:
+        """One request of ``api`` (on episode ``eid``'s route, or the plain one): parse,
+        check, answer (captured on an episode route); refusals and failures in the API's own
+        error shape."""
         try:
             try:
-                body = json.loads(await request.body())
+                data = json.loads(body)
             except ValueError as e:
                 raise RequestError(f"the request body is not valid JSON: {e}") from e
-            req = api.parse(body)
+            req = api.parse(data)
             if req.model != self.model:
                 raise RequestError(f"The model `{req.model}` does not exist; this gateway "
                                    f"serves `{self.model}`", status=404, param="model",
@@ -169,15 +219,14 @@ class Gateway:
                 reply = await self.reply(chat, capture, api)
                 answer = api.answer(req, chat, reply, capture)
         except RequestError as e:
-            return _json(*api.error(e))
+            return _refused(api, e)
         except Exception as e:  # the engine or template failed: a 500 in the API's shape
             logger.warning("%s call failed: %s", api.name, e, exc_info=True)
-            return _json(*api.error(RequestError(f"{type(e).__name__}: {e}", status=500,
-                                                 type="server_error")))
+            return _refused(api, RequestError(f"{type(e).__name__}: {e}", status=500,
+                                              type="server_error"))
         if req.stream:
-            return StreamingResponse(api.events(req, answer, reply),
-                                     media_type="text/event-stream")
-        return _json(answer)
+            return Answer(200, events=api.events(req, answer, reply))
+        return Answer(200, answer)
 
     # --- one call --------------------------------------------------------------------------
     async def reply(self, req: ChatRequest, capture: EpisodeCapture | None,
@@ -226,7 +275,7 @@ class Gateway:
         if req.parses_calls and parse.calls and not parse.errors:
             message["content"] = parse.text or None
             message["tool_calls"] = [
-                {"id": f"{api.call_prefix}{uuid.uuid4().hex[:24]}", "type": "function",
+                {"id": new_id(api.call_prefix, 24), "type": "function",
                  "function": {"name": c.name, "arguments": json.dumps(c.arguments,
                                                                        ensure_ascii=False)}}
                 for c in parse.calls]
@@ -328,7 +377,6 @@ def _no_episode(eid: str) -> RequestError:
                        code="episode_not_found")
 
 
-def _json(data: Any, status: int = 200) -> Any:
-    from starlette.responses import JSONResponse
-
-    return JSONResponse(data, status_code=status)
+def _refused(api: API, e: RequestError) -> Answer:
+    body, status = api.error(e)
+    return Answer(status, body)

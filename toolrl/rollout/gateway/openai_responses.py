@@ -29,7 +29,6 @@ structured ``text.format``, an unknown argument) is a 400 in OpenAI's error shap
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,6 +41,7 @@ from toolrl.rollout.gateway.protocol import (
     bool_field,
     is_int,
     named_tool_choice,
+    new_id,
     number_field,
     sse,
     string_tool_choice,
@@ -144,7 +144,7 @@ class ResponsesAPI(API):
 
     def answer(self, req: ResponsesRequest, chat: ChatRequest, reply: Reply,
                capture: Any) -> dict[str, Any]:
-        rid = f"resp_{uuid.uuid4().hex}"
+        rid = new_id("resp_")
         if capture is not None and req.store:  # the conversation, instructions aside
             start = 1 if req.instructions else 0
             capture.conversations[rid] = [*chat.messages[start:], _echo(reply.message)]
@@ -337,10 +337,10 @@ def response_object(req: ResponsesRequest, rid: str, reply: Reply) -> dict[str, 
         part: dict[str, Any] = {"type": "output_text", "text": reply.text, "annotations": []}
         if reply.logprobs is not None:
             part["logprobs"] = [_logprob(x) for x in reply.logprobs]
-        output.append({"id": f"msg_{uuid.uuid4().hex}", "type": "message", "role": "assistant",
+        output.append({"id": new_id("msg_"), "type": "message", "role": "assistant",
                        "status": "incomplete" if cut else "completed", "content": [part]})
     for call in reply.calls:
-        output.append({"id": f"fc_{uuid.uuid4().hex}", "type": "function_call",
+        output.append({"id": new_id("fc_"), "type": "function_call",
                        "call_id": call["id"], "name": call["function"]["name"],
                        "arguments": call["function"]["arguments"], "status": "completed"})
     body = req.body
