@@ -13,12 +13,9 @@ The scripted oracle (``oracle_action``, used by the warm start) follows the plan
 whose result stays a small integer) and submits what the tools return: transcripts in the
 exact call format that are usually wrong, for a warm start that teaches the format and leaves
 choosing the operation to RL. With ``think=True`` the oracle reasons first, in a ``<think>``
-block before each action (``<think>\\n4, 3\\n</think>\\n\\n``, then the call): the
+block before each action (``<think>\\nadd 4 3\\n</think>\\n\\n``, then the call): the
 transcripts of a thinking model (DeepSeek-R1 style), whose template drops that reasoning from
-later turns. The thought names the step's operands, not its operation: the operation is
-chosen once, in the call, so RL's credit for it falls on one token (a thought that named a
-random operation left the warm start to learn that the call must repeat it, and a warm start
-that stops on its mean loss can stop before it has: ~40% of one seed's calls did not).
+later turns.
 
 Row fields: ``id``, ``question``, ``ground_truth`` (the answer), ``plan`` (the operations
 ``[op, a, b]`` whose results chain), ``difficulty``, ``category`` (``d1`` .. ``d4``).
@@ -241,7 +238,7 @@ class CalculatorEnv(SubmitAnswer):
         if self.turn < len(plan):
             op, a, b = plan[self.turn]
             return self.render_calls([ToolCall(op, {"a": a, "b": b})],
-                                     self._thought(f"{a}, {b}"))
+                                     self._thought(f"{op} {a} {b}"))
         answer = self.row["ground_truth"] if self.oracle == "plan" else \
             _num(_APPLY[plan[-1][0]](plan[-1][1], plan[-1][2]))
         return self.render_calls([ToolCall("submit", {"answer": answer})],
