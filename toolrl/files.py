@@ -1,7 +1,9 @@
-"""Folders written whole or not at all (built models, tokenizers, unpacked wheels)."""
+"""Folders written whole or not at all (built models, tokenizers, unpacked wheels), and built
+by one process at a time."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import tempfile
@@ -24,3 +26,19 @@ def atomic_folder(target: str | os.PathLike) -> Iterator[Path]:
         tmp.rename(target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextmanager
+def build_lock(target: str | os.PathLike) -> Iterator[None]:
+    """Hold an exclusive lock on building ``target`` (a lock file beside it): two processes
+    that find the same cached folder missing (two runs started together, test workers) build
+    it once, one after the other; the second finds it built. Without it the second build's
+    replace can remove the folder while the first process reads it."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f".{target.name}.lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)

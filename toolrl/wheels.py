@@ -23,7 +23,7 @@ from typing import Literal
 
 from packaging.requirements import InvalidRequirement, Requirement
 
-from toolrl.files import atomic_folder
+from toolrl.files import atomic_folder, build_lock
 
 CACHE_ENV = "TOOLRL_CACHE"
 _MARKER = "toolrl_wheel.json"
@@ -76,12 +76,13 @@ def obtain_wheel(requirement: str, *, cache: str | os.PathLike | None = None,
         if installed is not None:
             return installed
     wheels = Path(cache or cache_dir()) / "wheels"
-    for marker in sorted(wheels.glob(f"{_norm(req.name)}-*/{_MARKER}")):
-        info = json.loads(marker.read_text())
-        if req.specifier.contains(info["version"], prereleases=True):
-            return Wheel(req.name, info["version"], marker.parent, "downloaded", info["file"],
-                         info["sha256"])
-    return _download(req, requirement, wheels)
+    with build_lock(wheels / _norm(req.name)):  # one download and unpack at a time
+        for marker in sorted(wheels.glob(f"{_norm(req.name)}-*/{_MARKER}")):
+            info = json.loads(marker.read_text())
+            if req.specifier.contains(info["version"], prereleases=True):
+                return Wheel(req.name, info["version"], marker.parent, "downloaded",
+                             info["file"], info["sha256"])
+        return _download(req, requirement, wheels)
 
 
 def _installed(req: Requirement) -> Wheel | None:

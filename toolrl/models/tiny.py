@@ -46,7 +46,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from toolrl.files import atomic_folder
+from toolrl.files import atomic_folder, build_lock
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # Added (not special) so they survive decoding with skip_special_tokens and reach the parser.
@@ -226,36 +226,37 @@ def build_tiny_model(out: str | os.PathLike, seed: int = 0, size: str = "small",
         stamp["tokenizer"] = tokenizer
     if vocab_texts is not None:
         stamp["vocab"] = "task"
-    if (out / STAMP).exists():
-        try:
-            if json.loads((out / STAMP).read_text()) == stamp:
-                return out
-        except json.JSONDecodeError:
-            pass
-        # A tiny-model directory is a build artifact: another seed/size/format replaces it.
-    elif out.exists() and any(out.iterdir()):
-        raise FileExistsError(f"{out} exists and is not a tiny-model directory")
+    with build_lock(out):
+        if (out / STAMP).exists():
+            try:
+                if json.loads((out / STAMP).read_text()) == stamp:
+                    return out
+            except json.JSONDecodeError:
+                pass
+            # A tiny-model directory is a build artifact: another seed/size/format replaces it.
+        elif out.exists() and any(out.iterdir()):
+            raise FileExistsError(f"{out} exists and is not a tiny-model directory")
 
-    with atomic_folder(out) as tmp:  # a killed build never leaves a half-written model
-        if tokenizer == "tiny":
-            tok = build_tokenizer(seed=seed, vocab_size=vocab_size)
-        else:
-            if load_tokenizer is None:
-                raise ValueError(f"tokenizer={tokenizer!r} needs load_tokenizer (e.g. "
-                                 f"toolrl.models.families.family_tokenizer)")
-            tok = load_tokenizer(tokenizer)
-        if vocab_texts is not None:
-            from toolrl.models.compact import compact_tokenizer
+        with atomic_folder(out) as tmp:  # a killed build never leaves a half-written model
+            if tokenizer == "tiny":
+                tok = build_tokenizer(seed=seed, vocab_size=vocab_size)
+            else:
+                if load_tokenizer is None:
+                    raise ValueError(f"tokenizer={tokenizer!r} needs load_tokenizer (e.g. "
+                                     f"toolrl.models.families.family_tokenizer)")
+                tok = load_tokenizer(tokenizer)
+            if vocab_texts is not None:
+                from toolrl.models.compact import compact_tokenizer
 
-            tok = compact_tokenizer(tok, vocab_texts, tmp, family=tokenizer)
-        tok.save_pretrained(tmp)
-        if shape is None:
-            model = _build_model(tok, SIZES[size], seed, dtype)
-        else:
-            model = _build_shape(tok, shape, seed, dtype)
-        model.save_pretrained(tmp, safe_serialization=True)
-        (tmp / STAMP).write_text(json.dumps(stamp, indent=2))
-    return out
+                tok = compact_tokenizer(tok, vocab_texts, tmp, family=tokenizer)
+            tok.save_pretrained(tmp)
+            if shape is None:
+                model = _build_model(tok, SIZES[size], seed, dtype)
+            else:
+                model = _build_shape(tok, shape, seed, dtype)
+            model.save_pretrained(tmp, safe_serialization=True)
+            (tmp / STAMP).write_text(json.dumps(stamp, indent=2))
+        return out
 
 
 def _stamp(seed: int, size: str, vocab_size: int, shape: dict[str, Any] | None,
