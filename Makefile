@@ -65,8 +65,12 @@ lint: $(STAMP)
 # cores of a 2-core machine busy (46.5 -> 30.4 min on a 2-core Xeon). TEST_WORKERS=0: one
 # process. Each worker has its own session fixtures (Ray cluster, engines); the folders they
 # share are built once (toolrl.files.build_lock).
+# compileall: the bytecode of the editable package, which pip does not compile; without it every
+# process of the suite (Ray workers, engine cores, CLI runs) compiles toolrl again wherever
+# PYTHONDONTWRITEBYTECODE is set (~0.5 s of CPU per process that imports the trainer).
 TEST_WORKERS ?= 2
 test: lint $(SMOLLM2)/toolrl_import.json
+	$(PY) -m compileall -q toolrl envs rewards tests > /dev/null
 	TOOLRL_REQUIRE_STACK=ray,vllm TOOLRL_TINY_MODEL=$(abspath $(TINY)) TOOLRL_SMOLLM2=$(abspath $(SMOLLM2)) $(VENV)/bin/pytest -n $(TEST_WORKERS) --dist worksteal
 
 # the documentation site, strict (a broken link, a stale config key or any warning fails it);
