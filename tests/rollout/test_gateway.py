@@ -304,7 +304,8 @@ def test_the_in_process_transport_answers_as_the_served_app(engine, gateway, ser
     reply (streamed too) is the one the app serves over HTTP."""
     chat = {"model": MODEL, "messages": MESSAGES, "max_tokens": 8, "temperature": 0.0}
     requests = [
-        ("GET", "/v1/models", None), ("GET", "/episodes/nope/v1/models", None),
+        ("GET", "/v1/models", None), ("HEAD", "/v1/models", None),
+        ("GET", "/episodes/nope/v1/models", None), ("HEAD", "/v1/responses", None),
         ("GET", "/v1/nothing-here", None), ("GET", "/v1/chat/completions", None),
         ("POST", "/v1/models", b"{}"), ("POST", "/v1/chat/completions", b"{not json"),
         ("POST", "/v1/chat/completions", json.dumps({**chat, "model": "other"}).encode()),
@@ -326,8 +327,13 @@ def test_the_in_process_transport_answers_as_the_served_app(engine, gateway, ser
     with httpx.Client(base_url=server.url, timeout=60) as c:
         served = [c.request(m, path, content=body) for m, path, body in requests]
     statuses = [r.status_code for r in served]
-    assert statuses == [200, 404, 404, 405, 405, 400, 404, 400, 400, 404, 200, 200, 200]
+    assert statuses == [200, 200, 404, 405, 404, 405, 405, 400, 404, 400, 400, 404, 200, 200,
+                        200]
     for (m, path, _), a, b in zip(requests, inside, served, strict=True):
+        if m == "HEAD":  # the status and headers a GET would get, never a body
+            assert (a.status_code, a.content, b.content) == (b.status_code, b"", b""), path
+            assert a.headers["content-type"] == b.headers["content-type"], path
+            continue
         assert _same_answer(a) == _same_answer(b), f"{m} {path}"
 
 

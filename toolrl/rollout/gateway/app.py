@@ -94,7 +94,8 @@ def _transport_class(httpx: Any) -> type:
                 return httpx.Response(answer.status, content="".join(answer.events).encode(),
                                       headers={"content-type": "text/event-stream; "
                                                                "charset=utf-8"})
-            return httpx.Response(answer.status, content=answer.content(),
+            content = b"" if request.method == "HEAD" else answer.content()  # as HTTP's HEAD
+            return httpx.Response(answer.status, content=content,
                                   headers={"content-type": "application/json"})
 
     return GatewayTransport
@@ -181,7 +182,7 @@ class Gateway:
         if m is None or (m["route"] != "models" and m["route"] not in APIS):
             return Answer(404, error_body(f"{method} {path}: Not Found", code="not_found"))
         eid, route = m["episode_id"], m["route"]
-        if method != ("GET" if route == "models" else "POST"):
+        if method not in (("GET", "HEAD") if route == "models" else ("POST",)):
             return Answer(405, error_body(f"{method} {path}: Method Not Allowed"))
         if route == "models":
             return self._models(eid)
