@@ -132,7 +132,10 @@ def test_a_rewritten_history_gives_two_rows_of_one_group_sharing_the_advantage(w
 ])
 def test_a_failing_agent_gives_an_infra_failed_episode_kept_out_of_the_loss(worker, agent_as,
                                                                             agent, kind, words):
-    agent_as(agent, timeout_s=2)
+    # only the hanging agent waits out its timeout; the others fail at once, and a short
+    # timeout would also catch their first engine call when it opens a worker's module
+    # (pytest-xdist: any test can come first)
+    agent_as(agent, timeout_s=2 if kind == "agent_timeout" else 300)
     td = worker.rollout(make_rollout_input(rows(2), n=1))
     trajs = B.trajectories(td)
     assert [t.infra_failure for t in trajs] == [kind, kind]
