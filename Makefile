@@ -62,7 +62,7 @@ lint: $(STAMP)
 
 # The suite in TEST_WORKERS pytest-xdist processes (default 2): a test is mostly a run's fixed
 # start (imports, Ray workers, the engine core) that leaves a core idle; two at a time keep both
-# cores of a 2-core machine busy (46.5 -> 30.4 min on a 2-core Xeon). TEST_WORKERS=0: one
+# cores of a 2-core machine busy (pytest 46.5 -> 29-31 min, Intel family 6 model 207). 0: one
 # process. Each worker has its own session fixtures (Ray cluster, engines); the folders they
 # share are built once (toolrl.files.build_lock).
 # compileall: the bytecode of the editable package, which pip does not compile; without it every
