@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import psutil
 import torch
 from transformers import AutoTokenizer
+
+from toolrl.rollout import engine_guard
 
 
 def chat_prompt_ids(model_dir) -> list[int]:
@@ -20,3 +23,17 @@ def hf_log_probs(model, prompt: list[int], sampled: list[int]) -> torch.Tensor:
     with torch.no_grad():
         logits = model(ids).logits[0, len(prompt) - 1: -1].float()
     return torch.log_softmax(logits, -1)[torch.arange(len(sampled)), torch.tensor(sampled)]
+
+
+def child_pids() -> set[int]:
+    """This process's descendants now."""
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def left_running(before: set[int]) -> list[psutil.Process]:
+    """Descendants started since ``before`` that still run after an engine's shutdown, less
+    the two a process keeps on purpose: multiprocessing's resource tracker and the fork server
+    the next CPU engine forks its core from (`toolrl.rollout.engine_guard`)."""
+    return [p for p in psutil.Process().children(recursive=True) if p.pid not in before
+            and "resource_tracker" not in " ".join(p.cmdline())
+            and p.pid != engine_guard.fork_server_pid()]

@@ -15,8 +15,8 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 
-import psutil
 import pytest
+from engine_checks import child_pids, left_running
 from fault_harness import FAULT_ENV, assert_conserved, fault_row
 from transformers import AutoTokenizer
 
@@ -181,12 +181,11 @@ def test_a_mixed_batch_of_env_faults_has_one_output_per_input(scripted):
 # --- the real engine -----------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def vllm_worker(tiny_model_dir):
-    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    before = child_pids()
     worker = RolloutWorker(rollout_config(str(tiny_model_dir), concurrency=8))
     yield worker
     worker.shutdown()
-    leftover = [p for p in psutil.Process().children(recursive=True) if p.pid not in before
-                and "resource_tracker" not in " ".join(p.cmdline())]
+    leftover = left_running(before)
     assert not leftover, f"engine processes left running: {leftover}"
 
 

@@ -10,6 +10,7 @@ import torch
 from engine_checks import chat_prompt_ids, hf_log_probs
 from transformers import AutoModelForCausalLM
 
+from toolrl.rollout import engine_guard
 from toolrl.rollout.engine import (
     ContextLengthError,
     EngineConfig,
@@ -202,6 +203,28 @@ def test_load_weights_rejects_a_partial_or_unknown_set(engine, hf, prompt):
 def test_health_check(engine):
     asyncio.run(engine.check_health())
     assert engine.is_healthy()
+
+
+def test_engines_of_one_process_fork_their_cores_from_one_server(engine, tiny_model_dir, prompt):
+    """On CPU every engine core of a process is forked from that process's fork server
+    (`engine_guard`), which outlives each engine: a second engine's core has the same parent,
+    and shutting that engine down leaves the server and the first engine working."""
+    server = engine_guard.fork_server_pid()
+    assert server is not None and psutil.pid_exists(server)
+    assert server not in engine.engine_pids  # the server is not the engine's to reap
+    assert [p for p in engine.engine_pids if psutil.Process(p).ppid() == server]
+    second = VLLMEngine(EngineConfig(model=str(tiny_model_dir), max_model_len=MAX_LEN,
+                                     kv_cache_gib=0.25, multiprocessing=False, seed=0))
+    try:
+        (core,) = second.engine_pids  # its model worker inside the core
+        assert psutil.Process(core).ppid() == server
+        [out] = second.generate_sync(prompt, GREEDY)
+    finally:
+        second.shutdown()
+    assert engine_guard.fork_server_pid() == server and psutil.pid_exists(server)
+    assert not psutil.pid_exists(core) or psutil.Process(core).status() == psutil.STATUS_ZOMBIE
+    [again] = engine.generate_sync(prompt, GREEDY)
+    assert again.token_ids == out.token_ids  # same weights, seed and prompt; greedy
 
 
 def test_shutdown_leaves_no_engine_process(engine):

@@ -17,9 +17,9 @@ import os
 import threading
 from pathlib import Path
 
-import psutil
 import pytest
 import torch
+from engine_checks import child_pids, left_running
 from toolrl.envs.calculator import CalculatorEnv
 from transformers import AutoModelForCausalLM
 
@@ -119,14 +119,13 @@ def worker(tiny_model_dir):
         max_tokens_per_turn=24, max_prompt_tokens=MAX_PROMPT,
         max_total_tokens=MAX_PROMPT + MAX_RESPONSE, max_turns=32, env_id="toolrl/Calculator-v0",
         concurrency=16, seed=0)
-    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    before = child_pids()
     w = RolloutWorker(config)
     default_runner = w.runner
     yield w
     w.runner = default_runner
     w.shutdown()
-    leftover = [p for p in psutil.Process().children(recursive=True) if p.pid not in before
-                and "resource_tracker" not in " ".join(p.cmdline())]
+    leftover = left_running(before)
     assert not leftover, f"engine processes left running: {leftover}"
 
 
@@ -347,12 +346,8 @@ def test_the_engine_core_leaves_a_cpu_to_the_episodes(worker):
     # own Python work; the engine core gets one CPU fewer than this process may use
     want = worker.engine.config.cpu_threads
     assert want == max(1, len(os.sched_getaffinity(0)) - 1)
-    cores = [p for p in map(psutil.Process, worker.engine.engine_pids)
-             if "EngineCore" in p.name()]
-    assert cores
-    for p in cores:  # (psutil's environ() misses it once vLLM has set the process title)
-        env = Path(f"/proc/{p.pid}/environ").read_bytes().split(b"\0")
-        assert f"OMP_NUM_THREADS={want}".encode() in env
+    # what the forward pass runs on, asked of the engine's worker (inside the core here)
+    assert asyncio.run(worker.engine.collective_rpc("toolrl_torch_threads")) == [want]
 
 
 def test_episodes_run_on_the_engine_loop_and_leave_no_task_behind(worker):

@@ -16,9 +16,9 @@ import urllib.parse
 
 import httpx
 import openai
-import psutil
 import pytest
 import torch
+from engine_checks import child_pids, left_running
 from transformers import AutoModelForCausalLM
 
 from toolrl.core.env import ToolEnv, Turn
@@ -99,13 +99,12 @@ register_env("toolrl-test/ThreeTurn-v0", ThreeTurnEnv)
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir):
-    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    before = child_pids()
     eng = VLLMEngine(EngineConfig(model=str(tiny_model_dir), max_model_len=1024,
                                   kv_cache_gib=0.25, multiprocessing=False))
     yield eng
     eng.shutdown()
-    leftover = [p for p in psutil.Process().children(recursive=True) if p.pid not in before
-                and "resource_tracker" not in " ".join(p.cmdline())]
+    leftover = left_running(before)
     assert not leftover, f"engine processes left running: {leftover}"
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 
-import psutil
 import pytest
 import torch
+from engine_checks import child_pids, left_running
 
 from tests.rollout import gateway_agents
 from toolrl import batch as B
@@ -37,12 +37,11 @@ def worker(tiny_model_dir):
         max_tokens_per_turn=96, max_prompt_tokens=512, max_total_tokens=1000,
         env_id="toolrl/Calculator-v0", concurrency=2, seed=0, agent=f"{AGENTS}:submit_once",
         agent_timeout_s=180)
-    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    before = child_pids()
     w = RolloutWorker(config)
     yield w
     w.shutdown()
-    leftover = [p for p in psutil.Process().children(recursive=True) if p.pid not in before
-                and "resource_tracker" not in " ".join(p.cmdline())]
+    leftover = left_running(before)
     assert not leftover, f"processes left running: {leftover}"
     assert not w.agent.server.thread.is_alive()
 

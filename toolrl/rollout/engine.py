@@ -560,9 +560,7 @@ class VLLMEngine(EngineWeights):
         loop = getattr(self, "_loop", None)
         if loop is not None:
             loop.stop()
-        _reap(self._engine_pids, timeout)
-        if getattr(self, "_fork_server", False):
-            engine_guard.stop_fork_server()
+        _reap(self._engine_pids, timeout)  # not the fork server: the next engine forks from it
 
     def __enter__(self) -> VLLMEngine:
         return self
@@ -697,16 +695,11 @@ def _set_env(values: dict[str, str | None]) -> None:
 
 
 def _forks_core(config: EngineConfig) -> bool:
-    """The engine core is forked from a fork server (`engine_guard`): on CPU in a Ray actor,
-    where vLLM would spawn it. (VLLM_WORKER_MULTIPROC_METHOD says nothing here: vLLM's CPU
-    platform sets it to ``spawn`` in every process that builds an engine's config, and
-    children inherit it.)"""
-    if config.backend != "cpu":
-        return False
-    ray = sys.modules.get("ray")
-    if ray is None or not ray.is_initialized():
-        return False
-    return ray.get_runtime_context().get_actor_id() is not None
+    """The engine core is forked from this process's fork server (`engine_guard`): on CPU
+    (Linux), where vLLM would spawn it. (VLLM_WORKER_MULTIPROC_METHOD says nothing here:
+    vLLM's CPU platform sets it to ``spawn`` in every process that builds an engine's config,
+    and children inherit it.)"""
+    return config.backend == "cpu" and sys.platform.startswith("linux")
 
 
 def _child_pids() -> set[int]:

@@ -16,12 +16,16 @@ for the worker the engine core starts); ``fork`` inherits the patched class.
 "The thread that started it": `toolrl.rollout.engine.VLLMEngine` builds the engine on its own
 event-loop thread, which lives until the engine's shutdown.
 
-`fork_server` makes the engine core start sooner in a Ray actor on CPU, where vLLM spawns it: a
-spawned core re-imports vLLM and torch (~5 s on 2 cores) while its owner waits. The engine
-starts multiprocessing's fork server at once, with vLLM's engine core preloaded, so that import
-runs beside the owner's own, and the core is forked from it. The forked core takes the
+`fork_server` makes the engine core start sooner, and cheaper, on CPU, where vLLM spawns it
+(its CPU platform forces ``spawn``): a spawned core re-imports vLLM and torch (~10 CPU-s on 2
+cores) while its owner waits. The process starts multiprocessing's fork server once, with
+vLLM's engine core preloaded, so that import runs beside the owner's own, and forks the core
+of every engine it builds from it: an engine built after the first starts without importing
+anything (a tiny model's engine: 15-17 s -> ~4 s of CPU here). The forked core takes the
 environment of the process that started it (a fork server's child would have the server's),
-torch's thread count from it, and dies with the server, which exits when the owner does.
+torch's thread count from it, and dies with the server. The server lives as long as its
+owner, as multiprocessing's own does: it exits when the owner does (on EOF of its "alive"
+pipe), and the memory plan counts it (`toolrl.trainer.memory`).
 """
 
 from __future__ import annotations
@@ -38,14 +42,13 @@ from collections.abc import Callable, Iterator
 from multiprocessing import forkserver
 from typing import Any
 
-__all__ = ["die_with_parent", "fork_server", "install", "run_engine_core", "start_fork_server",
-           "worker_main"]
+__all__ = ["die_with_parent", "fork_server", "fork_server_pid", "install", "run_engine_core",
+           "start_fork_server", "worker_main"]
 
 PR_SET_PDEATHSIG = 1
 _ORIGINALS: dict[str, Callable[..., Any]] = {}
 _LOCK = threading.Lock()
 _SERVER_LOCK = threading.Lock()
-_SERVER: dict[str, int] = {}  # the fork server this module started
 _PARENT: dict[str, int] = {}  # a forked core's parent: the fork server, not its owner
 
 
@@ -105,17 +108,31 @@ def start_fork_server() -> int:
     module in the background. Returns its pid."""
     forkserver.set_forkserver_preload([__name__, *PRELOAD])
     forkserver.ensure_running()
-    _SERVER["pid"] = forkserver._forkserver._forkserver_pid  # type: ignore[attr-defined]
-    return _SERVER["pid"]
+    return forkserver._forkserver._forkserver_pid  # type: ignore[attr-defined]
 
 
-def stop_fork_server() -> None:
-    """Stop the fork server `start_fork_server` started here, if it runs (the next start
-    launches a new one); one that other code started is left alone."""
-    pid = _SERVER.pop("pid", None)
-    if pid is not None and pid == forkserver._forkserver._forkserver_pid:  # type: ignore[attr-defined]
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
+def fork_server_pid() -> int | None:
+    """The pid of this process's fork server (None before its first CPU engine); it outlives
+    the engines forked from it."""
+    return forkserver._forkserver._forkserver_pid  # type: ignore[attr-defined]
+
+
+def _forget_fork_server() -> None:
+    """In a child forked from a process that runs a fork server: that server is the parent's
+    (not this process's child; it must see EOF when the parent exits), so the child lets go of
+    it and starts its own for its first engine."""
+    server: Any = forkserver._forkserver
+    if server._forkserver_pid is None:
+        return
+    if server._forkserver_alive_fd is not None:
+        with contextlib.suppress(OSError):
+            os.close(server._forkserver_alive_fd)
+    server._forkserver_address = server._forkserver_alive_fd = server._forkserver_pid = None
+    server._lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_fork_server)
 
 
 class _ForkedCore(multiprocessing.context.ForkServerProcess):

@@ -274,6 +274,10 @@ class WeightLoaderExtension:
                     module.quant_method.process_weights_after_loading(module)
         return int(getattr(self, "_toolrl_loaded", 0))
 
+    def toolrl_torch_threads(self) -> int:
+        """The torch threads of this worker's forward pass (`EngineConfig.cpu_threads`)."""
+        return torch.get_num_threads()
+
     def _toolrl_model(self) -> torch.nn.Module:
         return self.model_runner.get_model()  # type: ignore[attr-defined]
 
