@@ -60,15 +60,15 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
-# The suite in TEST_WORKERS pytest-xdist processes (default 2): a test is mostly a run's fixed
-# start (imports, Ray workers, the engine core) that leaves a core idle; two at a time keep both
-# cores of a 2-core machine busy (pytest 46.5 -> 29-31 min, Intel family 6 model 207). 0: one
-# process. Each worker has its own session fixtures (Ray cluster, engines); the folders they
+# The suite in TEST_WORKERS pytest-xdist processes (default 3): a test is mostly a run's fixed
+# start (imports, Ray workers, the engine core) with waits in it; on a 2-core machine (Intel
+# family 6 model 207) one process takes 46.5 min of pytest, two 30 min (cores busy ~88% of the
+# time), three 27 min (busy 99%; a fourth has no idle core left to fill). 0: one process. Each worker has its own session fixtures (Ray cluster, engines); the folders they
 # share are built once (toolrl.files.build_lock).
 # compileall: the bytecode of the editable package, which pip does not compile; without it every
 # process of the suite (Ray workers, engine cores, CLI runs) compiles toolrl again wherever
 # PYTHONDONTWRITEBYTECODE is set (~0.5 s of CPU per process that imports the trainer).
-TEST_WORKERS ?= 2
+TEST_WORKERS ?= 3
 test: lint $(SMOLLM2)/toolrl_import.json
 	$(PY) -m compileall -q toolrl envs rewards tests > /dev/null
 	TOOLRL_REQUIRE_STACK=ray,vllm TOOLRL_TINY_MODEL=$(abspath $(TINY)) TOOLRL_SMOLLM2=$(abspath $(SMOLLM2)) $(VENV)/bin/pytest -n $(TEST_WORKERS) --dist worksteal

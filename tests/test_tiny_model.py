@@ -124,6 +124,24 @@ def test_deterministic_cached_and_guarded(tmp_path):
 
 
 
+def test_the_trained_tokenizer_is_handed_out_as_independent_copies():
+    """A process trains the tiny tokenizer once per (seed, vocabulary): each caller gets its
+    own copy (changing one changes no other), equal to a fresh training."""
+    from toolrl.models import tiny
+
+    first = tiny.build_tokenizer(seed=5)
+    first.add_tokens(["<only-in-this-copy>"])
+    first.chat_template = "changed"
+    second = tiny.build_tokenizer(seed=5)
+    assert "<only-in-this-copy>" not in second.get_vocab()
+    assert second.chat_template == tiny.CHAT_TEMPLATE
+    tiny._trained_tokenizer.cache_clear()
+    fresh = tiny.build_tokenizer(seed=5)
+    text = "add(a: 12, b: 30) <tool_call>{\"name\": \"add\"}</tool_call>"
+    assert fresh.get_vocab() == second.get_vocab() and fresh(text) == second(text)
+    assert tiny.build_tokenizer(seed=6).get_vocab() != second.get_vocab()
+
+
 def test_a_build_of_an_older_format_is_rebuilt_and_a_users_folder_is_not(tmp_path):
     """A run that builds its model (``model.build_tiny_if_missing``) rebuilds a tiny folder
     an older toolrl wrote (its template may be another), keeps a current one of any seed,

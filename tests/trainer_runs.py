@@ -41,6 +41,9 @@ def small_run_overrides(model: Path, out: Path, **extra: object) -> list[str]:
         # ~8 s of every run's start on 2 cores; the tests of the engine process (signals, a
         # killed driver, tests/rollout/test_engine.py) ask for it
         "rollout.engine.multiprocessing": False,
+        # a quarter of the quickstart's 1 GiB: ~250k tokens of the tiny model's KV, and a
+        # quarter of the pages every engine start zeroes
+        "rollout.engine.kv_cache_gib": 0.25,
         "rollout.max_turns": 2, "trainer.val_every": 1000, "trainer.log_rollouts": 2,
         "resources.ray_num_cpus": 8,
         "reward": "{rewards: [{name: test_digit_fraction}, {name: success}]}",

@@ -68,7 +68,7 @@ def test_a_stall_is_reported_and_stops_the_run(mode, ray_cluster, tiny_model_dir
     out = tmp_path / mode
     overrides = small_run_overrides(tiny_model_dir, out, **{
         "trainer.total_steps": 3, "trainer.export_hf": False, "actor.weight_bucket_mb": 0.5,
-        "rollout.engine.kv_cache_gib": 0.25, **WATCHDOG, **extra})
+        **WATCHDOG, **extra})
     address = ray_cluster.get_runtime_context().gcs_address
     proc = subprocess.run([sys.executable, str(ROOT / "tests/faults/stall_run.py"), config,
                            *overrides], cwd=ROOT, env=_child_env(RAY_ADDRESS=address),

@@ -35,6 +35,7 @@ same arguments is a no-op.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -312,7 +313,17 @@ def needs_build(out: str | os.PathLike, size: str = "small", tokenizer: str = "t
 
 
 def build_tokenizer(seed: int = 0, vocab_size: int = VOCAB_SIZE):
-    """Train a byte-level BPE tokenizer (single-digit tokens) and wrap it for transformers."""
+    """Train a byte-level BPE tokenizer (single-digit tokens) and wrap it for transformers.
+
+    Training is deterministic for ``(seed, vocab_size)`` and takes ~3 s of CPU: a process
+    trains each once and hands out copies (a dry run, a build and a test in one process)."""
+    import copy
+
+    return copy.deepcopy(_trained_tokenizer(seed, vocab_size))
+
+
+@functools.lru_cache(maxsize=4)
+def _trained_tokenizer(seed: int, vocab_size: int):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
