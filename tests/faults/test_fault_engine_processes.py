@@ -137,10 +137,14 @@ def test_a_killed_driver_leaves_no_engine_process(tiny_model_dir, tmp_path):
             tree = _marked("TOOLRL_TEST_MARK=" + mark)
             engines = _engine_cores(tree)
         [engine] = engines
-        # the Ray worker that runs the rollout role, and the fork server between them
-        above = _up_to_ray_worker(engine)
-        assert len(above) == 2, "on CPU the core is forked from the engine's fork server"
-        watched = {**{p: tree.get(p, "") for p in above}, engine: tree[engine],
+        # on CPU the core is forked from the driver's fork server (`engine_guard`), not from
+        # the Ray worker that runs the rollout role, which it watches instead
+        server = psutil.Process(engine).ppid()
+        assert psutil.Process(server).ppid() == driver.pid, "not forked by the driver's server"
+        workers = [p for p, cmd in tree.items() if cmd.startswith("ray::_WorkerHost")]
+        assert workers, tree  # the rollout worker's process (Ray's daemons are Ray's to stop)
+        watched = {server: tree.get(server, ""), engine: tree[engine],
+                   **{p: tree[p] for p in workers},
                    **{p.pid: tree.get(p.pid, "") for p in
                       psutil.Process(engine).children(recursive=True)}}
         driver.send_signal(signal.SIGKILL)  # the driver alone: its tree must follow on its own
@@ -157,33 +161,20 @@ def test_a_killed_driver_leaves_no_engine_process(tiny_model_dir, tmp_path):
 
 
 def _engine_cores(tree: dict[int, str]) -> list[int]:
-    """The engine processes among ``tree``: what vLLM started for a Ray worker, directly or
-    through the engine's fork server (`toolrl.rollout.engine_guard`). vLLM titles its engine
-    ``VLLM::EngineCore``, but a fresh-clone suite run twice saw the engine keep its
-    ``multiprocessing.spawn`` command line for the whole run, so the title alone does not
-    find it."""
+    """The engine cores among ``tree``: the children of a fork server
+    (`toolrl.rollout.engine_guard`). A forked core keeps its server's command line (vLLM
+    titles it ``VLLM::EngineCore``, but a fresh-clone suite run twice saw it keep the one it
+    started with), so a server is told from its cores by its parent, which is not one."""
+    def forkserver(proc: psutil.Process | None) -> bool:
+        return proc is not None and "multiprocessing.forkserver" in " ".join(proc.cmdline())
+
     out = []
-    for pid, cmd in tree.items():
+    for pid in tree:
         with contextlib.suppress(psutil.Error):
-            above = _up_to_ray_worker(pid)  # forked by the fork server: its command line
-            if above and ("EngineCore" in cmd or "spawn_main" in cmd or len(above) == 2):
+            parent = psutil.Process(pid).parent()
+            if forkserver(parent) and not forkserver(parent.parent()):
                 out.append(pid)
     return out
-
-
-def _up_to_ray_worker(pid: int) -> list[int]:
-    """The Ray worker above ``pid`` and the fork server between them, if any; [] when
-    neither its parent nor its grandparent is a Ray worker."""
-    chain = []
-    with contextlib.suppress(psutil.Error):
-        for proc in psutil.Process(pid).parents()[:2]:
-            chain.append(proc.pid)
-            command = " ".join(proc.cmdline())
-            if command.startswith("ray::"):
-                return chain
-            if "multiprocessing.forkserver" not in command:
-                return []
-    return []
 
 
 def _tail(log: Path, chars: int = 3000) -> str:

@@ -16,6 +16,7 @@ import pytest
 from trainer_runs import ROOT, register_test_rewards, run_training_in_process, small_run_overrides
 
 from toolrl.controller import WorkerGroupError
+from toolrl.rollout import engine_guard
 from toolrl.rollout.worker import RolloutWorker
 from toolrl.sync.canary import SyncCanaryError
 from toolrl.trainer.config import load_config
@@ -138,6 +139,10 @@ def test_rollout_worker_killed_is_retried(ray_cluster, tiny_model_dir, tmp_path)
     trainer.setup()
     pid = trainer.handles["rollout"].group.pids[0]
     engines = _engine_pids(trainer)
+    # the worker's core is forked by the driver's (this process's) fork server, not by one of
+    # the worker's own, and must still die with the worker (`engine_guard`)
+    assert engines and all(psutil.Process(p).ppid() == engine_guard.fork_server_pid()
+                           for p in engines)
     metrics = cfg.run_dir / "metrics.jsonl"
 
     saved = cfg.run_dir / "checkpoints" / "step_1" / "COMPLETE"

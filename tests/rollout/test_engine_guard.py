@@ -3,9 +3,16 @@ tests/faults/test_fault_engine_processes.py."""
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
 import pickle
+import signal
 import subprocess
 import sys
+import time
+
+import psutil
 
 from toolrl.rollout import engine_guard
 
@@ -53,3 +60,71 @@ def test_a_forked_child_starts_its_own_fork_server():
     proc = subprocess.run([sys.executable, "-c", FORKED], capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+OWNER = """
+import json, sys, time
+from toolrl.rollout import engine_guard
+engine_guard.PRELOAD = ()  # a server of its own (the fallback) starts at once
+pid = engine_guard.join_fork_server(json.loads(sys.argv[1]))
+core = engine_guard._ForkedCore(target=time.sleep, args=(300,))
+core.start()
+print(json.dumps({"server": pid, "core": core.pid, "joined": bool(engine_guard._SHARED)}),
+      flush=True)
+time.sleep(300)
+"""
+
+
+def _owner(server: dict) -> tuple[subprocess.Popen, dict]:
+    proc = subprocess.Popen([sys.executable, "-c", OWNER, json.dumps(server)],
+                            stdout=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    assert line, proc.wait(30)
+    return proc, json.loads(line)
+
+
+def _gone(pid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_a_process_on_this_machine_forks_its_cores_from_the_drivers_server():
+    """A Ray worker joins the driver's fork server (`RolloutWorker.early_start`): its core is
+    forked by that server, dies when the worker is SIGKILLed (it watches its owner), and the
+    server lives on for the next worker. A server it cannot reach (another machine, a socket
+    gone) means a server of its own."""
+    server = engine_guard.shared_fork_server()
+    assert server is not None and server["pid"] == engine_guard.fork_server_pid()
+    owner, info = _owner(server)
+    try:
+        assert info["joined"] and info["server"] == server["pid"]
+        core = psutil.Process(info["core"])
+        assert core.ppid() == server["pid"]  # not the owner's child
+        os.kill(owner.pid, signal.SIGKILL)
+        owner.wait(30)
+        assert _gone(info["core"], 30), "the core outlived its owner"
+        assert psutil.pid_exists(server["pid"])  # the driver's server stays
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+            owner.wait(30)
+
+    for elsewhere in ({**server, "boot_id": "another-machine"},
+                      {**server, "address": server["address"] + "-gone"}):
+        owner, info = _owner(elsewhere)
+        try:
+            assert not info["joined"] and info["server"] != server["pid"]
+            assert psutil.Process(info["core"]).ppid() == info["server"]
+            assert psutil.Process(info["server"]).ppid() == owner.pid  # its own
+        finally:  # (a vLLM core asks for SIGKILL with its server; this stand-in does not)
+            for pid in (info["core"], owner.pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            owner.wait(30)

@@ -297,7 +297,8 @@ class Worker:
     def early_start(cls, *args: Any, **kwargs: Any) -> Callable[[], object] | None:
         """Slow start-up work a group runs in this worker's process as soon as it exists,
         before the constructors' modules are even imported (called with the constructor's
-        arguments, on the driver). A module-level function, or None (the default)."""
+        arguments, on the driver). A picklable callable (a module-level function, or a
+        partial of one), or None (the default)."""
         return None
 
     # --- place in the group ---------------------------------------------------------------

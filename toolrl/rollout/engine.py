@@ -351,20 +351,20 @@ class VLLMEngine(EngineWeights):
         if self._fork_server:  # its vLLM import runs beside ours (`engine_guard`)
             engine_guard.start_fork_server()
         self._loop = BackgroundLoop("toolrl-vllm-engine", error=EngineError).start()
-        before = _child_pids()
+        before = _child_pids(), len(engine_guard.started_pids())
         try:
             with _engine_env(config):
                 args = config.engine_args()
                 self._llm = self._loop.run_sync(self._start(args, self._fork_server),
                                                 timeout=config.startup_timeout_s)
         except BaseException as e:
-            self._engine_pids = sorted(_child_pids() - before)
+            self._engine_pids = _started_since(*before)
             self.shutdown()
             if isinstance(e, concurrent.futures.TimeoutError):
                 raise EngineError(f"vLLM engine did not start within "
                                   f"{config.startup_timeout_s:.0f} s") from e
             raise
-        self._engine_pids = sorted(_child_pids() - before)
+        self._engine_pids = _started_since(*before)
         self.tokenizer = self._llm.get_tokenizer()
         self._model_dtype: torch.dtype = self._llm.model_config.dtype
         self.max_model_len = int(self._llm.model_config.max_model_len)
@@ -711,6 +711,18 @@ def _child_pids() -> set[int]:
             if "resource_tracker" not in " ".join(p.cmdline()):
                 out.add(p.pid)
     return out
+
+
+def _started_since(children: set[int], forked: int) -> list[int]:
+    """The engine's processes: this process's new descendants, and those of the cores a
+    joined fork server forked for it (`engine_guard.join_fork_server`), which are not."""
+    import psutil
+
+    pids = _child_pids() - children
+    for core in engine_guard.started_pids()[forked:]:
+        with contextlib.suppress(psutil.Error):
+            pids |= {core, *(p.pid for p in psutil.Process(core).children(recursive=True))}
+    return sorted(pids)
 
 
 def _reap(pids: Iterable[int], timeout: float) -> None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 import uuid
 import zlib
@@ -265,10 +266,13 @@ class RolloutWorker(Worker):
 
     @classmethod
     def early_start(cls, config: RolloutConfig) -> Callable[[], object] | None:
-        """The engine's fork server, whose vLLM import then runs beside this process's own
-        (`toolrl.rollout.engine_guard`): on CPU, where the engine forks its core from it."""
-        return engine_guard.start_fork_server if config.engine_config().backend == "cpu" \
-            else None
+        """On CPU, where the engine forks its core from a fork server
+        (`toolrl.rollout.engine_guard`): the driver's own, which a worker on its machine joins,
+        so that vLLM's engine core is imported once per machine and driver; elsewhere the
+        worker's own, whose import then runs beside the worker's."""
+        if config.engine_config().backend != "cpu":
+            return None
+        return functools.partial(engine_guard.join_fork_server, engine_guard.shared_fork_server())
 
     def __init__(self, config: RolloutConfig) -> None:
         self.config = config

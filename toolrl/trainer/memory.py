@@ -410,7 +410,9 @@ def plan_memory(cfg: ExperimentConfig, shape: ModelShape, host_budget: float | N
             eng.resident.update(held)
         engine_procs.append(eng)
     else:
-        server = ProcessPlan("vLLM fork server", count=per_node)  # `rollout.engine_guard`
+        # `rollout.engine_guard`: the driver's, which the workers on its machine share; on
+        # the other machines each worker starts its own
+        server = ProcessPlan("vLLM fork server", count=1 if res.nodes == 1 else per_node)
         server.resident["process"] = FORK_SERVER_BASE
         engine_procs.append(server)
         holder.resident["weights"] = float(engine_weights)

@@ -153,7 +153,8 @@ def test_packing_fills_freed_devices_at_once(tmp_path, monkeypatch):
     measured = [(len(r.devices), r.duration_s) for r in results]
     best = optimal_makespan(measured, devices=4)
     span = max(r.end for r in results) - min(r.start for r in results)
-    assert span <= best + 2.0, f"makespan {span:.2f}s, optimal {best:.2f}s"
+    # each start may lag the end that freed its devices by the reaction time above
+    assert span <= best + eps * len(spec), f"makespan {span:.2f}s, optimal {best:.2f}s"
 
 
 def test_a_hung_file_is_killed_with_its_children_and_its_devices_reused(tmp_path):
