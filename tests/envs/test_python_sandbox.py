@@ -76,7 +76,7 @@ def test_wall_clock_kills_the_whole_process_tree():
     code = ("import subprocess, sys, time\n"
             f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)', '{marker}'],"
             " start_new_session=True)\nprint('started', flush=True)\ntime.sleep(600)\n")
-    result = sandboxed(code, wall_s=3)
+    result = sandboxed(code, wall_s=10)  # two interpreters start first, on a loaded suite
     assert result.timed_out and "started" in result.stdout
     survivors = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
