@@ -62,8 +62,9 @@ lint: $(STAMP)
 
 # The suite in TEST_WORKERS pytest-xdist processes (default 3): a test is mostly a run's fixed
 # start (imports, Ray workers, the engine core) with waits in it; on a 2-core machine (Intel
-# family 6 model 207) one process takes 46.5 min of pytest, two 30 min (cores busy ~88% of the
-# time), three 27 min (busy 99%; a fourth has no idle core left to fill). 0: one process. Each worker has its own session fixtures (Ray cluster, engines); the folders they
+# family 6 model 207) one process took 46.5 min of pytest, two 30-34 min, three 25 min on a
+# fresh clone (cores busy 99% of the time: a fourth has no idle core left to fill). 0: one
+# process. Each worker has its own session fixtures (Ray cluster, engines); the folders they
 # share are built once (toolrl.files.build_lock).
 # compileall: the bytecode of the editable package, which pip does not compile; without it every
 # process of the suite (Ray workers, engine cores, CLI runs) compiles toolrl again wherever
