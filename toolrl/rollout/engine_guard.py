@@ -179,11 +179,10 @@ def join_fork_server(server: dict[str, Any] | None) -> int:
 
 
 def _alive(pid: int) -> bool:
+    """``pid`` runs and is this user's (another user's server is not one to join)."""
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process: not a server this process can use
+    except OSError:
         return False
     return True
 
