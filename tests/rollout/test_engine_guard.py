@@ -128,3 +128,32 @@ def test_a_process_on_this_machine_forks_its_cores_from_the_drivers_server():
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
             owner.wait(30)
+
+
+CLUSTERS = """
+import psutil
+from toolrl.controller import init_ray, shutdown_ray
+from toolrl.rollout import engine_guard
+engine_guard.PRELOAD = ()  # the server starts at once
+servers = []
+for _ in range(2):  # two runs in one process, each on a local cluster of its own
+    init_ray(num_cpus=1)
+    servers.append(engine_guard.shared_fork_server()["pid"])
+    shutdown_ray()
+    assert psutil.Process(servers[-1]).status() != psutil.STATUS_ZOMBIE, "the server was stopped"
+assert servers[0] == servers[1], servers
+psutil.Process(servers[0]).kill()  # and one reaped by another hand is started anew
+psutil.wait_procs([psutil.Process(servers[0])], timeout=30)
+again = engine_guard.start_fork_server()
+assert again != servers[0] and psutil.Process(again).ppid() == psutil.Process().pid, again
+"""
+
+
+def test_the_drivers_fork_server_outlives_its_clusters_and_restarts_once_reaped():
+    """A process that runs several trainers one after another (a benchmark, a notebook) keeps
+    its fork server across `shutdown_ray`, which stops everything else under the process; and
+    a server that ended and was reaped elsewhere is replaced at the next engine: waiting on
+    its pid raised ChildProcessError in multiprocessing, so the second run failed to start."""
+    proc = subprocess.run([sys.executable, "-c", CLUSTERS], capture_output=True, text=True,
+                          timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]

@@ -16,6 +16,7 @@ import signal
 import tempfile
 import threading
 from collections.abc import Iterator
+from multiprocessing import forkserver, resource_tracker
 from pathlib import Path
 from typing import Any
 
@@ -98,7 +99,9 @@ def shutdown_ray(timeout: float = 20.0, started_only: bool = False) -> None:
         return
     import psutil
 
-    ours = psutil.Process().children(recursive=True) if _started_local else []
+    helpers = _multiprocessing_helpers()
+    ours = [p for p in psutil.Process().children(recursive=True) if p.pid not in helpers] \
+        if _started_local else []
     ray.shutdown()
     _started_local = False
     _, alive = psutil.wait_procs(ours, timeout=timeout)
@@ -106,6 +109,15 @@ def shutdown_ray(timeout: float = 20.0, started_only: bool = False) -> None:
         with contextlib.suppress(psutil.Error):
             proc.kill()
     psutil.wait_procs(alive, timeout=5)
+
+
+def _multiprocessing_helpers() -> set[int]:
+    """multiprocessing's fork server and resource tracker of this process: they are this
+    process's, not the cluster's, and outlive it (the next cluster's engine cores fork from
+    the same server); what the server forked for the cluster's workers is still stopped."""
+    return {pid for pid in (forkserver._forkserver._forkserver_pid,  # type: ignore[attr-defined]
+                            resource_tracker._resource_tracker._pid)  # type: ignore[attr-defined]
+            if pid}
 
 
 def kill_process_tree(pid: int, timeout: float = 5.0) -> None:

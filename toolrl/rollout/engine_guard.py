@@ -125,8 +125,30 @@ def start_fork_server() -> int:
     if _SHARED:
         return _SHARED["pid"]
     forkserver.set_forkserver_preload([__name__, *PRELOAD])
+    _forget_ended_server()
     forkserver.ensure_running()
     return forkserver._forkserver._forkserver_pid  # type: ignore[attr-defined]
+
+
+def _forget_ended_server() -> None:
+    """Let multiprocessing start a new fork server where this process's has ended and someone
+    else reaped it (a ``psutil.wait_procs`` over this process's children, a user's
+    ``waitpid(-1)``): its ``ensure_running`` would wait on a pid that is no longer a child
+    and raise ChildProcessError, so every later engine of this process would fail to start."""
+    server = forkserver._forkserver  # type: ignore[attr-defined]
+    with server._lock:
+        pid = server._forkserver_pid
+        if pid is None:
+            return
+        try:
+            ended, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            ended = pid
+        if ended:
+            os.close(server._forkserver_alive_fd)
+            server._forkserver_address = None
+            server._forkserver_alive_fd = None
+            server._forkserver_pid = None
 
 
 def fork_server_pid() -> int | None:
