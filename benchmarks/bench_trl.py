@@ -416,11 +416,10 @@ def prepare_real_fc(args: argparse.Namespace, model: Path, work: Path) -> dict[s
 
     from transformers import AutoTokenizer
 
-    from toolrl.core.registration import make_env
+    from toolrl.core.registration import make_env, row_env
     from toolrl.data import load_rows
     from toolrl.reward import build_reward
     from toolrl.rollout.chat import ChatRenderer
-    from toolrl.rollout.worker import row_env
     from toolrl.trainer.config import load_config
 
     spec = make_spec(args, str(model), str(work / "toolrl.jsonl"), str(work / "out"))

@@ -174,8 +174,8 @@ def real_fc_work(args: argparse.Namespace, cfg: Any | None = None) -> Work:
     oracle (`oracle_transcripts`)."""
     from transformers import AutoTokenizer
 
+    from toolrl.core.registration import row_env
     from toolrl.data import load_rows
-    from toolrl.rollout.worker import row_env
     from toolrl.trainer.warm_start import oracle_transcripts
 
     cfg = cfg or real_fc_config()

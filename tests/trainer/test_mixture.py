@@ -7,12 +7,11 @@ import json
 
 import pytest
 
+from toolrl.core.registration import env_class, env_of, row_env
 from toolrl.core.trajectory import Trajectory, TurnRecord
-from toolrl.rollout.worker import row_env
 from toolrl.trainer.config import ConfigError, MixtureSource, load_config
 from toolrl.trainer.evaluate import result_tables, summarize
-from toolrl.trainer.mixture import RewardSets, env_of, mixture_rows, success_by
-from toolrl.trainer.trainer import _env_class
+from toolrl.trainer.mixture import RewardSets, mixture_rows, success_by
 
 FC, BANK, CALC = "toolrl/FunctionCalling-v0", "toolrl/Bank-v0", "toolrl/Calculator-v0"
 
@@ -25,14 +24,14 @@ def test_mixture_rows_stamp_their_env_unless_a_row_names_one(tmp_path):
                MixtureSource(env=CALC, env_kwargs={"max_turns": 2}, train_size=2, val_size=1,
                              task_kwargs={"difficulty": 2}),
                MixtureSource(env=FC, train_file=str(own), val_file=str(own))]
-    train, val = mixture_rows(sources, seed=0, env_class=_env_class)
+    train, val = mixture_rows(sources, seed=0, env_class=env_class)
     assert [r["env"] for r in train] == [BANK] * 3 + [CALC] * 2 + [CALC, FC]
     assert [r["env"] for r in val] == [BANK] * 2 + [CALC] + [CALC, FC]
     assert all(r["difficulty"] == 2 and r["env_kwargs"] == {"max_turns": 2}
                for r in train[3:5])
     assert "env_kwargs" not in train[0] and "env_kwargs" not in train[5]  # kept its own env
     assert env_of(train[0], FC) == BANK and env_of({"id": "z"}, FC) == FC
-    again, _ = mixture_rows(sources, seed=0, env_class=_env_class)
+    again, _ = mixture_rows(sources, seed=0, env_class=env_class)
     assert again == train  # seeded
 
 

@@ -8,14 +8,17 @@ entry-point name is the env id (``"acme/Shop-v0" = "acme_envs.shop:ShopEnv"``).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import gymnasium as gym
+from gymnasium.envs.registration import load_env_creator
 
 from toolrl.core.wrappers import ToolWrapper, wrap
 from toolrl.registry import Registry, RegistryError
 
-__all__ = ["ENVS", "ensure_registered", "env_class", "env_ids", "make_env", "register_env"]
+__all__ = ["ENVS", "ensure_registered", "env_class", "env_entry_point", "env_ids", "env_of",
+           "make_env", "register_env", "row_env"]
 
 # env id -> entry point ("module:Class" or the class itself)
 ENVS: Registry[Any] = Registry("environment", group="toolrl.envs")
@@ -67,16 +70,46 @@ def ensure_registered(id: str) -> None:
         gym.register(id=id, entry_point=entry_point)
 
 
-def env_class(id: str) -> Any:
-    """What ``id`` makes (its env class, or its creator), without making one; unknown ids raise
-    `RegistryError`."""
+def env_entry_point(id: str) -> Any:
+    """What ``id`` makes (its env class, or its factory), loaded without making an env; unknown
+    ids raise `RegistryError`, an entry point that does not import raises its own error."""
     ensure_registered(id)
     entry_point = gym.spec(id).entry_point
-    if isinstance(entry_point, str):
-        from gymnasium.envs.registration import load_env_creator
+    return load_env_creator(entry_point) if isinstance(entry_point, str) else entry_point
 
-        return load_env_creator(entry_point)
-    return entry_point
+
+def env_class(id: str) -> Any:
+    """The `ToolEnv` class ``id`` makes (for its class data: ``make_tasks``, ``eval_metrics``):
+    the entry point when it is a class, else the class of an env its factory makes."""
+    entry_point = env_entry_point(id)
+    if isinstance(entry_point, type):
+        return entry_point
+    env = make_env(id)
+    try:
+        return type(env.unwrapped)
+    finally:
+        env.close()
+
+
+def env_of(row: Mapping[str, Any], default_env: str | None) -> str | None:
+    """The env a task row runs in: its ``env`` field, else ``default_env`` (the config's
+    ``env.id``)."""
+    return row.get("env") or default_env
+
+
+def row_env(row: Mapping[str, Any], env_id: str | None,
+            env_kwargs: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    """(env id, make_env kwargs) of a row: `env_of` with the row's ``env_kwargs``. ``env_kwargs``
+    belong to ``env_id``: they apply to rows of that env, under the row's own ``env_kwargs``."""
+    if not (row.get("env") or env_id):
+        raise ValueError("the row has no 'env' field and no default env is set (the config's "
+                         "env.id, RolloutConfig.env_id)")
+    own_env = str(env_of(row, env_id))
+    own = row.get("env_kwargs") or {}
+    if not isinstance(own, Mapping):
+        raise ValueError(f"the row's env_kwargs must be an object, got {own!r}")
+    base = env_kwargs if own_env == env_id else {}
+    return own_env, {**base, **own}
 
 
 def make_env(id: str, *, observation_budget: int | None = None, tokenizer: Any = None,

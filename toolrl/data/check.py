@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from toolrl.core import bfcl
+from toolrl.core.registration import env_of
 from toolrl.data.bfcl import FUNCTION_CALLING_ENV, category_from_id
 from toolrl.data.bfcl_multi_turn import ENV as MULTI_TURN_ENV
 
@@ -92,7 +93,7 @@ def normalize_row(row: Mapping[str, Any]) -> Row:
 def row_problems(row: Mapping[str, Any], default_env: str = FUNCTION_CALLING_ENV
                  ) -> list[tuple[str, str]]:
     """``(kind, reason)`` for everything wrong with one row (empty: nothing found)."""
-    env_id = str(row.get("env") or default_env)
+    env_id = env_of(row, default_env)
     if env_id == MULTI_TURN_ENV:
         return _multi_turn_problems(row)
     try:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from toolrl.core.jsonl import json_objects
+from toolrl.core.registration import env_of
 from toolrl.core.trajectory import Trajectory
 from toolrl.reward.compose import build_reward
 
@@ -64,7 +65,7 @@ def score_trajectories(items: Sequence[tuple[Trajectory, float | None]],
     per_env = dict(per_env or {})
     groups: dict[str | None, list[int]] = {}
     for i, (traj, _) in enumerate(items):
-        env = traj.row.get("env") or default_env
+        env = env_of(traj.row, default_env)
         groups.setdefault(env if env in per_env else None, []).append(i)
     lines: list[dict[str, Any]] = [{} for _ in items]
     components: dict[str, list[float]] = {}

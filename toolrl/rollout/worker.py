@@ -42,6 +42,7 @@ from tensordict import TensorDict
 from toolrl import batch as B
 from toolrl.controller.worker import Dispatch, Worker, remote
 from toolrl.core.families import FAMILIES
+from toolrl.core.registration import make_env, row_env
 from toolrl.core.trajectory import TokenStream, Trajectory
 from toolrl.registry import import_object
 from toolrl.rollout import engine_guard
@@ -230,21 +231,6 @@ def make_rollout_input(rows: Sequence[Mapping[str, Any]], n: int = 1,
         if len(set(uids)) != len(uids):  # repeated task ids must not merge groups
             uids = [f"{u}#{i}" for i, u in enumerate(uids)]
     return B.repeat_interleave(td, n, uids=list(uids))
-
-
-def row_env(row: Mapping[str, Any], env_id: str | None,
-            env_kwargs: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
-    """(env id, make_env kwargs) of a row: its ``env`` field with its ``env_kwargs``, else
-    ``env_id``. ``env_kwargs`` belong to ``env_id``: they apply to rows of that env, under the
-    row's own ``env_kwargs``."""
-    own_env = row.get("env") or env_id
-    if not own_env:
-        raise ValueError("the row has no 'env' field and RolloutConfig.env_id is not set")
-    own = row.get("env_kwargs") or {}
-    if not isinstance(own, Mapping):
-        raise ValueError(f"the row's env_kwargs must be an object, got {own!r}")
-    base = env_kwargs if own_env == env_id else {}
-    return str(own_env), {**base, **own}
 
 
 def resolve_runner(runner: Any) -> type[EpisodeRunner]:
@@ -573,8 +559,6 @@ class RolloutWorker(Worker):
 
     def make_env(self, row: Mapping[str, Any]) -> Any:
         """The env for one row (`row_env`)."""
-        from toolrl.core.registration import make_env
-
         env_id, kwargs = row_env(row, self.config.env_id, self.config.env_kwargs)
         return make_env(env_id, **kwargs)
 
@@ -669,5 +653,4 @@ __all__ = [
     "make_rollout_input",
     "resolve_runner",
     "rollout_metrics",
-    "row_env",
 ]

@@ -29,14 +29,14 @@ from rich.table import Table
 
 from toolrl.core.checks import describe_exception
 from toolrl.core.env import OracleUnavailable, resolve_astep
-from toolrl.core.registration import make_env
+from toolrl.core.registration import env_of, make_env, row_env
 from toolrl.core.trajectory import Trajectory, TurnRecord, plain
 from toolrl.data.check import check_rows
 from toolrl.registry import RegistryError
 from toolrl.reward import ComposedReward, RewardBatch, RewardConfigError
-from toolrl.rollout.worker import RolloutConfig, row_env
+from toolrl.rollout.worker import RolloutConfig
 from toolrl.trainer.config import ConfigError, ExperimentConfig, worker_rollout_config
-from toolrl.trainer.mixture import RewardSets, env_of
+from toolrl.trainer.mixture import RewardSets
 from toolrl.trainer.policies import BAD_POLICIES, Policy
 from toolrl.trainer.policies import oracle_policy as _oracle
 from toolrl.trainer.preflight import check_task_rows

@@ -37,9 +37,9 @@ from rich.table import Table
 
 from toolrl import batch as B
 from toolrl.core.bfcl_scores import leaderboard, leaderboard_tables
+from toolrl.core.registration import env_class, env_of
 from toolrl.core.trajectory import Trajectory
 from toolrl.trainer.config import ExperimentConfig
-from toolrl.trainer.mixture import env_of
 from toolrl.trainer.preflight import check_devices, fit_prompt_budget
 
 # episodes per chunk, per concurrent episode (rollout.concurrency): the engine stays full, and a
@@ -134,7 +134,6 @@ def training_rows(cfg: ExperimentConfig) -> tuple[list[dict[str, Any]], str]:
     from; a file that is not here is named in the note, its rows unknown."""
     from toolrl.data.loader import load_rows
     from toolrl.trainer.mixture import mixture_rows
-    from toolrl.trainer.trainer import _env_class
 
     data = cfg.data
     rows: list[dict[str, Any]] = []
@@ -152,7 +151,7 @@ def training_rows(cfg: ExperimentConfig) -> tuple[list[dict[str, Any]], str]:
             absent.append(f"{key} {path} (not found: its rows are not checked)")
     if not data.train_file:
         try:
-            rows += _env_class(cfg.env.id).make_tasks(data.train_size, seed=cfg.seed,
+            rows += env_class(cfg.env.id).make_tasks(data.train_size, seed=cfg.seed,
                                                       split="train", **data.task_kwargs)
             found.append(f"{cfg.env.id}'s {data.train_size} generated training rows")
         except TypeError:  # an env without a generator: nothing to train on here
@@ -161,7 +160,7 @@ def training_rows(cfg: ExperimentConfig) -> tuple[list[dict[str, Any]], str]:
         try:
             more, _ = mixture_rows([m for m in data.mixture
                                     if not m.train_file or Path(m.train_file).exists()],
-                                   cfg.seed, _env_class)
+                                   cfg.seed, env_class)
             rows += more
             found.append("data.mixture's training rows")
         except (OSError, ValueError, TypeError) as exc:
@@ -255,7 +254,6 @@ def trained_on(rows: Sequence[Mapping[str, Any]], training: Sequence[Mapping[str
 def env_metrics(trajs: Sequence[Trajectory], default_env: str) -> dict[str, Any]:
     """Each env's own figures over its episodes (`ToolEnv.eval_metrics`), by env id; envs
     without any (or that no longer resolve) are left out."""
-    from toolrl.core.registration import env_class
     from toolrl.registry import RegistryError
 
     by_env: dict[str, list[Trajectory]] = {}

@@ -19,11 +19,6 @@ from toolrl.reward import ComposedReward, RewardFailure, RewardResult, build_rew
 Row = dict[str, Any]
 
 
-def env_of(row: Mapping[str, Any], default_env: str) -> str:
-    """The env a row runs in."""
-    return str(row.get("env") or default_env)
-
-
 def source_rows(env_id: str, file: str | None, size: int, seed: int, split: str,
                 task_kwargs: Mapping[str, Any], make_tasks: Callable[..., list[Row]] | None
                 ) -> list[Row]:

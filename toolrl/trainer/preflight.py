@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from toolrl.core.registration import env_entry_point, row_env
 from toolrl.trainer.config import ConfigError, ExperimentConfig
 
 __all__ = [
@@ -68,16 +69,10 @@ _MAKE_KWARGS = ("max_episode_steps", "disable_env_checker", "observation_budget"
 def env_creator(env_id: str, key: str) -> Any:
     """The class (or factory) registered as ``env_id``, without making an env; an unknown id
     is a `ConfigError` naming ``key`` and the known ids."""
-    import gymnasium as gym
-    from gymnasium.envs.registration import load_env_creator
-
-    from toolrl.core.registration import ensure_registered
     from toolrl.registry import RegistryError
 
     try:
-        ensure_registered(env_id)
-        entry_point = gym.spec(env_id).entry_point
-        return load_env_creator(entry_point) if isinstance(entry_point, str) else entry_point
+        return env_entry_point(env_id)
     except RegistryError as exc:
         raise ConfigError(f"{key}={env_id!r}: {exc}") from None
     except Exception as exc:  # a registered entry point that does not import
@@ -388,18 +383,16 @@ def check_rows(rows: Iterable[Mapping[str, Any]], cfg: ExperimentConfig, where: 
     row's ``env_kwargs``; ``where`` names the rows' source (e.g. ``data.train_file``)."""
     seen: set[tuple[str, tuple[str, ...]]] = set()
     for i, row in enumerate(rows):
-        env_id = str(row.get("env") or cfg.env.id)
-        own = row.get("env_kwargs") or {}
-        if not isinstance(own, Mapping):
-            raise ConfigError(f"{where}: row {i} ({_row_id(row)}): env_kwargs must be an "
-                              f"object, got {own!r}")
-        base = cfg.env.kwargs if env_id == cfg.env.id else {}
-        key = (env_id, tuple(sorted({**base, **own})))
+        label = f"{where}: row {i} ({_row_id(row)})"
+        try:
+            env_id, kwargs = row_env(row, cfg.env.id, cfg.env.kwargs)
+        except ValueError as exc:
+            raise ConfigError(f"{label}: {exc}") from None
+        key = (env_id, tuple(sorted(kwargs)))
         if key in seen:
             continue
         seen.add(key)
-        label = f"{where}: row {i} ({_row_id(row)})"
-        check_env_kwargs(env_id, {**base, **own}, f"{label} env_kwargs", f"{label} env")
+        check_env_kwargs(env_id, kwargs, f"{label} env_kwargs", f"{label} env")
 
 
 def _first_line(exc: BaseException) -> str:
@@ -453,7 +446,6 @@ def prompt_lengths(rows: Sequence[Mapping[str, Any]], cfg: ExperimentConfig, tok
 
     from toolrl.core.registration import make_env
     from toolrl.rollout.chat import ChatRenderer
-    from toolrl.rollout.worker import row_env
 
     renderer = ChatRenderer(tokenizer, check=False,
                             chat_template_kwargs=cfg.rollout.chat_template_kwargs,

@@ -36,6 +36,7 @@ from toolrl.algo import (
 from toolrl.controller import ResourcePoolManager, RoleSpec, init_ray
 from toolrl.controller.cluster import kill_local_cluster, kill_process_tree
 from toolrl.controller.worker_group import WorkerDiedError, WorkerGroupError, spawn
+from toolrl.core.registration import env_class, env_of
 from toolrl.core.trajectory import Trajectory
 from toolrl.data import TaskLoader, load_rows
 from toolrl.models.source import ModelNotFoundError, locate_model, require_model
@@ -60,7 +61,7 @@ from toolrl.trainer.config import (
 from toolrl.trainer.failures import RetryCount, RolloutFailedError, describe, settle
 from toolrl.trainer.health import HealthMonitor, HealthReport
 from toolrl.trainer.memory import check_memory
-from toolrl.trainer.mixture import RewardSets, env_of, mixture_rows, success_by
+from toolrl.trainer.mixture import RewardSets, mixture_rows, success_by
 from toolrl.trainer.preflight import check_config, check_rows, fit_prompt_budget
 from toolrl.trainer.progress import ProgressWatchdog, note_phase, watching
 from toolrl.trainer.run_dir import RunDirLock, check_same_run
@@ -195,12 +196,12 @@ class Trainer:
     def load_tasks(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """Train and val rows: ``env.id``'s (files or generator), then ``data.mixture``'s."""
         data = self.cfg.data
-        env_cls = _env_class(self.cfg.env.id) if not (data.train_file and data.val_file) else None
+        env_cls = env_class(self.cfg.env.id) if not (data.train_file and data.val_file) else None
         train = load_rows(data.train_file) if data.train_file else env_cls.make_tasks(
             data.train_size, seed=self.cfg.seed, split="train", **data.task_kwargs)
         val = load_rows(data.val_file) if data.val_file else env_cls.make_tasks(
             data.val_size, seed=self.cfg.seed, split="val", **data.task_kwargs)
-        more_train, more_val = mixture_rows(data.mixture, self.cfg.seed, _env_class)
+        more_train, more_val = mixture_rows(data.mixture, self.cfg.seed, env_class)
         for rows, where in ((train, "data.train_file" if data.train_file else "train rows"),
                             (val, "data.val_file" if data.val_file else "val rows"),
                             (more_train + more_val, "data.mixture rows")):
@@ -848,7 +849,7 @@ def warm_start_transcripts(cfg: ExperimentConfig, base: str) -> tuple[list[Any],
     if ws.train_file:  # e.g. a dataset's gold calls: the oracle plays them
         rows = load_rows(ws.train_file)[: ws.num_transcripts]
     else:
-        rows = _env_class(cfg.env.id).make_tasks(
+        rows = env_class(cfg.env.id).make_tasks(
             ws.num_transcripts, seed=cfg.seed, split="warm_start",
             **(ws.task_kwargs or cfg.data.task_kwargs))
     tokenizer = AutoTokenizer.from_pretrained(base)
@@ -863,16 +864,6 @@ def warm_start_transcripts(cfg: ExperimentConfig, base: str) -> tuple[list[Any],
     if ws.val_fraction > 0:
         return hold_out(transcripts, ws.val_fraction, cfg.seed)
     return transcripts, []
-
-
-def _env_class(env_id: str) -> Any:
-    from toolrl.core.registration import make_env
-
-    env = make_env(env_id)
-    try:
-        return type(env.unwrapped)
-    finally:
-        env.close()
 
 
 def _plain(cfg: ExperimentConfig) -> dict[str, Any]:
