@@ -255,6 +255,18 @@ class ExperimentConfig:
     def run_dir(self) -> Path:
         return Path(self.trainer.output_dir or Path("outputs") / self.experiment_name)
 
+    @property
+    def needs_reference(self) -> bool:
+        """Reference log-probs are computed (a KL term, or ``algorithm.use_reference``)."""
+        return self.algorithm.use_reference or self.actor.loss.kl_loss_coef > 0 or \
+            self.algorithm.kl_in_reward_coef > 0
+
+    @property
+    def reference_worker(self) -> bool:
+        """The reference is a model of its own (a `RefWorker`); a LoRA actor's reference is
+        itself with its adapters switched off."""
+        return self.needs_reference and not self.actor.lora.enabled
+
 
 FILLED_BY_TRAINER: dict[str, str] = {
     "rollout.engine.model": "model.path (or the warm start's checkpoint)",

@@ -325,8 +325,7 @@ def plan_memory(cfg: ExperimentConfig, shape: ModelShape, host_budget: float | N
     # a LoRA actor trains only its adapters, and its reference is itself with them off
     lora = actor.lora
     adapters = shape.lora_params(lora.rank, lora.target_modules) if lora.enabled else 0
-    with_ref = (cfg.algorithm.use_reference or actor.loss.kl_loss_coef > 0 or
-                cfg.algorithm.kl_in_reward_coef > 0) and not lora.enabled
+    with_ref = cfg.reference_worker
     with_critic = cfg.algorithm.name == "ppo"
     rows, train_tokens = micro_batch_tokens(cfg)
     _, fwd_tokens = micro_batch_tokens(cfg, forward_only=True)

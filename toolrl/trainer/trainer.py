@@ -223,7 +223,7 @@ class Trainer:
                              temperature=cfg.rollout.temperature,
                              max_response_length=cfg.rollout.max_total_tokens)
         roles: dict[str, RoleSpec] = {"actor": RoleSpec.of(ActorWorker, actor_cfg)}
-        if self.needs_reference and not cfg.actor.lora.enabled:  # LoRA: the actor, adapter off
+        if cfg.reference_worker:
             roles["ref"] = RoleSpec.of(RefWorker, actor_cfg)
         if cfg.algorithm.name == "ppo":
             critic_cfg = _replace(cfg.critic, model_path=self.model_path,
@@ -366,7 +366,7 @@ class Trainer:
                 batch.update(self.actor.call(ActorWorker.compute_log_prob, batch))
             if "ref" in self.handles:
                 batch.update(self.handles["ref"].call(RefWorker.compute_ref_log_prob, batch))
-            elif self.needs_reference:  # a LoRA actor's base model: its adapter switched off
+            elif self.cfg.needs_reference:  # a LoRA actor's base model: its adapter switched off
                 batch.update(self.actor.call(ActorWorker.compute_ref_log_prob, batch))
             if "critic" in self.handles:
                 batch.update(self.handles["critic"].call(CriticWorker.compute_values, batch))
@@ -379,13 +379,6 @@ class Trainer:
                 metrics.update(_first(self.handles["critic"].call(CriticWorker.update_critic,
                                                                   batch)))
         return metrics, adv_metrics
-
-    @property
-    def needs_reference(self) -> bool:
-        """Reference log-probs are computed (a KL term, or ``algorithm.use_reference``)."""
-        cfg = self.cfg
-        return cfg.algorithm.use_reference or cfg.actor.loss.kl_loss_coef > 0 or \
-            cfg.algorithm.kl_in_reward_coef > 0
 
     @property
     def needs_old_log_probs(self) -> bool:
