@@ -582,8 +582,7 @@ def sft_more(out: Path, overrides: list[str]) -> None:
         print(f"{dest} exists: skipped")
         return
     from toolrl.trainer.config import load_config
-    from toolrl.trainer.trainer import warm_start_transcripts
-    from toolrl.trainer.warm_start import sft
+    from toolrl.trainer.warm_start import sft, warm_start_transcripts
 
     train_file = load_config(CONFIG, overrides).data.train_file
     cfg = load_config(CONFIG, [*overrides, f"warm_start.train_file={train_file}"])

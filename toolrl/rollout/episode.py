@@ -59,6 +59,11 @@ from toolrl.rollout.loop_hold import Hold, held, run_coroutine, timed_call, warn
 
 logger = logging.getLogger(__name__)
 
+MAX_TURNS = 4
+"""The rollout's cap on model turns when none is set (``rollout.max_turns``): every player of an
+episode under the rollout's rules (the runner, the rollout worker, the warm start's oracle)
+defaults to it; an env's own turn limit is its ``default_max_turns``."""
+
 
 @dataclass
 class EpisodeConfig:
@@ -78,7 +83,7 @@ class EpisodeConfig:
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     max_prompt_len: int | None = None
     max_response_len: int | None = None
-    max_turns: int = 32
+    max_turns: int = MAX_TURNS
     on_overflow: Literal["stop", "truncate"] = "stop"
     min_turn_tokens: int = 1
     env_timeout_s: float | None = None

@@ -48,7 +48,7 @@ from toolrl.registry import import_object
 from toolrl.rollout import engine_guard
 from toolrl.rollout.chat import ChatRenderer
 from toolrl.rollout.engine import EngineConfig, SamplingConfig, VLLMEngine
-from toolrl.rollout.episode import EpisodeConfig, EpisodeRunner
+from toolrl.rollout.episode import MAX_TURNS, EpisodeConfig, EpisodeRunner
 from toolrl.rollout.history import HISTORY_POLICIES
 from toolrl.rollout.samples import per_turn_rows
 from toolrl.rollout.stream import EpisodeStream, FinishedGroup, GroupJob
@@ -133,7 +133,7 @@ class RolloutConfig:
     top_k: int = -1
     max_tokens_per_turn: int = 64
     ignore_eos: bool = False
-    max_turns: int = 4
+    max_turns: int = MAX_TURNS
     max_total_tokens: int = 1024
     max_prompt_tokens: int | None = None
     val_temperature: float = 0.0

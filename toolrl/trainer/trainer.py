@@ -67,6 +67,7 @@ from toolrl.trainer.progress import ProgressWatchdog, note_phase, watching
 from toolrl.trainer.run_dir import RunDirLock, check_same_run
 from toolrl.trainer.stopping import RunStopped, stop_requested, stoppable
 from toolrl.trainer.tracking import Tracker
+from toolrl.trainer.warm_start import warm_started
 from toolrl.workers.actor import ActorWorker, RefWorker
 from toolrl.workers.critic import CriticWorker
 
@@ -106,7 +107,8 @@ class Trainer:
         check_same_run(self.run_dir, to_dict(cfg), cfg.trainer.resume)  # another run's state
         save_config(cfg, self.run_dir / "config.yaml")
         torch.manual_seed(cfg.seed)
-        self.model_path = self.warm_start(base) if cfg.warm_start.enabled else base
+        self.model_path = warm_started(cfg, base, self.run_dir, self.console) \
+            if cfg.warm_start.enabled else base
         self.loader = TaskLoader(self.train_rows, cfg.data.batch_size, seed=cfg.seed,
                                  shuffle=cfg.data.shuffle)
         self.start_workers()
@@ -126,7 +128,8 @@ class Trainer:
     def prepare_model(self) -> str:
         """The checkpoint RL starts from: the configured one, or its warm-started copy."""
         base = self.base_model()
-        return self.warm_start(base) if self.cfg.warm_start.enabled else base
+        return warm_started(self.cfg, base, self.run_dir, self.console) \
+            if self.cfg.warm_start.enabled else base
 
     def base_model(self) -> str:
         """The configured checkpoint: a local folder (a tiny one built there when missing and
@@ -161,37 +164,6 @@ class Trainer:
             return require_model(cfg.model.path, cfg.model.build_tiny_if_missing)
         except ModelNotFoundError as exc:
             raise ConfigError(str(exc)) from None
-
-    def warm_start(self, base: str) -> str:
-        """SFT on the env's oracle transcripts (cached in the run dir)."""
-        from toolrl.trainer.warm_start import sft
-
-        ws = self.cfg.warm_start
-        out = Path(ws.output or self.run_dir / "warm_start")
-        if (out / "config.json").exists():
-            made_from = json.loads((out / "warm_start_metrics.json").read_text()).get(
-                "base_model") if (out / "warm_start_metrics.json").exists() else None
-            if made_from not in (None, self.cfg.model.path):
-                raise ConfigError(f"warm start {out} was trained from model.path={made_from!r}, "
-                                  f"and this config says model.path={self.cfg.model.path!r}: "
-                                  f"set warm_start.output to another directory")
-            self.console.log(f"warm start: reusing {out}")
-            return str(out)
-        transcripts, held_out = warm_start_transcripts(self.cfg, base)
-        self.console.log(f"warm start: {len(transcripts)} oracle transcripts, {ws.steps} steps"
-                         + (f" at most, {len(held_out)} held out" if held_out else ""))
-        metrics = sft(base, transcripts, out, steps=ws.steps, lr=ws.lr,
-                      batch_size=ws.batch_size, seed=self.cfg.seed, stop_loss=ws.stop_loss,
-                      val_transcripts=held_out, eval_every=ws.eval_every,
-                      patience=ws.patience, save_every=ws.save_every, console=self.console)
-        if held_out:
-            self.console.log(f"warm start: best held-out loss "
-                             f"{metrics['warm_start/val_loss_best']:.4f} after "
-                             f"{metrics['warm_start/best_step']} steps (stopped: "
-                             f"{metrics['warm_start/stopped']}), its checkpoint kept")
-        metrics = {"base_model": self.cfg.model.path, **metrics}
-        (out / "warm_start_metrics.json").write_text(json.dumps(metrics, indent=2))
-        return str(out)
 
     def load_tasks(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """Train and val rows: ``env.id``'s (files or generator), then ``data.mixture``'s."""
@@ -830,33 +802,6 @@ def _replace(obj: Any, **changes: Any) -> Any:
     import dataclasses
 
     return dataclasses.replace(obj, **changes)
-
-
-def warm_start_transcripts(cfg: ExperimentConfig, base: str) -> tuple[list[Any], list[Any]]:
-    """The warm start's oracle transcripts: (to train on, held out for the held-out loss)."""
-    from transformers import AutoTokenizer
-
-    from toolrl.trainer.warm_start import hold_out, oracle_transcripts
-
-    ws = cfg.warm_start
-    if ws.train_file:  # e.g. a dataset's gold calls: the oracle plays them
-        rows = load_rows(ws.train_file)[: ws.num_transcripts]
-    else:
-        rows = env_class(cfg.env.id).make_tasks(
-            ws.num_transcripts, seed=cfg.seed, split="warm_start",
-            **(ws.task_kwargs or cfg.data.task_kwargs))
-    tokenizer = AutoTokenizer.from_pretrained(base)
-    env_kwargs = {**cfg.env.kwargs, **ws.env_kwargs}
-    history = {"history_policy": cfg.rollout.history_policy, "family": cfg.rollout.family}
-    transcripts = oracle_transcripts(cfg.env.id, rows, tokenizer, env_kwargs,
-                                     max_len=cfg.rollout.max_total_tokens, **history)
-    if ws.val_file:  # held-out rows, played by the same oracle
-        return transcripts, oracle_transcripts(
-            cfg.env.id, load_rows(ws.val_file), tokenizer, env_kwargs,
-            max_len=cfg.rollout.max_total_tokens, **history)
-    if ws.val_fraction > 0:
-        return hold_out(transcripts, ws.val_fraction, cfg.seed)
-    return transcripts, []
 
 
 def _plain(cfg: ExperimentConfig) -> dict[str, Any]:

@@ -18,6 +18,7 @@ with the same checkpoint as without the interruption.
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import random
 import shutil
@@ -33,9 +34,70 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from tensordict import TensorDict
 
 from toolrl.batch import ATTENTION_MASK, PROMPTS, RESPONSE_MASK, build_rollout_batch
+from toolrl.core.registration import env_class
 from toolrl.core.trajectory import Trajectory
+from toolrl.data import load_rows
+from toolrl.rollout.episode import MAX_TURNS
+from toolrl.trainer.config import ConfigError, ExperimentConfig
 from toolrl.workers.host_memory import release_memory
 from toolrl.workers.scoring import enable_scoring, score_responses
+
+
+def warm_started(cfg: ExperimentConfig, base: str, run_dir: Path, console: Console) -> str:
+    """The warm start's checkpoint: SFT of ``base`` on the env's oracle transcripts, trained
+    once into ``warm_start.output`` (default ``<run_dir>/warm_start``) and reused after."""
+    ws = cfg.warm_start
+    out = Path(ws.output or run_dir / "warm_start")
+    if (out / "config.json").exists():
+        made_from = json.loads((out / "warm_start_metrics.json").read_text()).get(
+            "base_model") if (out / "warm_start_metrics.json").exists() else None
+        if made_from not in (None, cfg.model.path):
+            raise ConfigError(f"warm start {out} was trained from model.path={made_from!r}, "
+                              f"and this config says model.path={cfg.model.path!r}: "
+                              f"set warm_start.output to another directory")
+        console.log(f"warm start: reusing {out}")
+        return str(out)
+    transcripts, held_out = warm_start_transcripts(cfg, base)
+    console.log(f"warm start: {len(transcripts)} oracle transcripts, {ws.steps} steps"
+                + (f" at most, {len(held_out)} held out" if held_out else ""))
+    metrics = sft(base, transcripts, out, steps=ws.steps, lr=ws.lr,
+                  batch_size=ws.batch_size, seed=cfg.seed, stop_loss=ws.stop_loss,
+                  val_transcripts=held_out, eval_every=ws.eval_every,
+                  patience=ws.patience, save_every=ws.save_every, console=console)
+    if held_out:
+        console.log(f"warm start: best held-out loss "
+                    f"{metrics['warm_start/val_loss_best']:.4f} after "
+                    f"{metrics['warm_start/best_step']} steps (stopped: "
+                    f"{metrics['warm_start/stopped']}), its checkpoint kept")
+    metrics = {"base_model": cfg.model.path, **metrics}
+    (out / "warm_start_metrics.json").write_text(json.dumps(metrics, indent=2))
+    return str(out)
+
+
+def warm_start_transcripts(cfg: ExperimentConfig, base: str) -> tuple[list[Transcript],
+                                                                       list[Transcript]]:
+    """The warm start's oracle transcripts: (to train on, held out for the held-out loss),
+    each episode within the rollout's ``rollout.max_turns``."""
+    from transformers import AutoTokenizer
+
+    ws = cfg.warm_start
+    if ws.train_file:  # e.g. a dataset's gold calls: the oracle plays them
+        rows = load_rows(ws.train_file)[: ws.num_transcripts]
+    else:
+        rows = env_class(cfg.env.id).make_tasks(
+            ws.num_transcripts, seed=cfg.seed, split="warm_start",
+            **(ws.task_kwargs or cfg.data.task_kwargs))
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    env_kwargs = {**cfg.env.kwargs, **ws.env_kwargs}
+    play = {"max_len": cfg.rollout.max_total_tokens, "max_turns": cfg.rollout.max_turns,
+            "history_policy": cfg.rollout.history_policy, "family": cfg.rollout.family}
+    transcripts = oracle_transcripts(cfg.env.id, rows, tokenizer, env_kwargs, **play)
+    if ws.val_file:  # held-out rows, played by the same oracle
+        return transcripts, oracle_transcripts(cfg.env.id, load_rows(ws.val_file), tokenizer,
+                                               env_kwargs, **play)
+    if ws.val_fraction > 0:
+        return hold_out(transcripts, ws.val_fraction, cfg.seed)
+    return transcripts, []
 
 
 @dataclass
@@ -48,7 +110,7 @@ class Transcript:
 
 def oracle_transcripts(env_id: str, rows: Sequence[Mapping[str, Any]], tokenizer: Any,
                        env_kwargs: Mapping[str, Any] | None = None, max_len: int = 1024,
-                       max_turns: int = 16, history_policy: str = "auto",
+                       max_turns: int = MAX_TURNS, history_policy: str = "auto",
                        family: str | None = None) -> list[Transcript]:
     """Play ``rows`` with the env's oracle and return the token streams (too long: dropped).
     ``history_policy`` / ``family``: the rollout's (`toolrl.rollout.history`): under
@@ -61,9 +123,16 @@ def oracle_transcripts(env_id: str, rows: Sequence[Mapping[str, Any]], tokenizer
 
     renderer = ChatRenderer(tokenizer, history_policy=history_policy, family=family)
     env = make_env(env_id, **dict(env_kwargs or {}))
+    trajs = []
     try:
-        trajs = [asyncio.run(run_episode(env, row=dict(row), seed=i, max_steps=max_turns))
-                 for i, row in enumerate(rows)]
+        for i, row in enumerate(rows):
+            try:
+                trajs.append(asyncio.run(run_episode(env, row=dict(row), seed=i,
+                                                     max_steps=max_turns)))
+            except RuntimeError as exc:
+                raise RuntimeError(f"the oracle's episode of task {row.get('id')!r}: {exc} "
+                                   f"(it plays within the rollout's max_turns={max_turns}: "
+                                   f"raise rollout.max_turns if the task needs more)") from exc
     finally:
         env.close()
     out = []
