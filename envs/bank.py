@@ -23,7 +23,7 @@ import copy
 import random
 from typing import Any
 
-from toolrl import ParseResult, ToolCall, ToolEnv, ToolResult, Turn, tool
+from toolrl import ParseResult, ToolCall, ToolEnv, ToolResult, Turn, tasks_by_kind, tool
 
 TRANSFER_LIMIT_CENTS = 200_000
 SCENARIOS = ("internal_transfer", "external_transfer", "update_email", "over_limit",
@@ -185,11 +185,8 @@ class BankEnv(ToolEnv):
     @classmethod
     def make_tasks(cls, n: int, seed: int = 0, split: str = "train",
                    scenarios: list[str] | None = None, **kwargs: Any) -> list[dict[str, Any]]:
-        rng = random.Random(f"bank:{split}:{seed}")
-        kinds = list(scenarios or SCENARIOS)
-        return [{"id": f"bank-{split}-{seed}-{i}",
-                 **make_task(rng, kinds[i % len(kinds)] if n >= len(kinds) else rng.choice(kinds))}
-                for i in range(n)]
+        return tasks_by_kind(make_task, scenarios or SCENARIOS, n, seed=seed, split=split,
+                             name="bank", prefix="bank")
 
     def sample_task(self) -> dict[str, Any]:
         seed = int(self.np_random.integers(2**31 - 1))

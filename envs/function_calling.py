@@ -25,7 +25,7 @@ import random
 from pathlib import Path
 from typing import Any
 
-from toolrl import ParseResult, Tool, ToolCall, ToolEnv, Turn, bfcl, data
+from toolrl import ParseResult, Tool, ToolCall, ToolEnv, Turn, bfcl, data, tasks_by_kind
 
 SYSTEM_PROMPT = ("Call the functions needed to answer. If none of them fits, answer in plain "
                  "text without calling any.")
@@ -219,13 +219,8 @@ class FunctionCallingEnv(ToolEnv):
     def make_tasks(cls, n: int, seed: int = 0, split: str = "train",
                    categories: list[str] | None = None, **kwargs: Any) -> list[dict[str, Any]]:
         """``n`` synthetic rows cycling through ``categories`` (default: all five)."""
-        rng = random.Random(f"function_calling:{split}:{seed}")
-        cats = list(categories or bfcl.CATEGORIES)
-        rows = []
-        for i in range(n):
-            row = make_task(rng, cats[i % len(cats)] if n >= len(cats) else rng.choice(cats))
-            rows.append({"id": f"fc-{split}-{seed}-{i}", **row})
-        return rows
+        return tasks_by_kind(make_task, categories or bfcl.CATEGORIES, n, seed=seed,
+                             split=split, name="function_calling", prefix="fc")
 
     def sample_task(self) -> dict[str, Any]:
         if self.dataset:

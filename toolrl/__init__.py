@@ -10,7 +10,8 @@ rewards and the examples import only from ``toolrl`` (as a third-party plugin do
   `ChatModel` (the rollout's own engine, as an env may call it: `ToolEnv.rollout_model`),
   `tool` / `Tool`, `ToolFailure`, `SubmitAnswer` / `submit_tool` (episodes that end with a
   ``submit(answer)`` call),
-  `register_env`, `make_env`, `env_ids`, the wrappers, `run_episode` and `check_tool_env`;
+  `register_env`, `make_env`, `env_ids`, the wrappers, `run_episode`, `check_tool_env` and
+  `tasks_by_kind` (a task generator's rows, kind by kind);
 - what an episode is: `Trajectory` (the one record of a finished episode, what a reward
   receives) with its `TurnRecord` per assistant turn, `ToolOutput`, `ParseResult`, `ToolCall`;
 - rewards: the `reward` decorator, `RewardResult`, `RewardError`, the `RewardFn` protocol;
@@ -50,6 +51,7 @@ if TYPE_CHECKING:
         resolve_astep,
         run_episode,
         submit_tool,
+        tasks_by_kind,
     )
     from toolrl.core.mcp_client import (
         MCPConnection,
@@ -87,7 +89,8 @@ __getattr__, _, _lazy = lazy_loader.attach(__name__, submodules=["data"], submod
     "core.background": ["BackgroundLoop"],
     "core.checks": ["check_tool_env"],
     "core.env": ["ChatModel", "OracleUnavailable", "SubmitAnswer", "ToolEnv", "Turn",
-                 "oracle_policy", "resolve_astep", "run_episode", "submit_tool"],
+                 "oracle_policy", "resolve_astep", "run_episode", "submit_tool",
+                 "tasks_by_kind"],
     "core.mcp_client": ["MCPConnection", "close_mcp_connections", "shared_mcp_connection"],
     "core.parse": ["ToolCallFormat", "get_format"],
     "core.registration": ["env_ids", "make_env", "register_env"],
@@ -117,7 +120,7 @@ __all__ = [
     "get_format",
     "get_reward_spec", "make_env", "make_rollout_input", "oracle_policy", "register_env",
     "resolve_astep", "reward",
-    "run_episode", "shared_mcp_connection", "submit_tool", "tool",
+    "run_episode", "shared_mcp_connection", "submit_tool", "tasks_by_kind", "tool",
 ]
 
 

@@ -28,7 +28,7 @@ from urllib.parse import quote
 import httpx
 from toolrl.envs.http_api.service import CATALOG, CATEGORIES, ThreadedServer
 
-from toolrl import Tool, ToolCall, ToolEnv, ToolFailure
+from toolrl import Tool, ToolCall, ToolEnv, ToolFailure, tasks_by_kind
 
 SYSTEM_PROMPT = ("You are a shopping assistant with access to a store API. Use the tools to do "
                  "what the user asks, then confirm briefly.")
@@ -151,11 +151,8 @@ class HttpApiEnv(ToolEnv):
     @classmethod
     def make_tasks(cls, n: int, seed: int = 0, split: str = "train",
                    kinds: list[str] | None = None, **kwargs: Any) -> list[dict[str, Any]]:
-        rng = random.Random(f"http_api:{split}:{seed}")
-        kinds = list(kinds or cls.KINDS)
-        return [{"id": f"http-{split}-{seed}-{i}",
-                 **make_task(rng, kinds[i % len(kinds)] if n >= len(kinds) else rng.choice(kinds))}
-                for i in range(n)]
+        return tasks_by_kind(make_task, kinds or cls.KINDS, n, seed=seed, split=split,
+                             name="http_api", prefix="http")
 
     def setup(self, row: dict[str, Any]) -> None:
         self.session = uuid.uuid4().hex

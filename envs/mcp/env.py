@@ -31,6 +31,7 @@ from toolrl import (
     ToolFailure,
     shared_mcp_connection,
     submit_tool,
+    tasks_by_kind,
 )
 
 SERVER_SCRIPT = Path(__file__).with_name("server.py")
@@ -115,11 +116,8 @@ class MCPEnv(SubmitAnswer):
     @classmethod
     def make_tasks(cls, n: int, seed: int = 0, split: str = "train",
                    kinds: list[str] | None = None, **kwargs: Any) -> list[dict[str, Any]]:
-        rng = random.Random(f"mcp:{split}:{seed}")
-        kinds = list(kinds or cls.KINDS)
-        return [{"id": f"mcp-{split}-{seed}-{i}",
-                 **make_task(rng, kinds[i % len(kinds)] if n >= len(kinds) else rng.choice(kinds))}
-                for i in range(n)]
+        return tasks_by_kind(make_task, kinds or cls.KINDS, n, seed=seed, split=split,
+                             name="mcp", prefix="mcp")
 
     # --- connection ------------------------------------------------------------------------
     @property

@@ -23,7 +23,7 @@ from toolrl.envs.python_sandbox.sandbox import (
 )
 from toolrl.envs.python_sandbox.sandbox import run_python as run_sandboxed
 
-from toolrl import SubmitAnswer, ToolCall, ToolFailure, submit_tool, tool
+from toolrl import SubmitAnswer, ToolCall, ToolFailure, submit_tool, tasks_by_kind, tool
 
 SYSTEM_PROMPT = "Use run_python to compute the answer (print it), then call submit with it."
 
@@ -108,11 +108,8 @@ class PythonSandboxEnv(SubmitAnswer):
     @classmethod
     def make_tasks(cls, n: int, seed: int = 0, split: str = "train",
                    kinds: list[str] | None = None, **kwargs: Any) -> list[dict[str, Any]]:
-        rng = random.Random(f"python_sandbox:{split}:{seed}")
-        kinds = list(kinds or cls.KINDS)
-        return [{"id": f"py-{split}-{seed}-{i}",
-                 **make_task(rng, kinds[i % len(kinds)] if n >= len(kinds) else rng.choice(kinds))}
-                for i in range(n)]
+        return tasks_by_kind(make_task, kinds or cls.KINDS, n, seed=seed, split=split,
+                             name="python_sandbox", prefix="py")
 
     def setup(self, row: dict[str, Any]) -> None:
         if "ground_truth" not in row:

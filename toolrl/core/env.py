@@ -31,6 +31,7 @@ import concurrent.futures
 import copy
 import dataclasses
 import inspect
+import random
 import string
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
@@ -63,6 +64,7 @@ __all__ = [
     "resolve_astep",
     "run_episode",
     "submit_tool",
+    "tasks_by_kind",
 ]
 
 PRINTABLE = string.printable
@@ -503,6 +505,19 @@ def resolve_astep(env: gym.Env) -> Callable[[str], Awaitable[tuple]]:
             current = current.env
             continue
         raise TypeError(f"{type(env).__name__} has no astep(): not a ToolEnv")
+
+
+def tasks_by_kind(make_task: Callable[[random.Random, str], dict[str, Any]],
+                  kinds: Sequence[str], n: int, *, seed: int, split: str, name: str,
+                  prefix: str) -> list[dict[str, Any]]:
+    """``n`` task rows of ``make_task(rng, kind)`` for a `ToolEnv.make_tasks`: every kind in
+    turn when ``n`` covers them all, else kinds drawn at random; ids
+    ``{prefix}-{split}-{seed}-{i}``, the draws seeded by ``{name}:{split}:{seed}``."""
+    rng = random.Random(f"{name}:{split}:{seed}")
+    kinds = list(kinds)
+    return [{"id": f"{prefix}-{split}-{seed}-{i}",
+             **make_task(rng, kinds[i % len(kinds)] if n >= len(kinds) else rng.choice(kinds))}
+            for i in range(n)]
 
 
 def oracle_policy(env: gym.Env, messages: list[Message]) -> str:
