@@ -42,6 +42,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+from toolrl.core.errors import describe_exception
 from toolrl.core.parse import ToolCallFormat, get_format
 from toolrl.core.tools import (
     Tool,
@@ -50,7 +51,7 @@ from toolrl.core.tools import (
     make_error,
     parse_error_records,
 )
-from toolrl.core.trajectory import Trajectory, TurnRecord
+from toolrl.core.trajectory import Trajectory, TurnRecord, plain
 from toolrl.core.types import ParseResult, ToolCall
 
 __all__ = [
@@ -527,31 +528,60 @@ def oracle_policy(env: gym.Env, messages: list[Message]) -> str:
 
 async def run_episode(env: gym.Env, policy: Policy = oracle_policy, *,
                       row: dict[str, Any] | None = None, seed: int | None = None,
-                      max_steps: int = 100) -> Trajectory:
+                      max_steps: int = 100, record_errors: bool = False) -> Trajectory:
     """Play one episode with ``policy(env, messages) -> action`` (sync or async) and return
     its `Trajectory` (no tokens: the policy speaks text).
 
     The default policy is the env's scripted oracle, which makes correct transcripts for tests
-    and for a supervised warm start.
+    and for a supervised warm start. An episode not over after ``max_steps`` actions, or an
+    exception of the env, raises; with ``record_errors`` the episode ends as a rollout ends it
+    instead (``max_turns``; ``error`` with the exception described; the final state as plain
+    data). What the policy raises always propagates.
     """
-    observation, info = env.reset(seed=seed, options=row)
+    traj = Trajectory(row=dict(row or {}), seed=seed)
+    try:
+        observation, info = env.reset(seed=seed, options=row)
+    except Exception as exc:
+        if not record_errors:
+            raise
+        traj.finish("error", error=f"reset: {describe_exception(exc)}")
+        return traj
     base = env.unwrapped
-    traj = Trajectory(messages=list(observation), row=copy.deepcopy(base.row or {}),
-                      tools=list(info.get("tools") or []), format=info.get("format"), seed=seed)
+    traj.messages, traj.row = list(observation), copy.deepcopy(base.row or row or {})
+    traj.tools, traj.format = list(info.get("tools") or []), info.get("format")
     astep = resolve_astep(env)
+    reason, info, error = "max_turns", {}, None
     for _ in range(max_steps):
         action = policy(env, traj.messages)
         if inspect.isawaitable(action):
             action = await action
         traj.messages.append({"role": "assistant", "content": action})
         start = time.perf_counter()
-        observation, reward, terminated, truncated, info = await astep(action)
+        try:
+            observation, reward, terminated, truncated, info = await astep(action)
+        except Exception as exc:
+            if not record_errors:
+                raise
+            traj.turns.append(TurnRecord(action=action, parse=base.parser.parse(action)))
+            reason, info, error = "error", {}, f"step: {describe_exception(exc)}"
+            break
         turn = TurnRecord.from_step(action, reward, info)
         turn.env_s = time.perf_counter() - start
         traj.turns.append(turn)
         traj.messages.extend(observation)
         if terminated or truncated:
-            traj.finish("terminated" if terminated else "truncated", info,
-                        base.state_snapshot())
-            return traj
-    raise RuntimeError(f"episode did not end within {max_steps} steps")
+            reason = "terminated" if terminated else "truncated"
+            break
+    else:
+        if not record_errors:
+            raise RuntimeError(f"episode did not end within {max_steps} steps")
+        info = {}
+    if not record_errors:
+        traj.finish(reason, info, base.state_snapshot())
+        return traj
+    try:  # as the rollout records it: the final state on every finish, when it has one
+        state = plain(base.state_snapshot())
+    except Exception as exc:
+        state, error = None, error or f"state_snapshot: {describe_exception(exc)}"
+    traj.finish(reason, info, state, error)
+    return traj

@@ -16,7 +16,6 @@ policy) is listed as a problem with the key to change; `dry_run` returns them (t
 from __future__ import annotations
 
 import asyncio
-import copy
 import json
 import random
 from collections import Counter
@@ -27,10 +26,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from toolrl.core.checks import describe_exception
-from toolrl.core.env import OracleUnavailable, resolve_astep
+from toolrl.core.env import OracleUnavailable, run_episode
 from toolrl.core.registration import env_of, make_env, row_env
-from toolrl.core.trajectory import Trajectory, TurnRecord, plain
+from toolrl.core.trajectory import Trajectory
 from toolrl.data.check import check_rows
 from toolrl.registry import RegistryError
 from toolrl.reward import ComposedReward, RewardBatch, RewardConfigError
@@ -273,47 +271,14 @@ def _play_all(cfg: ExperimentConfig, rows: list[dict[str, Any]], policy: Policy,
 
 async def _play(env_id: str, kwargs: dict[str, Any], row: dict[str, Any], policy: Policy,
                 seed: int, max_turns: int, rng: random.Random) -> Trajectory:
-    """One text-level episode with the rollout's turn cap and finish reasons; an exception of
-    the env ends it with ``error`` (as the rollout worker does), never the dry run."""
+    """One text-level episode under the rollout's turn cap, ended as the rollout ends it (an
+    exception of the env ends it with ``error``, never the dry run)."""
     env = make_env(env_id, **kwargs)
-    traj = Trajectory(row=dict(row), seed=seed)
     try:
-        try:
-            messages, info = env.reset(seed=seed, options=row)
-        except Exception as exc:
-            traj.finish("error", error=f"reset: {describe_exception(exc)}")
-            return traj
-        traj.messages, traj.tools = list(messages), list(info.get("tools") or [])
-        traj.format, traj.row = info.get("format"), copy.deepcopy(env.unwrapped.row or row)
-        reason, info, error = await _turns(env, traj, policy, max_turns, rng)
-        try:  # as the rollout worker does: the final state on every finish, when it has one
-            state = plain(env.unwrapped.state_snapshot())
-        except Exception as exc:
-            state, error = None, error or f"state_snapshot: {describe_exception(exc)}"
-        traj.finish(reason, info, state, error)
-        return traj
+        return await run_episode(env, lambda e, messages: policy(e, messages, rng), row=row,
+                                 seed=seed, max_steps=max_turns, record_errors=True)
     finally:
         env.close()
-
-
-async def _turns(env: Any, traj: Trajectory, policy: Policy, max_turns: int,
-                 rng: random.Random) -> tuple[str, dict[str, Any], str | None]:
-    """Play the turns; (finish reason, the last step's info, the error that ended it)."""
-    astep = resolve_astep(env)
-    for _ in range(max_turns):
-        action = policy(env, traj.messages, rng)  # OracleUnavailable: no oracle, no episode
-        traj.messages.append({"role": "assistant", "content": action})
-        try:
-            observation, reward, terminated, truncated, info = await astep(action)
-        except Exception as exc:
-            traj.turns.append(TurnRecord(action=action,
-                                         parse=env.unwrapped.parser.parse(action)))
-            return "error", {}, f"step: {describe_exception(exc)}"
-        traj.turns.append(TurnRecord.from_step(action, reward, info))
-        traj.messages.extend(observation)
-        if terminated or truncated:
-            return ("terminated" if terminated else "truncated"), info, None
-    return "max_turns", {}, None
 
 
 def _summarize(name: str, trajs: list[Trajectory], rewards: RewardSets, default_env: str
