@@ -39,7 +39,7 @@ def test_cpu_defaults_are_unchanged(rollout_config):
     assert (e.backend, e.dtype, e.kv_cache_gib, e.gpu_memory_utilization, e.enforce_eager) == \
         ("cpu", "float32", 1.0, 0.1, True)
     assert not e.enable_sleep_mode and trainer.sleep_level == 0
-    assert rc.seed == 0 and rc.seeded and trainer._seed("train") is not None
+    assert rc.seed == 0 and rc.seeded and trainer.seed_of("train") is not None
     assert e.weight_bucket_mb == trainer.cfg.actor.weight_bucket_mb
 
 
@@ -50,7 +50,7 @@ def test_gpu_defaults_fit_a_gpu(rollout_config):
         ("gpu", "bfloat16", None, 0.5, False)  # KV cache sized by gpu_memory_utilization
     assert e.weight_transfer == "ipc" and e.enable_sleep_mode and trainer.sleep_level == 2
     # seeded requests make vLLM's GPU sampler leave its fast kernels: unseeded by default
-    assert not rc.seeded and trainer._seed("train") is None
+    assert not rc.seeded and trainer.seed_of("train") is None
     args = e.engine_args()
     assert args.weight_transfer_config.backend == "ipc" and args.enable_sleep_mode
     assert not args.enforce_eager and args.gpu_memory_utilization == 0.5

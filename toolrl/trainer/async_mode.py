@@ -89,7 +89,7 @@ class AsyncTrainer(PipelineTrainer):
             return []
         at = self.loader.state_dict()
         rows = self.loader.next_batch(count)
-        seed = self._seed(f"train@{at['epoch']}", at["index"])
+        seed = self.seed_of(f"train@{at['epoch']}", at["index"])
         n = self.cfg.algorithm.group_size
         return [GroupJob(f"{row.get('id', 'task')}@{at['epoch']}.{at['index'] + i}", dict(row),
                          n, None if seed is None else

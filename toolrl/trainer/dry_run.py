@@ -34,6 +34,7 @@ from toolrl.registry import RegistryError
 from toolrl.reward import ComposedReward, RewardBatch, RewardConfigError
 from toolrl.rollout.worker import RolloutConfig
 from toolrl.trainer.config import ConfigError, ExperimentConfig, worker_rollout_config
+from toolrl.trainer.context import RunContext
 from toolrl.trainer.mixture import RewardSets
 from toolrl.trainer.policies import BAD_POLICIES, Policy
 from toolrl.trainer.policies import oracle_policy as _oracle
@@ -88,17 +89,15 @@ def dry_run(cfg: ExperimentConfig, *, tasks: int = 4, console: Console | None = 
             ) -> DryRunReport:
     """Check ``cfg`` end to end without Ray or vLLM (see the module docstring); ``tasks``
     rows (train rows first, then one validation row) are rendered and played."""
-    from toolrl.trainer.trainer import Trainer
-
     console = console or Console()
     rollout = worker_rollout_config(cfg)
     try:  # an unknown env or reward, or bad reward kwargs: one clear line, as a config error
-        trainer = Trainer(cfg, console=console)
+        run = RunContext(cfg, console=console)
     except (RegistryError, RewardConfigError) as exc:
         raise ConfigError(str(exc)) from None
     try:
         try:
-            train, val = trainer.load_tasks()
+            train, val = run.load_tasks()
         except RegistryError as exc:
             raise ConfigError(str(exc)) from None
         report = DryRunReport(len(train), len(val), rollout.max_prompt_len,
@@ -120,11 +119,11 @@ def dry_run(cfg: ExperimentConfig, *, tasks: int = 4, console: Console | None = 
                                 f"policies were played")
         for name, trajs in episodes.items():
             if trajs:
-                report.policies.append(_summarize(name, trajs, trainer.reward, cfg.env.id))
+                report.policies.append(_summarize(name, trajs, run.reward, cfg.env.id))
         _check_oracle(episodes["oracle"], renderer, rollout, report)
         _check_episodes(report)
     finally:
-        trainer.close()
+        run.close()
     _print(cfg, report, first_prompt, console)
     return report
 

@@ -40,6 +40,7 @@ from toolrl.core.bfcl_scores import leaderboard, leaderboard_tables
 from toolrl.core.registration import env_class, env_of
 from toolrl.core.trajectory import Trajectory
 from toolrl.trainer.config import ExperimentConfig
+from toolrl.trainer.context import RunContext
 from toolrl.trainer.preflight import check_devices, fit_prompt_budget
 
 # episodes per chunk, per concurrent episode (rollout.concurrency): the engine stays full, and a
@@ -56,7 +57,6 @@ def run_evaluation(cfg: ExperimentConfig, model: str, output_dir: str | os.PathL
     ``toolrl score`` reads it)."""
     from toolrl.models.source import ModelNotFoundError, require_model
     from toolrl.trainer.config import ConfigError
-    from toolrl.trainer.trainer import Trainer
 
     if trials < 1:
         raise ConfigError(f"--trials must be >= 1, got {trials}")
@@ -70,16 +70,15 @@ def run_evaluation(cfg: ExperimentConfig, model: str, output_dir: str | os.PathL
     cfg.model.path = model
     cfg.model.build_tiny_if_missing = False
     console = console or Console()
-    trainer = Trainer(cfg, console=console)
+    run = RunContext(cfg, console=console)
     try:
-        trainer.model_path = trainer.prepare_model() if not cfg.warm_start.enabled else model
-        _, val_rows = trainer.load_tasks()
-        _, trainer.val_rows = fit_prompt_budget([], val_rows, cfg, trainer.model_path,
-                                                log=console.log)
-        trainer.start_workers(rollout_only=True)
-        trajs, scores = _play(trainer, trials, console)
+        run.model_path = run.prepare_model() if not cfg.warm_start.enabled else model
+        _, val_rows = run.load_tasks()
+        _, val_rows = fit_prompt_budget([], val_rows, cfg, run.model_path, log=console.log)
+        run.start_rollout()
+        trajs, scores = _play(run, val_rows, trials, console)
     finally:
-        trainer.close()
+        run.close()
     results = summarize(trajs, scores, cfg.env.id, training=training,
                         training_note=training_note)
     results = {"model": model, "env": cfg.env.id, "trials": trials, **results}
@@ -103,21 +102,21 @@ def run_evaluation(cfg: ExperimentConfig, model: str, output_dir: str | os.PathL
     return results
 
 
-def _play(trainer: Any, trials: int, console: Console) -> tuple[list[Trajectory], list[float]]:
+def _play(run: RunContext, rows: list[dict[str, Any]], trials: int, console: Console
+          ) -> tuple[list[Trajectory], list[float]]:
     """Every val row ``trials`` times, scored: in chunks of `CHUNK_PER_SLOT` x
     ``rollout.concurrency`` episodes, a progress line after each (a long eval is never
     silent). Chunk ``k`` samples with the seed of ``val`` + ``k`` (the first: the run's)."""
-    cfg = trainer.cfg
-    rows = trainer.val_rows
+    cfg = run.cfg
     per_chunk = max(1, CHUNK_PER_SLOT * cfg.rollout.concurrency // trials)
     trajs: list[Trajectory] = []
     scores: list[float] = []
     start = time.monotonic()
     for k, at in enumerate(range(0, len(rows), per_chunk)):
-        batch = trainer.rollout(rows[at: at + per_chunk], trials,
-                                seed=trainer._seed("val" if k == 0 else f"val{k}"),
-                                greedy=cfg.rollout.val_temperature == 0.0)
-        trainer.score(batch)
+        batch = run.rollout(rows[at: at + per_chunk], trials,
+                            seed=run.seed_of("val" if k == 0 else f"val{k}"),
+                            greedy=cfg.rollout.val_temperature == 0.0)
+        run.score(batch)
         trajs += B.trajectories(batch)
         scores += batch[B.TOKEN_LEVEL_SCORES].sum(-1).tolist()
         done = [t for t in trajs if t.infra_failure is None]

@@ -68,12 +68,11 @@ class PipelineTrainer(Trainer):
         self.weight_meta: list[tuple[str, str, tuple[int, ...]]] | None = None  # NCCL route
 
     # --- workers on two pools ------------------------------------------------------------------
-    def start_workers(self, rollout_only: bool = False) -> None:
-        super().start_workers(rollout_only)
-        if not rollout_only:
-            self.connect_weight_sync()
+    def start_workers(self) -> None:
+        super().start_workers()
+        self.connect_weight_sync()
 
-    def _spawn(self, roles: dict[str, RoleSpec]) -> None:
+    def spawn_roles(self, roles: dict[str, RoleSpec]) -> None:
         """Actor, reference and critic share the ``train`` pool; rollout gets ``rollout``."""
         res = self.cfg.resources
         sizes = {"train": res.processes_per_node, "rollout": res.rollout_processes_per_node}
@@ -185,7 +184,7 @@ class PipelineTrainer(Trainer):
         data_state = self.loader.state_dict()
         batch = make_rollout_input(self.loader.next_batch(), n=self.cfg.algorithm.group_size)
         future = self.handles["rollout"].call_async(
-            RolloutWorker.rollout, batch, seed=self._seed("train", step - 1))
+            RolloutWorker.rollout, batch, seed=self.seed_of("train", step - 1))
         return PendingRollout(future, step, data_state)
 
     def collect(self, pending: PendingRollout) -> TensorDict:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import time
-import zlib
 from collections.abc import Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -29,40 +28,35 @@ from toolrl.algo import (
     apply_kl_in_reward,
     compute_advantage,
     episode_advantage,
-    place_rewards,
     ratio_stats,
     uniform_groups,
 )
-from toolrl.controller import ResourcePoolManager, RoleSpec, init_ray
+from toolrl.controller import RoleSpec, init_ray
 from toolrl.controller.cluster import kill_local_cluster, kill_process_tree
-from toolrl.controller.worker_group import WorkerDiedError, WorkerGroupError, spawn
-from toolrl.core.registration import env_class, env_of
+from toolrl.controller.worker_group import WorkerDiedError, WorkerGroupError
 from toolrl.core.trajectory import Trajectory
-from toolrl.data import TaskLoader, load_rows
-from toolrl.models.source import ModelNotFoundError, locate_model, require_model
+from toolrl.data import TaskLoader
 from toolrl.rollout.gateway.agent import (
     episode_leads,
-    is_episode_lead,
     one_per_episode,
 )
-from toolrl.rollout.worker import RolloutConfig, RolloutWorker, make_rollout_input, rollout_metrics
+from toolrl.rollout.worker import RolloutWorker, rollout_metrics
 from toolrl.sync import canary
 from toolrl.trainer import checkpoint as ckpt
 from toolrl.trainer.config import (
-    ConfigError,
     ExperimentConfig,
     optimizer_steps,
     save_config,
     to_dict,
     updates_per_step,
     validates_after,
-    worker_rollout_config,
 )
+from toolrl.trainer.context import RunContext
 from toolrl.trainer.failures import RetryCount, RolloutFailedError, describe, settle
 from toolrl.trainer.health import HealthMonitor, HealthReport
 from toolrl.trainer.memory import check_memory
-from toolrl.trainer.mixture import RewardSets, mixture_rows, success_by
-from toolrl.trainer.preflight import check_config, check_rows, fit_prompt_budget
+from toolrl.trainer.mixture import success_by
+from toolrl.trainer.preflight import fit_prompt_budget
 from toolrl.trainer.progress import ProgressWatchdog, note_phase, watching
 from toolrl.trainer.run_dir import RunDirLock, check_same_run
 from toolrl.trainer.stopping import RunStopped, stop_requested, stoppable
@@ -74,20 +68,13 @@ from toolrl.workers.critic import CriticWorker
 ROLES_ORDER = ("actor", "ref", "critic", "rollout")
 
 
-class Trainer:
+class Trainer(RunContext):
     """Build workers from an `ExperimentConfig` and run `fit()`."""
 
     def __init__(self, cfg: ExperimentConfig, console: Console | None = None) -> None:
-        check_config(cfg)  # env ids, kwargs, rewards: one clear ConfigError before anything
-        self.cfg = cfg
-        self.console = console or Console()
-        self.run_dir = cfg.run_dir
-        self.step = 0
-        self.handles: dict[str, Any] = {}
+        super().__init__(cfg, console)
         self.lock: RunDirLock | None = None
         self.health = HealthMonitor(cfg.trainer.health, log=self.console.log)
-        self.reward = RewardSets(cfg.reward, cfg.env_rewards)
-        self.env_ids: list[str] = [cfg.env.id]  # every env of the run's rows (load_tasks)
         self.tracker: Tracker | None = None
         self.retries = RetryCount(cfg.trainer.max_retries)  # trainer.on_rollout_failure: retry
 
@@ -125,70 +112,10 @@ class Trainer:
                        backends=cfg.trainer.trackers, total_steps=cfg.trainer.total_steps,
                        console=self.console, start_step=self.step)
 
-    def prepare_model(self) -> str:
-        """The checkpoint RL starts from: the configured one, or its warm-started copy."""
-        base = self.base_model()
-        return warm_started(self.cfg, base, self.run_dir, self.console) \
-            if self.cfg.warm_start.enabled else base
-
-    def base_model(self) -> str:
-        """The configured checkpoint: a local folder (a tiny one built there when missing and
-        allowed), a hub id, or a cached hub id's snapshot folder (`require_model`)."""
+    def start_workers(self) -> None:
+        """Every role of the run: actor (+ reference, critic) and the rollout workers."""
         cfg = self.cfg
-        source = locate_model(cfg.model.path, cfg.model.build_tiny_if_missing)
-        if cfg.model.build_tiny_if_missing:
-            from toolrl.models.tiny import build_tiny_model, needs_build
-
-            try:
-                build = needs_build(source.path, cfg.model.tiny_size,  # missing, or older
-                                    cfg.model.tiny_tokenizer, cfg.model.tiny_vocab)
-            except ValueError as exc:  # a tiny build of another size: never replaced
-                raise ConfigError(str(exc)) from None
-            if build:
-                self.console.log(f"building a {cfg.model.tiny_size} model (random weights) at "
-                                 f"{source.path}")
-                texts = None
-                if cfg.model.tiny_vocab == "task" and cfg.model.tiny_tokenizer != "tiny":
-                    from toolrl.trainer.warm_start import task_vocab_texts
-
-                    texts = task_vocab_texts(cfg, *self.load_tasks())
-                    self.console.log(f"model.tiny_vocab=task: the tokens of {len(texts)} texts "
-                                     f"of the task")
-                from toolrl.models.families import family_tokenizer
-
-                build_tiny_model(Path(source.path).expanduser(), seed=cfg.seed,
-                                 size=cfg.model.tiny_size, tokenizer=cfg.model.tiny_tokenizer,
-                                 vocab_texts=texts, load_tokenizer=family_tokenizer)
-                return source.path
-        try:
-            return require_model(cfg.model.path, cfg.model.build_tiny_if_missing)
-        except ModelNotFoundError as exc:
-            raise ConfigError(str(exc)) from None
-
-    def load_tasks(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        """Train and val rows: ``env.id``'s (files or generator), then ``data.mixture``'s."""
-        data = self.cfg.data
-        env_cls = env_class(self.cfg.env.id) if not (data.train_file and data.val_file) else None
-        train = load_rows(data.train_file) if data.train_file else env_cls.make_tasks(
-            data.train_size, seed=self.cfg.seed, split="train", **data.task_kwargs)
-        val = load_rows(data.val_file) if data.val_file else env_cls.make_tasks(
-            data.val_size, seed=self.cfg.seed, split="val", **data.task_kwargs)
-        more_train, more_val = mixture_rows(data.mixture, self.cfg.seed, env_class)
-        for rows, where in ((train, "data.train_file" if data.train_file else "train rows"),
-                            (val, "data.val_file" if data.val_file else "val rows"),
-                            (more_train + more_val, "data.mixture rows")):
-            check_rows(rows, self.cfg, where)  # the envs rows name exist and take their kwargs
-        train, val = train + more_train, val + more_val
-        self.env_ids = sorted({env_of(r, self.cfg.env.id) for r in train + val})
-        return train, val
-
-    def start_workers(self, rollout_only: bool = False) -> None:
-        cfg = self.cfg
-        res = cfg.resources
-        init_ray(num_cpus=res.ray_num_cpus, address=res.ray_address)
-        if rollout_only:
-            self._spawn({"rollout": RoleSpec.of(RolloutWorker, self.rollout_config())})
-            return
+        init_ray(num_cpus=cfg.resources.ray_num_cpus, address=cfg.resources.ray_address)
         actor_cfg = _replace(cfg.actor, model_path=self.model_path,
                              total_steps=optimizer_steps(cfg, cfg.actor),
                              updates_per_step=updates_per_step(cfg, cfg.actor), seed=cfg.seed,
@@ -205,23 +132,7 @@ class Trainer:
                                   max_response_length=cfg.rollout.max_total_tokens)
             roles["critic"] = RoleSpec.of(CriticWorker, critic_cfg)
         roles["rollout"] = RoleSpec.of(RolloutWorker, self.rollout_config())
-        self._spawn(roles)
-
-    def _spawn(self, roles: dict[str, RoleSpec]) -> None:
-        res = self.cfg.resources
-        pools = {"global": [res.processes_per_node] * res.nodes}
-        manager = ResourcePoolManager.from_config({
-            "pools": pools, "mapping": {role: "global" for role in roles},
-            "use_gpu": res.device == "cuda", "cpus_per_process": res.cpus_per_process,
-            "custom_resources": {p: res.pool_resources[p] for p in pools
-                                 if p in res.pool_resources}})
-        with self.console.status("starting workers (vLLM engines, FSDP actors)"):
-            self.handles = spawn(manager, roles, call_timeout_s=self.cfg.trainer.call_timeout_s)
-
-    def rollout_config(self) -> RolloutConfig:
-        """The ``rollout:`` section as the workers get it (`worker_rollout_config`: the model,
-        env, seeds and the run's weight push filled in, the engine's backend defaults)."""
-        return worker_rollout_config(self.cfg, self.model_path)
+        self.spawn_roles(roles)
 
     @property
     def sleep_level(self) -> int:
@@ -236,7 +147,7 @@ class Trainer:
         self._step_data = self.loader.state_dict()  # a retried step draws the same rows
         rows = self.loader.next_batch()
         with _timed(timing, "rollout"):
-            batch = self.rollout(rows, self.cfg.algorithm.group_size, seed=self._seed("train"))
+            batch = self.rollout(rows, self.cfg.algorithm.group_size, seed=self.seed_of("train"))
             batch, infra = self.settle(batch)  # infra failures: refilled or dropped
         if self.sleep_level:  # GPU: the engine's weights and KV cache make room for the update
             self.handles["rollout"].call(RolloutWorker.sleep, self.sleep_level)
@@ -257,7 +168,7 @@ class Trainer:
         """Episodes the infrastructure failed never train: refilled (run again, same group)
         or dropped per ``trainer.infra_failures`` (`toolrl.trainer.failures.settle`)."""
         def rerun(rows: list[dict[str, Any]], uids: list[str], attempt: int) -> TensorDict:
-            return self.rollout(rows, 1, seed=self._seed(f"refill{attempt}"), uids=uids)
+            return self.rollout(rows, 1, seed=self.seed_of(f"refill{attempt}"), uids=uids)
 
         self._infra_failed = [t for t in B.trajectories(batch) if t.infra_failure is not None]
         return settle(batch, self.cfg.trainer.infra_failures, rerun)
@@ -312,7 +223,7 @@ class Trainer:
         trajs = one_per_episode(B.trajectories(batch))
         metrics["train/success"] = sum(t.success for t in trajs) / len(trajs)
         if self.mixed:
-            metrics.update(success_by("train/success", trajs, self._envs(trajs)))
+            metrics.update(success_by("train/success", trajs, self.envs_of(trajs)))
         self._last_batch = batch
         return metrics
 
@@ -369,32 +280,6 @@ class Trainer:
             rollout.call(RolloutWorker.wake_up, ["kv_cache"])
         return version
 
-    def rollout(self, rows: Sequence[Mapping[str, Any]], n: int, seed: int | None,
-                greedy: bool = False, uids: Sequence[str] | None = None) -> TensorDict:
-        """One episode per row and sample; a failed call (a dead, hung or raising worker)
-        is a `RolloutFailedError` naming the worker."""
-        batch = make_rollout_input(rows, n=n, uids=uids)
-        try:
-            return self.handles["rollout"].call(RolloutWorker.rollout, batch, seed=seed,
-                                                greedy=greedy)
-        except Exception as e:
-            raise RolloutFailedError(f"rollout of step {self.step + 1} failed ({describe(e)})"
-                                     ) from e
-
-    def score(self, batch: TensorDict) -> dict[str, float]:
-        """Reward plugins -> ``token_level_scores`` (`toolrl.algo.credit.place_rewards`)."""
-        trajs = B.trajectories(batch)
-        results, reward_metrics = self.reward.score(trajs, self._envs(trajs))
-        totals = [r.score for r in results]
-        batch.set(B.TOKEN_LEVEL_SCORES, place_rewards(
-            batch[B.RESPONSE_MASK], totals, [r.per_turn for r in results],
-            [t.turn_ends() for t in trajs]))
-        metrics = {k: float(v) for k, v in reward_metrics.items()}
-        per_episode = [x for x, t in zip(totals, trajs, strict=True)
-                       if is_episode_lead(t)]  # a split agent episode counts once
-        metrics["train/reward_mean"] = float(sum(per_episode) / max(len(per_episode), 1))
-        return metrics
-
     def compute_advantages(self, batch: TensorDict) -> dict[str, float]:
         cfg = self.cfg.algorithm
         mask = batch[B.RESPONSE_MASK]
@@ -428,7 +313,7 @@ class Trainer:
         """Greedy episodes on the held-out rows: success overall, per category and (in a run
         of several envs) per env; the configured reward (``val/reward_mean``, components as
         ``val/reward/<alias>``) and the env's own (``val/env_reward_mean``)."""
-        batch = self.rollout(self.val_rows, 1, seed=self._seed("val"),
+        batch = self.rollout(self.val_rows, 1, seed=self.seed_of("val"),
                              greedy=self.cfg.rollout.val_temperature == 0.0)
         every = B.trajectories(batch)
         trajs = [t for t in every if t.infra_failure is None]  # not the policy's to answer for
@@ -440,8 +325,8 @@ class Trainer:
         if len(by_cat) > 1:
             out.update({f"val/success/{c}": sum(v) / len(v) for c, v in by_cat.items()})
         if self.mixed:
-            out.update(success_by("val/success", trajs, self._envs(trajs)))
-        results, reward_metrics = self.reward.score(trajs, self._envs(trajs))
+            out.update(success_by("val/success", trajs, self.envs_of(trajs)))
+        results, reward_metrics = self.reward.score(trajs, self.envs_of(trajs))
         out["val/reward_mean"] = sum(r.score for r in results) / max(len(results), 1)
         out.update({f"val/{k}": v for k, v in reward_metrics.items() if k != "reward/total"})
         out["val/env_reward_mean"] = sum(t.env_reward for t in trajs) / max(len(trajs), 1)
@@ -542,7 +427,7 @@ class Trainer:
         trained on, and the episodes the infrastructure failed (printed, not counted)."""
         trajs = B.trajectories(self._last_batch) if self._last_batch is not None else []
         trajs = [*trajs, *self._infra_failed]
-        return self.health.check(self.step, trajs, self._envs(trajs),
+        return self.health.check(self.step, trajs, self.envs_of(trajs),
                                  self.reward.last_failures)
 
     def run_step(self) -> dict[str, float]:
@@ -696,47 +581,15 @@ class Trainer:
         self.console.log(f"resumed from {path} at step {self.step}")
 
     def close(self) -> None:
-        self.shutdown_workers()
-        self.reward.close()
+        super().close()
         if self.lock is not None:
             self.lock.release()
             self.lock = None
-
-    def shutdown_workers(self) -> None:
-        """Stop the engines, kill every worker group, release the pools."""
-        if "rollout" in self.handles:
-            try:  # a stalled run's workers may never answer: they are killed below
-                self.handles["rollout"].call_async(RolloutWorker.shutdown).get(
-                    timeout=5 if self.stalled else 120)
-            except Exception as e:  # a dead or hung rollout worker: its group is killed below
-                self.console.log(f"rollout shutdown: {e}")
-        for group in {id(h.group): h.group for h in self.handles.values()}.values():
-            group.shutdown()
-            group.pool.release()
-        self.handles = {}
 
     # --- helpers -------------------------------------------------------------------------------
     @property
     def actor(self) -> Any:
         return self.handles["actor"]
-
-    @property
-    def mixed(self) -> bool:
-        """The run's rows come from more than one env (per-env metrics are logged)."""
-        return len(self.env_ids) > 1
-
-    def _envs(self, trajs: Sequence[Trajectory]) -> list[str]:
-        """The env of each trajectory's row."""
-        return [env_of(t.row, self.cfg.env.id) for t in trajs]
-
-    def _seed(self, what: str, step: int | None = None) -> int | None:
-        """Sampling seed of this step (or ``step``): a function of (seed, step), so a resumed
-        run draws the same samples as an uninterrupted one; None when episodes are unseeded
-        (`RolloutConfig.seeded`)."""
-        if not self.cfg.rollout.seeded:
-            return None
-        step = self.step if step is None else step
-        return zlib.crc32(f"{self.cfg.seed}:{what}:{step}".encode()) % (2**31 - 1)
 
     _last_batch: TensorDict | None = None
     watchdog: ProgressWatchdog | None = None
