@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from toolrl.rollout.history import HISTORY_POLICIES
-from toolrl.trainer.config import CHOICES, ConfigError, load_config
+from toolrl.trainer.config import CHOICES, ConfigError, load_config, validate
 
 
 def test_the_choices_are_the_rollouts():
@@ -13,7 +13,8 @@ def test_the_choices_are_the_rollouts():
 
 
 @pytest.mark.parametrize("override,match", [
-    ("rollout.history_policy=sometimes", "history_policy='sometimes'; choose one of auto"),
+    ("rollout.history_policy=sometimes",
+     "rollout.history_policy='sometimes' is not valid; choose one of \\['auto'"),
     ("model.tiny_vocab=half", "model.tiny_vocab='half' is not valid"),
     ("model.tiny_tokenizer=llama9", "model.tiny_tokenizer='llama9' is not a model family"),
     ("rollout.family=llama9", "not a known model family"),
@@ -21,6 +22,22 @@ def test_the_choices_are_the_rollouts():
 def test_bad_values_are_refused(override, match):
     with pytest.raises(ConfigError, match=match):
         load_config("configs/quickstart.yaml", [override])
+
+
+@pytest.mark.parametrize("key", sorted(CHOICES))
+def test_every_choice_key_refuses_a_value_outside_its_literal_in_one_line(key):
+    """The schema's Literal types are the one list of each key's values: a value outside it is
+    a ConfigError naming the key and the values, from the file and from a built config."""
+    with pytest.raises(ConfigError, match=f"^{key}='nonsense' is not valid; choose one of"):
+        load_config("configs/quickstart.yaml", [f"{key}=nonsense"])
+    cfg = load_config("configs/quickstart.yaml")
+    section, _, name = key.rpartition(".")
+    node = cfg
+    for part in section.split("."):
+        node = getattr(node, part)
+    object.__setattr__(node, name, "nonsense")  # frozen worker configs too
+    with pytest.raises(ConfigError, match=f"^{key}='nonsense' is not valid"):
+        validate(cfg)
 
 
 def test_per_turn_needs_an_outcome_advantage():

@@ -15,14 +15,18 @@ from the reward (`apply_kl_in_reward`).
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 import torch
 from torch import Tensor
 
 from toolrl.algo.masked import masked_mean
 
-__all__ = ["K3_CLAMP", "K3_LOG_RATIO_CLAMP", "KL_KINDS", "apply_kl_in_reward", "kl_penalty"]
+__all__ = ["K3_CLAMP", "K3_LOG_RATIO_CLAMP", "KL_KINDS", "KLKind", "apply_kl_in_reward",
+           "kl_penalty"]
 
-KL_KINDS = ("k1", "k2", "k3", "abs")
+KLKind = Literal["k1", "k2", "k3", "abs"]
+KL_KINDS: tuple[str, ...] = get_args(KLKind)
 K3_LOG_RATIO_CLAMP = 20.0  # |log(ref/p)| bound before exp: exp(20) ~ 4.9e8 stays finite
 K3_CLAMP = 10.0  # upper bound of the per-token k3 value
 

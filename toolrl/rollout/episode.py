@@ -45,7 +45,7 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from toolrl.core.env import ToolEnv
 from toolrl.core.errors import describe_exception
@@ -58,6 +58,8 @@ from toolrl.rollout.env_model import EngineChatModel
 from toolrl.rollout.loop_hold import Hold, held, run_coroutine, timed_call, warn_if_held
 
 logger = logging.getLogger(__name__)
+
+Overflow = Literal["stop", "truncate"]  # what an observation that does not fit does
 
 MAX_TURNS = 4
 """The rollout's cap on model turns when none is set (``rollout.max_turns``): every player of an
@@ -84,13 +86,14 @@ class EpisodeConfig:
     max_prompt_len: int | None = None
     max_response_len: int | None = None
     max_turns: int = MAX_TURNS
-    on_overflow: Literal["stop", "truncate"] = "stop"
+    on_overflow: Overflow = "stop"
     min_turn_tokens: int = 1
     env_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
-        if self.on_overflow not in ("stop", "truncate"):
-            raise ValueError(f"on_overflow must be 'stop' or 'truncate', got {self.on_overflow!r}")
+        if self.on_overflow not in get_args(Overflow):
+            raise ValueError(f"on_overflow must be one of {list(get_args(Overflow))}, got "
+                             f"{self.on_overflow!r}")
         if self.max_turns < 1 or self.min_turn_tokens < 1:
             raise ValueError("max_turns and min_turn_tokens must be >= 1")
         if self.env_timeout_s is not None and not self.env_timeout_s > 0:

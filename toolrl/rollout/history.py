@@ -30,11 +30,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
-__all__ = ["HISTORY_POLICIES", "HistoryDecision", "HistoryPolicyError", "decide"]
+__all__ = ["HISTORY_POLICIES", "HistoryDecision", "HistoryPolicy", "HistoryPolicyError", "decide"]
 
-HISTORY_POLICIES = ("auto", "delta", "per_turn", "keep_stream", "preserve")
+HistoryPolicy = Literal["auto", "delta", "per_turn", "keep_stream", "preserve"]  # as configured
+HISTORY_POLICIES: tuple[str, ...] = get_args(HistoryPolicy)
 Policy = Literal["delta", "per_turn", "keep_stream"]
 
 

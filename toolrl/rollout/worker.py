@@ -48,8 +48,9 @@ from toolrl.registry import import_object
 from toolrl.rollout import engine_guard
 from toolrl.rollout.chat import ChatRenderer
 from toolrl.rollout.engine import EngineConfig, SamplingConfig, VLLMEngine
-from toolrl.rollout.episode import MAX_TURNS, EpisodeConfig, EpisodeRunner
-from toolrl.rollout.history import HISTORY_POLICIES
+from toolrl.rollout.episode import MAX_TURNS, EpisodeConfig, EpisodeRunner, Overflow
+from toolrl.rollout.gateway import CLIENTS, AgentClient
+from toolrl.rollout.history import HISTORY_POLICIES, HistoryPolicy
 from toolrl.rollout.samples import per_turn_rows
 from toolrl.rollout.stream import EpisodeStream, FinishedGroup, GroupJob
 from toolrl.sync.weights import (
@@ -137,7 +138,7 @@ class RolloutConfig:
     max_total_tokens: int = 1024
     max_prompt_tokens: int | None = None
     val_temperature: float = 0.0
-    on_overflow: str = "stop"
+    on_overflow: Overflow = "stop"
     env_timeout_s: float | None = None
     engine: EngineConfig = field(default_factory=experiment_engine)
     env_id: str | None = None
@@ -148,11 +149,11 @@ class RolloutConfig:
     runner: Any = None
     agent: str | None = None
     agent_timeout_s: float = 120.0
-    agent_client: str = "openai"
+    agent_client: AgentClient = "openai"
     agent_format: str | None = None
     allow_non_prefix_preserving: bool = False
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
-    history_policy: str = "auto"
+    history_policy: HistoryPolicy = "auto"
     family: str | None = None
 
     def __post_init__(self) -> None:
@@ -167,8 +168,8 @@ class RolloutConfig:
                              "set one of them")
         if not self.agent_timeout_s > 0:
             raise ValueError(f"agent_timeout_s must be > 0, got {self.agent_timeout_s}")
-        if self.agent_client not in ("openai", "anthropic"):
-            raise ValueError(f"agent_client must be 'openai' or 'anthropic', got "
+        if self.agent_client not in CLIENTS:
+            raise ValueError(f"agent_client must be one of {list(CLIENTS)}, got "
                              f"{self.agent_client!r}")
         if self.history_policy not in HISTORY_POLICIES:
             raise ValueError(f"history_policy={self.history_policy!r}; choose one of "

@@ -44,9 +44,10 @@ never submitted, raises.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
-STALE_POLICIES = ("continue", "drop")
+StalePolicy = Literal["continue", "drop"]
+STALE_POLICIES: tuple[str, ...] = get_args(StalePolicy)
 
 
 class BufferError(RuntimeError):

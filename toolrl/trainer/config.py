@@ -8,17 +8,22 @@ full path and the valid choices.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+import typing
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
+from toolrl.algo import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
+from toolrl.algo.kl import KLKind
+from toolrl.core.families import FAMILIES
 from toolrl.rollout.worker import RolloutConfig
-from toolrl.trainer.failures import INFRA_RULES, InfraFailureConfig
+from toolrl.trainer.async_buffer import StalePolicy
+from toolrl.trainer.failures import InfraFailureConfig
 from toolrl.trainer.health import HealthConfig
 from toolrl.trainer.progress import WatchdogConfig
 from toolrl.workers.actor import ActorConfig
@@ -51,7 +56,7 @@ class ModelConfig:
     # full: that tokenizer's whole vocabulary; task: only the tokens the task's texts use
     # (prompts, oracle and bad-policy turns, tool results), same pieces, checked against the
     # real tokenizer on every text the rollout encodes (toolrl.models.compact)
-    tiny_vocab: str = "full"
+    tiny_vocab: Literal["full", "task"] = "full"
 
 
 @dataclass
@@ -97,20 +102,20 @@ class DataConfig:
     mixture: list[MixtureSource] = field(default_factory=list)  # rows of more envs
     # rows whose first prompt (tools included) exceeds rollout.max_prompt_tokens: refuse the
     # run (naming how many and the longest), or filter them out (the run says how many)
-    overlong_prompts: str = "refuse"
+    overlong_prompts: Literal["refuse", "filter"] = "refuse"
 
 
 @dataclass
 class AlgorithmConfig:
     """The RL algorithm: GRPO-style (no critic) or PPO (critic + GAE)."""
 
-    name: str = "grpo"  # grpo | ppo
+    name: Literal["grpo", "ppo"] = "grpo"  # ppo adds the critic (algorithm.advantage: gae)
     advantage: str = "grpo"  # any registered advantage estimator
     group_size: int = 8  # samples per task (uid group)
     gamma: float = 1.0  # discount over sampled tokens (estimators that look along time)
     lam: float = 1.0  # GAE's lambda (advantage: gae)
     kl_in_reward_coef: float = 0.0  # > 0: KL to the reference subtracted from the reward
-    kl_in_reward_kind: str = "k1"  # KL estimator of the in-reward term: k1 | k2 | k3 | abs
+    kl_in_reward_kind: KLKind = "k1"  # KL estimator of the in-reward term
     use_reference: bool = False  # compute reference log-probs (needed by any KL term)
     # drop groups whose samples all got the same reward (zero advantage, no policy gradient)
     # before log-probs and the update, as DAPO's dynamic sampling does
@@ -121,7 +126,7 @@ class AlgorithmConfig:
 class ResourcesConfig:
     """Where workers run: one Ray pool of processes; the roles share it (colocated)."""
 
-    device: str = "cpu"  # cpu | cuda
+    device: Literal["cpu", "cuda"] = "cpu"  # where the actor (and reference, critic) train
     nodes: int = 1  # machines of each pool
     processes_per_node: int = 1  # FSDP ranks per node (actor / reference / critic)
     rollout_processes_per_node: int = 1  # trainer.mode=pipeline: the rollout pool's own processes
@@ -130,7 +135,7 @@ class ResourcesConfig:
     cpus_per_process: float = 1.0
     ray_num_cpus: int | None = None  # local cluster size; None: Ray's default
     ray_address: str | None = None  # connect to an existing cluster (or set RAY_ADDRESS)
-    memory_check: str = "refuse"  # refuse | warn | skip: the pre-flight memory plan
+    memory_check: Literal["refuse", "warn", "skip"] = "refuse"  # the pre-flight memory plan
     host_memory_gib: float | None = None  # RAM per node to plan with (None: this machine's)
     gpu_memory_gib: float | None = None  # memory per GPU to plan with (None: the visible GPU's)
     # Ray custom resources each bundle of a pool asks for, by pool: "global" (trainer.mode=sync),
@@ -185,12 +190,13 @@ class TrainerConfig:
     # where metrics go: jsonl (metrics.jsonl), tensorboard, wandb, mlflow
     trackers: list[str] = field(default_factory=lambda: ["jsonl", "tensorboard"])
     log_rollouts: int = 8  # trajectories dumped per step
-    mode: str = "sync"  # sync | pipeline (one-step off-policy) | async (streaming)
+    # sync; pipeline: one-step off-policy; async: streaming (trainer/async_mode.py)
+    mode: Literal["sync", "pipeline", "async"] = "sync"
     # trainer.mode=async (trainer/async_buffer.py): no sample trains more than max_staleness
     # policy versions after its group started; a due group still generating is waited for
     # (continue: it keeps going under the new weights) or cancelled and counted (drop)
     max_staleness: int = 1
-    stale_policy: str = "continue"  # continue | drop
+    stale_policy: StalePolicy = "continue"  # a due group still generating: wait, or drop it
     # trainer.mode pipeline / async train on samples of older weights, and a gateway agent's
     # grammar-constrained calls (tool_choice required / named) are sampled off the actor's
     # distribution: such runs need actor.loss.corrections; true trains them uncorrected on
@@ -199,7 +205,7 @@ class TrainerConfig:
     export_hf: bool = True  # write final_hf/ at the end
     # a rollout worker that died or failed: stop the run naming it, or restart it (and its
     # engine) and redo the batch, at most max_retries times in a row (docs/reliability.md)
-    on_rollout_failure: str = "stop"  # stop | retry
+    on_rollout_failure: Literal["stop", "retry"] = "stop"
     max_retries: int = 1  # retries in a row (on_rollout_failure: retry) before the run stops
     call_timeout_s: float = 1800.0  # bound on one worker-group call; past it the call fails
     # Two thresholds, disjoint: infra_failures.max_fraction counts the episodes the
@@ -210,8 +216,8 @@ class TrainerConfig:
     # infra-failed episodes are refilled or dropped, never trained on (trainer/failures.py)
     infra_failures: InfraFailureConfig = field(default_factory=InfraFailureConfig)
     # after each weight push, engine and actor score a fixed probe (sync/canary.py)
-    # auto: stop for fp32 engines, warn for bf16 / fp16 (toolrl/sync/canary.py) | stop | warn | off
-    sync_canary: str = "auto"
+    # auto: stop for fp32 engines, warn for bf16 / fp16 (toolrl/sync/canary.py)
+    sync_canary: Literal["auto", "stop", "warn", "off"] = "auto"
     # bound on the dtype's statistic (fp32: max |log-prob diff|; bf16: mean); None: by dtype
     sync_canary_tolerance: float | None = None
     # no step finished within the bound: stacks of every process to <run dir>/stalls/, one
@@ -285,21 +291,37 @@ FILLED_BY_TRAINER: dict[str, str] = {
 }
 """Keys of embedded component configs that the trainer fills (a value there would do nothing)."""
 
-CHOICES: dict[str, tuple[str, ...]] = {
-    "algorithm.name": ("grpo", "ppo"),
-    "resources.device": ("cpu", "cuda"),
-    "rollout.engine.backend": ("cpu", "gpu"),
-    "trainer.mode": ("sync", "pipeline", "async"),
-    "trainer.stale_policy": ("continue", "drop"),
-    "trainer.on_rollout_failure": ("stop", "retry"),
-    "trainer.infra_failures.rule": INFRA_RULES,
-    "trainer.sync_canary": ("auto", "stop", "warn", "off"),
-    "resources.memory_check": ("refuse", "warn", "skip"),
-    "data.overlong_prompts": ("refuse", "filter"),
-    "trainer.health.on_unhealthy": ("stop", "warn"),
-    "rollout.history_policy": ("auto", "delta", "per_turn", "keep_stream", "preserve"),
-    "model.tiny_vocab": ("full", "task"),
+def _choices(cls: type, path: str = "") -> dict[str, tuple[str, ...]]:
+    """Key -> valid values of every ``Literal`` field under ``cls`` (nested configs too)."""
+    out: dict[str, tuple[str, ...]] = {}
+    hints = typing.get_type_hints(cls)
+    for f in fields(cls):
+        key, hint = f"{path}{f.name}", hints[f.name]
+        if typing.get_origin(hint) is Literal:
+            out[key] = typing.get_args(hint)
+        elif is_dataclass(hint):
+            out.update(_choices(hint, f"{key}."))
+    return out
+
+
+CHOICES: dict[str, tuple[str, ...]] = _choices(ExperimentConfig)
+"""Key -> its valid values, read off the schema's ``Literal`` types (OmegaConf checks them when a
+config loads, `validate` when one is built in Python, the docs list them)."""
+
+REGISTERED: dict[str, tuple[str, Callable[[], list[str]]]] = {
+    "algorithm.advantage": ("registered advantage estimator", ADVANTAGE_ESTIMATORS.names),
+    "actor.loss.policy_loss": ("registered policy loss", POLICY_LOSSES.names),
+    "model.tiny_tokenizer": ("model family", FAMILIES.names),
+    "model.tiny_size": ("tiny size or real shape", lambda: _tiny_sizes()),
 }
+"""Keys whose valid values are a registry's names (plugins add to them): what they name, and the
+names known now."""
+
+
+def _tiny_sizes() -> list[str]:
+    from toolrl.models.tiny import size_names  # builds on transformers' model classes
+
+    return list(size_names())
 
 
 def load_config(path: str | os.PathLike | None = None, overrides: Sequence[str] = ()
@@ -350,14 +372,10 @@ def validate(cfg: ExperimentConfig) -> None:
         value = _get(cfg, key)
         if value not in valid:
             raise ConfigError(f"{key}={value!r} is not valid; choose one of {list(valid)}")
-    from toolrl.algo import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
-
-    if cfg.algorithm.advantage not in ADVANTAGE_ESTIMATORS:
-        raise ConfigError(f"algorithm.advantage={cfg.algorithm.advantage!r} is not a "
-                          f"registered estimator; choose one of {ADVANTAGE_ESTIMATORS.names()}")
-    if cfg.actor.loss.policy_loss not in POLICY_LOSSES:
-        raise ConfigError(f"actor.loss.policy_loss={cfg.actor.loss.policy_loss!r} is not a "
-                          f"registered loss; choose one of {POLICY_LOSSES.names()}")
+    for key, (what, names) in REGISTERED.items():
+        value = _get(cfg, key)
+        if value not in names():
+            raise ConfigError(f"{key}={value!r} is not a {what}; choose one of {names()}")
     if cfg.algorithm.name == "ppo" and cfg.algorithm.advantage != "gae":
         raise ConfigError("algorithm.name=ppo needs algorithm.advantage=gae (it uses the critic)")
     positive = ("data.batch_size", "algorithm.group_size",
@@ -411,16 +429,6 @@ def validate(cfg: ExperimentConfig) -> None:
     _check_async(cfg)
     _check_corrections(cfg)
     _check_warm_start(cfg.warm_start)
-    from toolrl.models.tiny import size_names
-
-    if cfg.model.tiny_size not in size_names():
-        raise ConfigError(f"model.tiny_size={cfg.model.tiny_size!r} is not valid; choose one "
-                          f"of {size_names()}")
-    from toolrl.core.families import FAMILIES
-
-    if cfg.model.tiny_tokenizer not in FAMILIES:
-        raise ConfigError(f"model.tiny_tokenizer={cfg.model.tiny_tokenizer!r} is not a model "
-                          f"family; choose one of {FAMILIES.names()}")
     if cfg.rollout.history_policy == "per_turn" and \
             cfg.algorithm.advantage not in AGENT_ADVANTAGES:
         raise ConfigError(f"rollout.history_policy=per_turn makes each model turn a sample "
@@ -596,6 +604,9 @@ def _explain(exc: ConfigKeyError | ValidationError) -> str:
         valid = _valid_keys(parent)
         return f"unknown config key {full_key!r}. {first} Valid keys" + \
             (f" under {parent!r}" if parent else "") + f": {valid}"
+    if full_key in CHOICES:  # a Literal's value (the message validate gives a built config)
+        value = str(exc).split("'")[1] if str(exc).count("'") >= 2 else str(exc)
+        return f"{full_key}={value!r} is not valid; choose one of {list(CHOICES[full_key])}"
     return f"invalid value for {full_key!r}: {first}"
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
 import torch
 from tensordict import TensorDict
@@ -31,7 +31,8 @@ from tensordict import TensorDict
 from toolrl import batch as B
 from toolrl.controller.errors import WorkerGroupError
 
-INFRA_RULES = ("refill", "drop_sample", "drop_group")
+InfraRule = Literal["refill", "drop_sample", "drop_group"]
+INFRA_RULES: tuple[str, ...] = get_args(InfraRule)
 
 
 class InfraFailureError(RuntimeError):
@@ -92,7 +93,7 @@ class InfraFailureConfig:
             failed for infrastructure reasons; 1.0 never stops.
     """
 
-    rule: str = "refill"
+    rule: InfraRule = "refill"
     refill_attempts: int = 1
     max_fraction: float = 0.5
 

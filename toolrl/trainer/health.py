@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from toolrl.core.trajectory import Trajectory
 
@@ -39,7 +39,7 @@ class HealthConfig:
     """Per-step health checks (``trainer.health``); a share above its threshold is
     unhealthy (1.0 turns a check off)."""
 
-    on_unhealthy: str = "stop"  # stop | warn
+    on_unhealthy: Literal["stop", "warn"] = "stop"  # an unhealthy step stops the run, or warns
     # episodes that ended with an error that is not an infrastructure failure (template,
     # observation, empty turn), among those that train; those are trainer.infra_failures
     max_error_fraction: float = 0.2

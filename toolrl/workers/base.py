@@ -20,7 +20,7 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 import torch
 import torch.distributed as dist
@@ -51,7 +51,8 @@ from toolrl.workers.fsdp import (
 )
 from toolrl.workers.micro_batch import mini_batch_slices, plan_micro_batches, take
 
-LR_SCHEDULES = ("constant", "cosine")
+LRSchedule = Literal["constant", "cosine"]
+LR_SCHEDULES: tuple[str, ...] = get_args(LRSchedule)
 # A micro-batch loss function: (micro-batch, LossTotals) -> (scalar loss, float metrics).
 MicroLoss = Callable[[TensorDict, "LossTotals"], tuple[torch.Tensor, dict[str, float]]]
 
@@ -111,7 +112,7 @@ class FSDPConfig:
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
     weight_decay: float = 0.01
-    lr_schedule: str = "constant"
+    lr_schedule: LRSchedule = "constant"
     warmup_steps: int = 0
     total_steps: int = 0
     updates_per_step: int = 0

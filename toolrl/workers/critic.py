@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 
-from toolrl.algo.loss import AGG_MODES, LossAggregator, value_loss
+from toolrl.algo.loss import AGG_MODES, AggMode, LossAggregator, value_loss
 from toolrl.batch import RESPONSE_MASK, RETURNS, VALUES
 from toolrl.controller.worker import Dispatch, Worker, remote
 from toolrl.workers.base import FSDPConfig, FSDPModel, LossTotals
@@ -37,7 +37,7 @@ class CriticConfig(FSDPConfig):
 
     lr: float = 1e-5
     cliprange_value: float | None = 0.5
-    loss_agg_mode: str = "token-mean"
+    loss_agg_mode: AggMode = "token-mean"
     max_response_length: int | None = None
 
     def __post_init__(self) -> None:

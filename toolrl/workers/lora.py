@@ -24,14 +24,15 @@ from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 import torch
 from torch import nn
 
 from toolrl.sync.weights import Meta, Named
 
-LORA_SYNCS = ("merge", "adapter")
+LoraSync = Literal["merge", "adapter"]
+LORA_SYNCS: tuple[str, ...] = get_args(LoraSync)
 DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 ADAPTER = "default"  # PEFT's name of the one adapter
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's allowed max_lora_rank values
@@ -56,7 +57,7 @@ class LoraConfig:
     alpha: float = 16.0
     dropout: float = 0.0
     target_modules: tuple[str, ...] = DEFAULT_TARGETS
-    sync: str = "merge"
+    sync: LoraSync = "merge"
     export_merged: bool = True
 
     def __post_init__(self) -> None:

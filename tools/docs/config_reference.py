@@ -145,6 +145,9 @@ def _summary(cls: type) -> str:
 
 
 def _annotation(cls: type, f: dataclasses.Field) -> str:
+    hint = typing.get_type_hints(cls).get(f.name)
+    if typing.get_origin(hint) is typing.Literal:  # its values are listed with the key
+        return type(typing.get_args(hint)[0]).__name__
     if isinstance(f.type, str):
         return f.type
     return inspect.formatannotation(f.type)
@@ -196,24 +199,11 @@ def sections(root: Any = None) -> list[Section]:
 
 
 def valid_values() -> dict[str, tuple[str, ...]]:
-    """Key -> the values the code accepts: `CHOICES` (checked by ``validate``) and the names
-    of the registries and constants the configs are checked against."""
-    from toolrl.algo import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
-    from toolrl.algo.kl import KL_KINDS
-    from toolrl.algo.loss import AGG_MODES
-    from toolrl.trainer.config import CHOICES
-    from toolrl.workers.base import LR_SCHEDULES
-    from toolrl.workers.lora import LORA_SYNCS
+    """Key -> the values the code accepts, as the schema states them: its ``Literal`` types
+    (`CHOICES`) and the registries some keys name (`REGISTERED`, the names known now)."""
+    from toolrl.trainer.config import CHOICES, REGISTERED
 
-    out = dict(CHOICES)
-    out["algorithm.advantage"] = tuple(ADVANTAGE_ESTIMATORS.names())
-    out["actor.loss.policy_loss"] = tuple(POLICY_LOSSES.names())
-    out["algorithm.kl_in_reward_kind"] = out["actor.loss.kl_loss_kind"] = tuple(KL_KINDS)
-    out["actor.loss.loss_agg_mode"] = out["critic.loss_agg_mode"] = tuple(AGG_MODES)
-    out["actor.lr_schedule"] = out["critic.lr_schedule"] = tuple(LR_SCHEDULES)
-    out["actor.lora.sync"] = tuple(LORA_SYNCS)
-    out["rollout.on_overflow"] = ("stop", "truncate")
-    return out
+    return {**CHOICES, **{key: tuple(names()) for key, (_, names) in REGISTERED.items()}}
 
 
 def schema_keys() -> list[KeyDoc]:
@@ -304,7 +294,8 @@ def render() -> str:
             doc = _cell(key.doc.strip())
             doc = doc[:1].upper() + doc[1:]  # a sentence (a code span stays as it is)
             if key.choices:
-                doc += " Valid values: " + ", ".join(f"`{c}`" for c in key.choices) + "."
+                doc += ("" if doc.endswith(".") or not doc else ".") + " Valid values: " + \
+                    ", ".join(f"`{c}`" for c in key.choices) + "."
             if key.filled_by:
                 doc = f"**Set by the trainer** from `{key.filled_by}`; leave it unset. " + doc
             default = yaml_value(key.default)

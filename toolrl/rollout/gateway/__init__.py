@@ -14,3 +14,9 @@ token capture.
 - `agent`: `AgentRunner` (``rollout.agent``: your own agent against the gateway, one episode
   per task row, as a `Trajectory`).
 """
+
+from typing import Literal, get_args
+
+AgentClient = Literal["openai", "anthropic"]
+"""The client a gateway agent's ``solve`` gets (``rollout.agent_client``)."""
+CLIENTS: tuple[str, ...] = get_args(AgentClient)

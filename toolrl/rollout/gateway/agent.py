@@ -39,6 +39,7 @@ from typing import Any
 
 from toolrl.core.trajectory import TokenStream, Trajectory, plain
 from toolrl.registry import import_object
+from toolrl.rollout.gateway import CLIENTS
 from toolrl.rollout.gateway.app import Gateway
 from toolrl.rollout.gateway.capture import Sample
 from toolrl.rollout.gateway.server import GatewayServer
@@ -50,7 +51,6 @@ __all__ = ["AgentRunner", "episode_leads", "episode_rows", "gateway_metrics", "i
            "one_per_episode", "resolve_agent"]
 
 Agent = Callable[[Any, Mapping[str, Any]], Awaitable[Any]]
-CLIENTS = ("openai", "anthropic")  # rollout.agent_client
 
 
 def resolve_agent(spec: Any) -> Agent:
