@@ -47,7 +47,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
-from toolrl.core.env import ToolEnv
+from toolrl.core.env import ToolEnv, resolve_astep
 from toolrl.core.errors import describe_exception
 from toolrl.core.parse import get_format
 from toolrl.core.tools import in_daemon_thread
@@ -435,8 +435,6 @@ class EpisodeRunner:
     async def step_env(self, state: EpisodeState, text: str
                        ) -> tuple[list[dict[str, Any]], float, bool, bool, dict[str, Any]]:
         """``await env.astep(text)`` through any wrappers."""
-        from toolrl.core.env import resolve_astep
-
         return await resolve_astep(state.env)(text)
 
     async def observe(self, state: EpisodeState, observation: Sequence[Mapping[str, Any]],

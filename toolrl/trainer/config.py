@@ -21,11 +21,14 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationE
 from toolrl.algo import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
 from toolrl.algo.kl import KLKind
 from toolrl.core.families import FAMILIES
+from toolrl.models.source import ModelNotFoundError, locate_model, require_model
+from toolrl.reward import RewardConfig, RewardConfigError
 from toolrl.rollout.worker import RolloutConfig
 from toolrl.trainer.async_buffer import StalePolicy
 from toolrl.trainer.failures import InfraFailureConfig
 from toolrl.trainer.health import HealthConfig
 from toolrl.trainer.progress import WatchdogConfig
+from toolrl.trainer.tracking import redact, secret_values
 from toolrl.workers.actor import ActorConfig
 from toolrl.workers.critic import CriticConfig
 
@@ -361,8 +364,6 @@ def to_dict(cfg: ExperimentConfig) -> dict[str, Any]:
 def save_config(cfg: ExperimentConfig, path: str | os.PathLike) -> None:
     """Write the resolved config as YAML; values of secret-looking environment variables
     (e.g. a key read with ``${oc.env:MY_API_KEY}``) are written as ``***``."""
-    from toolrl.trainer.tracking import redact, secret_values
-
     OmegaConf.save(OmegaConf.create(redact(to_dict(cfg), secret_values())), Path(path))
 
 
@@ -440,7 +441,6 @@ def validate(cfg: ExperimentConfig) -> None:
         if source.train_file is None and source.train_size < 1:
             raise ConfigError(f"data.mixture[{i}] ({source.env}): give train_file or a "
                               f"train_size >= 1")
-    from toolrl.reward import RewardConfig, RewardConfigError
 
     for env_id, reward_cfg in cfg.env_rewards.items():
         try:
@@ -459,7 +459,6 @@ def validate(cfg: ExperimentConfig) -> None:
             raise ConfigError(f"{key}.lr_schedule=cosine needs more optimizer steps "
                               f"({optimizer_steps(cfg, model)} in this run) than "
                               f"{key}.warmup_steps ({model.warmup_steps})")
-    from toolrl.models.source import ModelNotFoundError, locate_model, require_model
 
     if cfg.model.build_tiny_if_missing is None:
         cfg.model.build_tiny_if_missing = cfg.model.path == TINY_MODEL_PATH

@@ -24,6 +24,7 @@ from toolrl.controller.worker_group import spawn
 from toolrl.core.registration import env_class, env_of
 from toolrl.core.trajectory import Trajectory
 from toolrl.data import load_rows
+from toolrl.models.families import family_tokenizer
 from toolrl.models.source import ModelNotFoundError, locate_model, require_model
 from toolrl.rollout.gateway.agent import is_episode_lead
 from toolrl.rollout.worker import RolloutConfig, RolloutWorker, make_rollout_input
@@ -31,7 +32,7 @@ from toolrl.trainer.config import ConfigError, ExperimentConfig, worker_rollout_
 from toolrl.trainer.failures import RolloutFailedError, describe
 from toolrl.trainer.mixture import RewardSets, mixture_rows
 from toolrl.trainer.preflight import check_config, check_rows
-from toolrl.trainer.warm_start import warm_started
+from toolrl.trainer.warm_start import task_vocab_texts, warm_started
 
 __all__ = ["RunContext"]
 
@@ -75,12 +76,9 @@ class RunContext:
                                  f"{source.path}")
                 texts = None
                 if cfg.model.tiny_vocab == "task" and cfg.model.tiny_tokenizer != "tiny":
-                    from toolrl.trainer.warm_start import task_vocab_texts
-
                     texts = task_vocab_texts(cfg, *self.load_tasks())
                     self.console.log(f"model.tiny_vocab=task: the tokens of {len(texts)} texts "
                                      f"of the task")
-                from toolrl.models.families import family_tokenizer
 
                 build_tiny_model(Path(source.path).expanduser(), seed=cfg.seed,
                                  size=cfg.model.tiny_size, tokenizer=cfg.model.tiny_tokenizer,

@@ -30,8 +30,12 @@ from toolrl.core.env import OracleUnavailable, run_episode
 from toolrl.core.registration import env_of, make_env, row_env
 from toolrl.core.trajectory import Trajectory
 from toolrl.data.check import check_rows
+from toolrl.models.families import family_tokenizer
+from toolrl.models.source import require_model
 from toolrl.registry import RegistryError
 from toolrl.reward import ComposedReward, RewardBatch, RewardConfigError
+from toolrl.rollout.chat import ChatRenderer, TemplateError, tool_coverage
+from toolrl.rollout.conformance import template_report
 from toolrl.rollout.worker import RolloutConfig
 from toolrl.trainer.config import ConfigError, ExperimentConfig, worker_rollout_config
 from toolrl.trainer.context import RunContext
@@ -166,8 +170,6 @@ def _sample(train: list[dict[str, Any]], val: list[dict[str, Any]], n: int, defa
 def _renderer(cfg: ExperimentConfig, rollout: RolloutConfig, report: DryRunReport) -> Any:
     """The rollout workers' `ChatRenderer` on the run's tokenizer (None: none could be loaded;
     the report says why)."""
-    from toolrl.rollout.chat import ChatRenderer, TemplateError, tool_coverage
-
     try:
         tokenizer = _tokenizer(cfg, rollout)
     except ConfigError as exc:  # the run itself would refuse this model path
@@ -185,7 +187,6 @@ def _renderer(cfg: ExperimentConfig, rollout: RolloutConfig, report: DryRunRepor
     except TemplateError as exc:
         report.problems.append(f"chat template: {exc}")
         return None
-    from toolrl.rollout.conformance import template_report
 
     report.notes.extend(f"template: {line}" for line in template_report(renderer))
     try:
@@ -210,13 +211,10 @@ def _builds(cfg: ExperimentConfig) -> bool:
 
 
 def _tokenizer(cfg: ExperimentConfig, rollout: RolloutConfig) -> Any:
-    from toolrl.models.source import require_model
-
     if rollout.engine.tokenizer is not None:
         path = require_model(rollout.engine.tokenizer, key="rollout.engine.tokenizer")
     elif cfg.model.build_tiny_if_missing and _builds(cfg):
         if cfg.model.tiny_tokenizer != "tiny":  # a family's real tokenizer (cached)
-            from toolrl.models.families import family_tokenizer
 
             return family_tokenizer(cfg.model.tiny_tokenizer)
         from toolrl.models.tiny import build_tokenizer

@@ -39,9 +39,14 @@ from toolrl import batch as B
 from toolrl.core.bfcl_scores import leaderboard, leaderboard_tables
 from toolrl.core.registration import env_class, env_of
 from toolrl.core.trajectory import Trajectory
-from toolrl.trainer.config import ExperimentConfig
+from toolrl.data.loader import load_rows
+from toolrl.models.source import ModelNotFoundError, require_model
+from toolrl.registry import RegistryError
+from toolrl.trainer.config import ConfigError, ExperimentConfig
 from toolrl.trainer.context import RunContext
+from toolrl.trainer.mixture import mixture_rows
 from toolrl.trainer.preflight import check_devices, fit_prompt_budget
+from toolrl.trainer.tracking import redact, secret_values
 
 # episodes per chunk, per concurrent episode (rollout.concurrency): the engine stays full, and a
 # progress line comes after each chunk
@@ -55,9 +60,6 @@ def run_evaluation(cfg: ExperimentConfig, model: str, output_dir: str | os.PathL
     greedy at 0); with ``save_transcripts`` every episode also goes to ``transcripts.jsonl``
     (a `Trajectory` per line with the ``reward`` it got, as rollout dumps hold them:
     ``toolrl score`` reads it)."""
-    from toolrl.models.source import ModelNotFoundError, require_model
-    from toolrl.trainer.config import ConfigError
-
     if trials < 1:
         raise ConfigError(f"--trials must be >= 1, got {trials}")
     check_devices(cfg)  # GPUs asked for on a machine without: say so, name the overrides
@@ -86,8 +88,6 @@ def run_evaluation(cfg: ExperimentConfig, model: str, output_dir: str | os.PathL
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(results, indent=2))
     if save_transcripts:
-        from toolrl.trainer.tracking import redact, secret_values
-
         secrets = secret_values()
         with (out / "transcripts.jsonl").open("w", encoding="utf-8") as f:
             for traj, score in zip(trajs, scores, strict=True):
@@ -131,9 +131,6 @@ def training_rows(cfg: ExperimentConfig) -> tuple[list[dict[str, Any]], str]:
     """The rows the config trains on (RL's rows, from ``data.train_file`` or the env's
     generator, ``data.mixture``'s training rows, ``warm_start.train_file``) and where they came
     from; a file that is not here is named in the note, its rows unknown."""
-    from toolrl.data.loader import load_rows
-    from toolrl.trainer.mixture import mixture_rows
-
     data = cfg.data
     rows: list[dict[str, Any]] = []
     found, absent = [], []
@@ -253,8 +250,6 @@ def trained_on(rows: Sequence[Mapping[str, Any]], training: Sequence[Mapping[str
 def env_metrics(trajs: Sequence[Trajectory], default_env: str) -> dict[str, Any]:
     """Each env's own figures over its episodes (`ToolEnv.eval_metrics`), by env id; envs
     without any (or that no longer resolve) are left out."""
-    from toolrl.registry import RegistryError
-
     by_env: dict[str, list[Trajectory]] = {}
     for t in trajs:
         by_env.setdefault(env_of(t.row, default_env), []).append(t)

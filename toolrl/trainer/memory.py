@@ -32,11 +32,15 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
+
+from toolrl.models.source import ModelNotFoundError, locate_model, require_model
 from toolrl.trainer.config import ConfigError, ExperimentConfig, worker_rollout_config
 from toolrl.workers.host_memory import can_trim
 
@@ -465,7 +469,6 @@ def host_budget(cfg: ExperimentConfig) -> float:
                                      RAY_OOM_THRESHOLD))
     if cfg.resources.host_memory_gib is not None:
         return cfg.resources.host_memory_gib * GiB * threshold
-    import psutil
 
     return float(psutil.virtual_memory().total) * threshold
 
@@ -491,8 +494,6 @@ def model_shape(cfg: ExperimentConfig) -> ModelShape | None:
     """The shape of the model a run will train: the checkpoint's config.json, or the shape it
     will build (``model.tiny_size``), or a hub config when one can be read; None if unknown."""
     from transformers import AutoConfig
-
-    from toolrl.models.source import ModelNotFoundError, locate_model, require_model
 
     path = Path(cfg.model.path).expanduser()
     if (path / "config.json").is_file():
@@ -528,7 +529,6 @@ def check_memory(cfg: ExperimentConfig, shape: ModelShape | None = None) -> Memo
     message = explain(plan, cfg)
     if mode == "refuse":
         raise MemoryBudgetError(message + " (or resources.memory_check=warn to try anyway)")
-    import warnings
 
     warnings.warn(message, stacklevel=2)
     return plan

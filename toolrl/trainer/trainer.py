@@ -11,6 +11,7 @@ on one machine the weights go from the actor to the engine in-process.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Mapping, Sequence
@@ -652,12 +653,8 @@ def _first(values: Any) -> Any:
 
 
 def _replace(obj: Any, **changes: Any) -> Any:
-    import dataclasses
-
     return dataclasses.replace(obj, **changes)
 
 
 def _plain(cfg: ExperimentConfig) -> dict[str, Any]:
-    from toolrl.trainer.config import to_dict
-
     return to_dict(cfg)

@@ -17,6 +17,7 @@ with the same checkpoint as without the interruption.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import math
@@ -32,13 +33,19 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from tensordict import TensorDict
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from toolrl.batch import ATTENTION_MASK, PROMPTS, RESPONSE_MASK, build_rollout_batch
-from toolrl.core.registration import env_class
+from toolrl.core.env import run_episode
+from toolrl.core.registration import env_class, make_env
 from toolrl.core.trajectory import Trajectory
 from toolrl.data import load_rows
+from toolrl.models.compact import REAL_DIR, VOCAB_FILE
+from toolrl.models.families import family_tokenizer
+from toolrl.rollout.chat import ChatRenderer
 from toolrl.rollout.episode import MAX_TURNS
 from toolrl.trainer.config import ConfigError, ExperimentConfig
+from toolrl.trainer.policies import BAD_POLICIES
 from toolrl.workers.host_memory import release_memory
 from toolrl.workers.scoring import enable_scoring, score_responses
 
@@ -78,8 +85,6 @@ def warm_start_transcripts(cfg: ExperimentConfig, base: str) -> tuple[list[Trans
                                                                        list[Transcript]]:
     """The warm start's oracle transcripts: (to train on, held out for the held-out loss),
     each episode within the rollout's ``rollout.max_turns``."""
-    from transformers import AutoTokenizer
-
     ws = cfg.warm_start
     if ws.train_file:  # e.g. a dataset's gold calls: the oracle plays them
         rows = load_rows(ws.train_file)[: ws.num_transcripts]
@@ -115,12 +120,6 @@ def oracle_transcripts(env_id: str, rows: Sequence[Mapping[str, Any]], tokenizer
     """Play ``rows`` with the env's oracle and return the token streams (too long: dropped).
     ``history_policy`` / ``family``: the rollout's (`toolrl.rollout.history`): under
     ``per_turn`` each turn is its own transcript, prompted as the rollout prompts it."""
-    import asyncio
-
-    from toolrl.core.env import run_episode
-    from toolrl.core.registration import make_env
-    from toolrl.rollout.chat import ChatRenderer
-
     renderer = ChatRenderer(tokenizer, history_policy=history_policy, family=family)
     env = make_env(env_id, **dict(env_kwargs or {}))
     trajs = []
@@ -216,14 +215,6 @@ def task_vocab_texts(cfg: Any, train: Sequence[Mapping[str, Any]],
     policies, by the oracle cut short and with typos (the parse errors the env reports);
     every turn's prompt as the rollout renders it, every action, on the family's real
     tokenizer and template."""
-    import asyncio
-
-    from toolrl.core.env import run_episode
-    from toolrl.core.registration import make_env
-    from toolrl.models.families import family_tokenizer
-    from toolrl.rollout.chat import ChatRenderer
-    from toolrl.trainer.policies import BAD_POLICIES
-
     renderer = ChatRenderer(family_tokenizer(cfg.model.tiny_tokenizer),
                             history_policy=cfg.rollout.history_policy, family=cfg.rollout.family)
     rows = [dict(r) for r in [*train[:n], *val]]
@@ -314,8 +305,6 @@ LARGE_VOCAB = 32768  # above it, per_turn transcripts run the LM head on their a
 def copy_vocab(source: str | Path, out: str | Path) -> None:
     """Carry a compact vocabulary's map and real tokenizer (`toolrl.models.compact`) along
     with a checkpoint written from ``source``, so the rollout keeps checking its pieces."""
-    from toolrl.models.compact import REAL_DIR, VOCAB_FILE
-
     src, out = Path(source), Path(out)
     if (src / VOCAB_FILE).is_file():
         shutil.copy2(src / VOCAB_FILE, out / VOCAB_FILE)
@@ -510,8 +499,6 @@ def _train(model_path: str | Path, transcripts: Sequence[Transcript], out_dir: P
            seconds: float | None, snapshot: _Snapshot | None,
            console: Console) -> dict[str, Any]:
     """`sft`'s training loop and checkpoint."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     torch.manual_seed(seed)
     rng = random.Random(seed)
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
