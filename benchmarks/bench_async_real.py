@@ -121,13 +121,13 @@ def run_one(args: argparse.Namespace, mode: str, k: int | None, val_file: Path
             ) -> dict[str, Any]:
     from toolrl.controller import init_ray, shutdown_ray
     from toolrl.trainer.config import load_config
-    from toolrl.trainer.run import TRAINERS
     from toolrl.trainer.tracking import read_metrics
+    from toolrl.trainer.trainer import Trainer
 
     cfg = load_config(CONFIG, overrides(args, mode, k, val_file))
     init_ray(num_cpus=8, runtime_env={"env_vars": {k_: os.environ[k_]
                                                    for k_ in benchlib.BENCH_ENV}})
-    trainer = TRAINERS[mode](cfg)
+    trainer = Trainer(cfg)
     try:
         trainer.fit()
     finally:

@@ -162,8 +162,8 @@ def run_one(args: argparse.Namespace, mode: str, workload: str, model: Path
     the processes' thread limits."""
     from toolrl.controller import init_ray, shutdown_ray
     from toolrl.trainer.config import load_config
-    from toolrl.trainer.run import TRAINERS
     from toolrl.trainer.tracking import read_metrics
+    from toolrl.trainer.trainer import Trainer
 
     out = Path(tempfile.mkdtemp(prefix=f"toolrl-bench-pipeline-{mode}-{workload}-"))
     cfg = load_config(ROOT / "configs" / "quickstart.yaml",
@@ -177,7 +177,7 @@ def run_one(args: argparse.Namespace, mode: str, workload: str, model: Path
     init_ray(num_cpus=8, runtime_env={
         "worker_process_setup_hook": "bench_pipeline.register_slow_calculator",
         "env_vars": env})
-    trainer = TRAINERS[MODES[mode][0]](cfg)
+    trainer = Trainer(cfg)
     try:
         trainer.setup()
         threads = {role: _omp_threads(h.group.pids) for role, h in trainer.handles.items()}

@@ -25,11 +25,12 @@ from trainer_runs import ROOT, register_test_rewards, small_run_overrides
 
 from toolrl.rollout.worker import RolloutWorker
 from toolrl.trainer.config import load_config
-from toolrl.trainer.pipeline import PipelineTrainer
+from toolrl.trainer.pipeline import PipelineSchedule
 from toolrl.trainer.tracking import read_metrics
+from toolrl.trainer.trainer import Trainer
 
 
-def pool_nodes(trainer: PipelineTrainer) -> dict[str, list[str]]:
+def pool_nodes(trainer: Trainer) -> dict[str, list[str]]:
     """Node ids of each pool's bundles, with the custom resources of those nodes."""
     resources = {n["NodeID"]: sorted(k for k in n["Resources"] if k.endswith("_node"))
                  for n in ray.nodes() if n["Alive"]}
@@ -68,13 +69,13 @@ def main(model: str, out: str, temp: str) -> dict:
             "resources.pool_resources":
                 "{train: {train_node: 0.01}, rollout: {rollout_node: 0.01}}"}))
     result: dict = {"killed": None}
-    trainer = PipelineTrainer(cfg)
-    launch = PipelineTrainer.launch_rollout
+    trainer = Trainer(cfg)
+    launch = PipelineSchedule.launch_rollout
 
-    def launch_then_kill(self: PipelineTrainer, step: int):
+    def launch_then_kill(self: PipelineSchedule, step: int):
         if step != 2 or result["killed"] is not None:
             return launch(self, step)
-        rollout = self.handles["rollout"]
+        rollout = self.t.handles["rollout"]
         engines = rollout.call(RolloutWorker.engine_pids)[0]
         pid = rollout.group.pids[0]
         busy = cpu_seconds(engines)
@@ -86,7 +87,7 @@ def main(model: str, out: str, temp: str) -> dict:
         result["killed"] = {"pid": pid, "engines": engines}
         return pending
 
-    PipelineTrainer.launch_rollout = launch_then_kill
+    PipelineSchedule.launch_rollout = launch_then_kill
     try:
         trainer.setup()
         result["before"] = pool_nodes(trainer)

@@ -13,11 +13,12 @@ import pytest
 from trainer_runs import register_test_rewards, small_run_overrides, wait_gone
 
 from toolrl.rollout.worker import RolloutWorker
-from toolrl.trainer.async_mode import AsyncTrainer
+from toolrl.trainer.async_mode import AsyncSchedule
 from toolrl.trainer.config import ConfigError, load_config, to_dict
 from toolrl.trainer.failures import RolloutFailedError
 from toolrl.trainer.run import run_training
 from toolrl.trainer.tracking import read_metrics
+from toolrl.trainer.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "quickstart_async.yaml"
@@ -70,7 +71,7 @@ def test_async_trains_within_the_staleness_bound_and_counts_every_group(
     over = overrides(tiny_model_dir, out, **{
         "trainer.total_steps": steps, "trainer.max_staleness": k, "actor.lr": 1e-3,
         "rollout.max_turns": 3, "trainer.save_every": 3})
-    trainer = AsyncTrainer(load_config(CONFIG, over))
+    trainer = Trainer(load_config(CONFIG, over))
     try:
         trainer.fit()
         rows = read_metrics(out / "metrics.jsonl")
@@ -100,8 +101,8 @@ def test_async_trains_within_the_staleness_bound_and_counts_every_group(
             seen |= uids
         assert max(r["async/staleness_max"] for r in rows[1:]) >= 1  # it did run ahead
         assert min(r["async/token_lag_0"] for r in rows[1:]) < 1  # stale tokens trained
-        assert trainer.buffer is not None
-        trainer.buffer.check()
+        assert trainer.schedule.buffer is not None
+        trainer.schedule.buffer.check()
     finally:
         trainer.close()
 
@@ -114,7 +115,7 @@ def test_async_trains_within_the_staleness_bound_and_counts_every_group(
     state = load_trainer_state(out / "checkpoints" / "step_3", restore_rng=False)
     outstanding = [job["uid"] for job in state["async_outstanding"]]
     assert outstanding and not set(outstanding) & before  # it ran ahead of step 3
-    resumed = AsyncTrainer(load_config(CONFIG, over))
+    resumed = Trainer(load_config(CONFIG, over))
     try:
         resumed.fit()
     finally:
@@ -139,21 +140,21 @@ def test_a_rollout_worker_killed_mid_stream_is_restarted_and_nothing_is_lost(
     cfg = load_config(CONFIG, overrides(tiny_model_dir, out, **{
         "trainer.total_steps": 3, "trainer.on_rollout_failure": "retry",
         "trainer.max_staleness": 1}))
-    take = AsyncTrainer.take_batch
+    take = AsyncSchedule.take_batch
     killed: list[int] = []
 
     engines: list[int] = []
 
-    def kill_at_step_2(self: AsyncTrainer):
-        if self.step == 1 and not killed:
-            rollout = self.handles["rollout"]
+    def kill_at_step_2(self: AsyncSchedule):
+        if self.t.step == 1 and not killed:
+            rollout = self.t.handles["rollout"]
             engines.extend(rollout.call(RolloutWorker.engine_pids)[0])
             killed.append(rollout.group.pids[0])
             os.kill(killed[0], signal.SIGKILL)
         return take(self)
 
-    monkeypatch.setattr(AsyncTrainer, "take_batch", kill_at_step_2)
-    trainer = AsyncTrainer(cfg)
+    monkeypatch.setattr(AsyncSchedule, "take_batch", kill_at_step_2)
+    trainer = Trainer(cfg)
     try:
         trainer.fit()
         assert killed and killed[0] not in trainer.handles["rollout"].group.pids
@@ -161,7 +162,7 @@ def test_a_rollout_worker_killed_mid_stream_is_restarted_and_nothing_is_lost(
         assert [r["step"] for r in rows] == [0, 1, 2, 3]
         assert rows[-1]["trainer/rollout_retries"] == 1
         assert rows[-1]["async/trained"] == 3 * BATCH
-        trainer.buffer.check()
+        trainer.schedule.buffer.check()
         uids = [d["uid"] for s in (1, 2, 3) for d in dumped(out, s)]
         assert len(set(uids)) == 3 * BATCH  # none trained twice
         assert all(r["async/staleness_max"] <= 1 for r in rows[1:])
@@ -193,7 +194,7 @@ def test_drop_policy_gives_up_on_stragglers(ray_cluster, tiny_model_dir, tmp_pat
         "rollout.agent": "tests.rollout.gateway_agents:straggles",
         "trainer.infra_failures.rule": "drop_sample", "rollout.max_tokens_per_turn": 90,
         "data.shuffle": False}))
-    trainer = AsyncTrainer(cfg)
+    trainer = Trainer(cfg)
     try:
         trainer.fit()
         rows = read_metrics(out / "metrics.jsonl")
@@ -201,7 +202,7 @@ def test_drop_policy_gives_up_on_stragglers(ray_cluster, tiny_model_dir, tmp_pat
         last = rows[-1]
         assert last["async/dropped_stale"] >= 1
         assert last["async/trained"] == 4 * BATCH
-        trainer.buffer.check()
+        trainer.schedule.buffer.check()
         trained = [d for s in (1, 2, 3, 4) for d in dumped(out, s)]
         assert all(str(d["row"]["id"])[-1] not in "05" for d in trained)  # never waited for
         assert all(d["infra_failure"] is None for d in trained)

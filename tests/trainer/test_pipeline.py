@@ -20,11 +20,12 @@ from toolrl.trainer import checkpoint as ckpt
 from toolrl.trainer.config import ConfigError, load_config
 from toolrl.trainer.pipeline import (
     PendingRollout,
-    PipelineTrainer,
+    PipelineSchedule,
     RolloutFailedError,
 )
 from toolrl.trainer.run import run_training
 from toolrl.trainer.tracking import read_metrics
+from toolrl.trainer.trainer import Trainer
 from toolrl.workers.actor import ActorWorker
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -103,7 +104,7 @@ def test_pipeline_bounds_staleness_syncs_the_actors_weights_and_resumes(
     out = tmp_path / "run"
     cfg = load_config(CONFIG, overrides(tiny_model_dir, out, **{
         "trainer.total_steps": 3, "trainer.save_every": 2, "actor.lr": 1e-3}))
-    trainer = PipelineTrainer(cfg)
+    trainer = Trainer(cfg)
     try:
         trainer.fit()
         # two pools: the engine lives in a process of its own
@@ -137,7 +138,7 @@ def test_pipeline_bounds_staleness_syncs_the_actors_weights_and_resumes(
                                  last[B.RESPONSE_MASK])
         assert stale_gap > 1e-3
         # ... after the sync the engine's weights are exactly the actor's
-        version = trainer.sync_weights(checksum=True)
+        version = trainer.schedule.sync_weights(checksum=True)
         assert version == 4
         actor_sum = actor.call(ActorWorker.weights_checksum)[0]
         assert rollout.call(RolloutWorker.loaded_weights_checksum) == [actor_sum]
@@ -154,7 +155,7 @@ def test_pipeline_bounds_staleness_syncs_the_actors_weights_and_resumes(
         del bad[B.ROWS]
         pending = PendingRollout(rollout.call_async(RolloutWorker.rollout, bad), 9, {})
         with pytest.raises(RolloutFailedError, match=r"step 9.*role 'rollout', rank 0"):
-            trainer.collect(pending)
+            trainer.schedule.collect(pending)
         assert rollout.call(RolloutWorker.check_health) == [True]
     finally:
         trainer.close()
@@ -162,7 +163,7 @@ def test_pipeline_bounds_staleness_syncs_the_actors_weights_and_resumes(
     # resumed from step 2: batch 3 is generated again from the same task rows, on the restored
     # weights (pushed to the engine at restore, so the batch is on-policy)
     first_tasks = [d["row"]["id"] for d in _dumped(out, 3)]
-    resumed = PipelineTrainer(load_config(CONFIG, overrides(tiny_model_dir, out, **{
+    resumed = Trainer(load_config(CONFIG, overrides(tiny_model_dir, out, **{
         "trainer.total_steps": 3, "trainer.save_every": 2, "actor.lr": 1e-3})))
     try:
         resumed.fit()
@@ -193,13 +194,13 @@ def test_rollout_worker_death_during_overlap_stops_cleanly(ray_cluster, tiny_mod
     cfg = load_config(CONFIG, overrides(tiny_model_dir, out, **{
         "trainer.total_steps": 3, "rollout.concurrency": 1,  # a long rollout: episodes in turn
         "rollout.max_tokens_per_turn": 48, "rollout.max_turns": 3}))
-    launch = PipelineTrainer.launch_rollout
+    launch = PipelineSchedule.launch_rollout
     victim: dict[str, object] = {}
 
-    def launch_then_kill(self: PipelineTrainer, step: int) -> PendingRollout:
+    def launch_then_kill(self: PipelineSchedule, step: int) -> PendingRollout:
         if step != 2:
             return launch(self, step)
-        rollout = self.handles["rollout"]
+        rollout = self.t.handles["rollout"]
         victim["engine"] = engines = rollout.call(RolloutWorker.engine_pids)[0]
         victim["pid"] = rollout.group.pids[0]
         busy = _cpu_seconds(engines)
@@ -211,7 +212,7 @@ def test_rollout_worker_death_during_overlap_stops_cleanly(ray_cluster, tiny_mod
         os.kill(int(victim["pid"]), signal.SIGKILL)
         return pending
 
-    monkeypatch.setattr(PipelineTrainer, "launch_rollout", launch_then_kill)
+    monkeypatch.setattr(PipelineSchedule, "launch_rollout", launch_then_kill)
     try:
         with pytest.raises(RolloutFailedError) as info:
             run_training(cfg)  # dispatches on trainer.mode; closes the trainer itself

@@ -61,15 +61,14 @@ def _assert_engine_follows_actor(trainer) -> None:
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="split pools need two GPUs")
 def test_split_pools_receive_over_nccl_in_vllms_worker(ray_cluster, tiny_model_dir, tmp_path):
-    from toolrl.trainer.pipeline import PipelineTrainer
 
     register_test_rewards()
     cfg = load_config(ROOT / "configs" / "quickstart_pipeline.yaml", small_run_overrides(
         tiny_model_dir, tmp_path, **GPU, **{"trainer.total_steps": 2, "actor.lr": 1e-3}))
-    trainer = PipelineTrainer(cfg)
+    trainer = Trainer(cfg)
     try:
         trainer.fit()
-        assert trainer.sync_backend == "nccl" and trainer.weight_meta
+        assert trainer.schedule.sync_backend == "nccl" and trainer.schedule.weight_meta
         _assert_engine_follows_actor(trainer)
     finally:
         trainer.close()
@@ -80,16 +79,15 @@ def test_async_mode_pushes_over_nccl_while_the_engine_streams(ray_cluster, tiny_
                                                               tmp_path):
     """``trainer.mode=async`` on GPUs: the NCCL push lands while the stream's requests are
     frozen (``keep_inflight``), every step within the staleness bound, engine = actor after."""
-    from toolrl.trainer.async_mode import AsyncTrainer
 
     register_test_rewards()
     cfg = load_config(ROOT / "configs" / "quickstart_async.yaml", small_run_overrides(
         tiny_model_dir, tmp_path, **GPU, **{"trainer.total_steps": 3, "actor.lr": 1e-3,
                                             "trainer.max_staleness": 1}))
-    trainer = AsyncTrainer(cfg)
+    trainer = Trainer(cfg)
     try:
         trainer.fit()
-        assert trainer.sync_backend == "nccl" and trainer.weight_meta
+        assert trainer.schedule.sync_backend == "nccl" and trainer.schedule.weight_meta
         rows = read_metrics(tmp_path / "metrics.jsonl")
         assert [r["step"] for r in rows] == [0, 1, 2, 3]
         assert all(r["async/staleness_max"] <= 1 and r["async/push_pause_s"] > 0

@@ -21,7 +21,7 @@ admits a group by its oldest trained token; a group past the bound is dropped wh
 trained in part. ``actor.loss.corrections`` correct the lag (a config without one is refused
 unless ``trainer.allow_uncorrected``).
 
-The rest is `PipelineTrainer`'s: the split pools, the weight-sync group, the pool restart of
+The rest is `PipelineSchedule`'s: the split pools, the weight-sync group, the pool restart of
 ``trainer.on_rollout_failure: retry`` (the groups in flight are generated again on the new
 pool; finished ones stay in the buffer), and `Trainer.learn` for reward, log-probs, advantage
 and update.
@@ -38,36 +38,37 @@ from __future__ import annotations
 import dataclasses
 import time
 import zlib
-from typing import Any
-
-from rich.console import Console
+from typing import TYPE_CHECKING, Any
 
 from toolrl import batch as B
 from toolrl.rollout.stream import FinishedGroup, GroupJob
 from toolrl.rollout.worker import RolloutWorker
 from toolrl.trainer.async_buffer import GroupBuffer, Ticket
-from toolrl.trainer.config import ExperimentConfig
 from toolrl.trainer.failures import RolloutFailedError, describe
-from toolrl.trainer.pipeline import PipelineTrainer
+from toolrl.trainer.pipeline import PipelineSchedule
+from toolrl.trainer.schedule import timed
 from toolrl.trainer.staleness import (
     check_bound,
     oldest_version,
     token_lags,
     token_staleness_metrics,
 )
-from toolrl.trainer.trainer import _timed
 from toolrl.workers.actor import ActorWorker
+
+if TYPE_CHECKING:
+    from toolrl.trainer.trainer import Trainer
 
 POLL_S = 0.5  # the longest one poll of the workers waits for a finished group
 
 
-class AsyncTrainer(PipelineTrainer):
-    """`PipelineTrainer` whose rollout pool streams groups into a `GroupBuffer`."""
+class AsyncSchedule(PipelineSchedule):
+    """``trainer.mode: async``: the pipeline's pools, the rollout pool streaming groups into a
+    `GroupBuffer`."""
 
     keep_inflight = True  # weight pushes freeze the stream's requests, never wait for them
 
-    def __init__(self, cfg: ExperimentConfig, console: Console | None = None) -> None:
-        super().__init__(cfg, console)
+    def __init__(self, trainer: Trainer) -> None:
+        super().__init__(trainer)
         self.buffer: GroupBuffer | None = None
         self._where: dict[str, int] = {}  # uid -> the rollout worker generating it
         self._resumed: list[GroupJob] = []  # outstanding at the checkpoint: submitted first
@@ -77,7 +78,7 @@ class AsyncTrainer(PipelineTrainer):
         """Submit steps' worth of groups while the buffer allows (`GroupBuffer.may_submit`):
         the groups outstanding at the checkpoint a run resumed from first, then new ones."""
         buf = self.ensure_buffer()
-        per_step = self.cfg.data.batch_size
+        per_step = self.t.cfg.data.batch_size
         while buf.may_submit(self.version):
             jobs, self._resumed = self._resumed[:per_step], self._resumed[per_step:]
             jobs += self.new_jobs(per_step - len(jobs))
@@ -87,31 +88,30 @@ class AsyncTrainer(PipelineTrainer):
         """The next ``count`` groups of the loader, named uniquely (across resumes too)."""
         if count <= 0:
             return []
-        at = self.loader.state_dict()
-        rows = self.loader.next_batch(count)
-        seed = self.seed_of(f"train@{at['epoch']}", at["index"])
-        n = self.cfg.algorithm.group_size
+        at = self.t.loader.state_dict()
+        rows = self.t.loader.next_batch(count)
+        seed = self.t.seed_of(f"train@{at['epoch']}", at["index"])
+        n = self.t.cfg.algorithm.group_size
         return [GroupJob(f"{row.get('id', 'task')}@{at['epoch']}.{at['index'] + i}", dict(row),
                          n, None if seed is None else
                          zlib.crc32(f"{seed}:{i}".encode()) % (2**31 - 1))
                 for i, row in enumerate(rows)]
 
-    def trainer_state(self) -> dict[str, Any]:
-        """The base state and the groups outstanding now (generated again on resume)."""
+    def state(self) -> dict[str, Any]:
+        """The groups outstanding now (generated again on resume)."""
         outstanding = [] if self.buffer is None else \
             [dataclasses.asdict(t.job) for t in self.buffer.outstanding.values()]
-        return {**super().trainer_state(), "async_outstanding": outstanding}
+        return {"async_outstanding": outstanding}
 
-    def load_trainer_state(self, state: dict[str, Any]) -> None:
-        super().load_trainer_state(state)
+    def load_state(self, state: dict[str, Any]) -> None:
         self._resumed = [GroupJob(**job) for job in state.get("async_outstanding", [])]
         if self._resumed:
-            self.console.log(f"async: {len(self._resumed)} groups outstanding at the "
+            self.t.console.log(f"async: {len(self._resumed)} groups outstanding at the "
                              f"checkpoint are generated again")
 
     def dispatch(self, tickets: list[Ticket]) -> None:
         """Send each group to the rollout worker with the fewest outstanding groups."""
-        rollout = self.handles["rollout"]
+        rollout = self.t.handles["rollout"]
         load = [0] * rollout.world_size
         for w in self._where.values():
             load[w] += 1
@@ -131,7 +131,7 @@ class AsyncTrainer(PipelineTrainer):
         """Move the finished groups of every worker into the buffer; returns how many."""
         buf = self.ensure_buffer()
         try:
-            per_worker = self.handles["rollout"].call(RolloutWorker.stream_poll, wait_s)
+            per_worker = self.t.handles["rollout"].call(RolloutWorker.stream_poll, wait_s)
         except Exception as e:
             raise RolloutFailedError(f"a rollout worker failed mid-stream ({describe(e)})"
                                      ) from e
@@ -145,7 +145,7 @@ class AsyncTrainer(PipelineTrainer):
         """Poll until `GroupBuffer.select` forms this step's batch (at most
         ``trainer.call_timeout_s``)."""
         buf = self.ensure_buffer()
-        deadline = time.perf_counter() + self.cfg.trainer.call_timeout_s
+        deadline = time.perf_counter() + self.t.cfg.trainer.call_timeout_s
         self.poll(0.0)
         while True:
             selection = buf.select(self.version)
@@ -155,42 +155,42 @@ class AsyncTrainer(PipelineTrainer):
                 return selection.train
             if time.perf_counter() > deadline:
                 raise RolloutFailedError(
-                    f"no batch for step {self.step + 1} within trainer.call_timeout_s="
-                    f"{self.cfg.trainer.call_timeout_s:g} s ({buf.metrics()})")
+                    f"no batch for step {self.t.step + 1} within trainer.call_timeout_s="
+                    f"{self.t.cfg.trainer.call_timeout_s:g} s ({buf.metrics()})")
             self.poll()
 
     def cancel(self, uids: list[str]) -> None:
         """Stop generating groups the buffer dropped (``stale_policy: drop``)."""
-        self.handles["rollout"].call(RolloutWorker.stream_cancel, uids)
+        self.t.handles["rollout"].call(RolloutWorker.stream_cancel, uids)
         for uid in uids:
             self._where.pop(uid, None)
 
     def ensure_buffer(self) -> GroupBuffer:
         if self.buffer is None:
-            self.buffer = GroupBuffer(self.cfg.data.batch_size, self.cfg.trainer.max_staleness,
-                                      self.cfg.trainer.stale_policy, start_version=self.version)
+            self.buffer = GroupBuffer(self.t.cfg.data.batch_size, self.t.cfg.trainer.max_staleness,
+                                      self.t.cfg.trainer.stale_policy, start_version=self.version)
         return self.buffer
 
     # --- one step ------------------------------------------------------------------------------
     def train_step(self) -> dict[str, float]:
         """Take a batch of finished groups (generation goes on), learn, push the weights."""
         timing: dict[str, float] = {}
-        with _timed(timing, "rollout"):  # the wait for the batch, not the generation
+        with timed(timing, "rollout"):  # the wait for the batch, not the generation
             tickets = self.batch_or_retry()
             batch = B.concat([t.result.batch for t in tickets])
-            batch, infra = self.settle(batch)
+            batch, infra = self.t.settle(batch)
         self.top_up()  # the next groups generate while this step trains
         metrics = self.stream_metrics(tickets)
         if batch is not None:
             metrics.update(self.token_metrics(batch))
-        metrics.update(self.learn(batch, timing) if batch is not None
-                       else self._learned_nothing())
+        metrics.update(self.t.learn(batch, timing) if batch is not None
+                       else self.t.learned_nothing())
         metrics.update(infra)
-        with _timed(timing, "sync"):
+        with timed(timing, "sync"):
             metrics["policy_version"] = float(self.sync_weights())
             metrics["async/push_pause_s"] = max(
-                self.handles["rollout"].call(RolloutWorker.last_push_pause_s))
-            metrics.update(self.check_sync(int(metrics["policy_version"])))
+                self.t.handles["rollout"].call(RolloutWorker.last_push_pause_s))
+            metrics.update(self.t.check_sync(int(metrics["policy_version"])))
         self.top_up()
         self.ensure_buffer().check()
         metrics.update(self.ensure_buffer().metrics())
@@ -205,10 +205,10 @@ class AsyncTrainer(PipelineTrainer):
                 self.top_up()
                 return self.take_batch()
             except RolloutFailedError as e:
-                self.retry_or_stop(e)
+                self.t.retry_or_stop(e)
                 self.restart_rollout()
                 # the new engines get the actor's current weights under the same version
-                self.actor.call(ActorWorker.set_policy_version, self.version - 1)
+                self.t.actor.call(ActorWorker.set_policy_version, self.version - 1)
                 self.sync_weights()
                 unfinished = self.ensure_buffer().unfinished()
                 self._where.clear()
@@ -218,8 +218,8 @@ class AsyncTrainer(PipelineTrainer):
     def stream_metrics(self, tickets: list[Ticket]) -> dict[str, float]:
         """Per-sample lag behind the actor that trains on them; groups a push landed in."""
         lags = [self.version - t.start_version for t in tickets]  # type: ignore[operator]
-        if lags and (max(lags) > self.cfg.trainer.max_staleness or min(lags) < 0):
-            raise RuntimeError(f"async staleness out of [0, {self.cfg.trainer.max_staleness}]: "
+        if lags and (max(lags) > self.t.cfg.trainer.max_staleness or min(lags) < 0):
+            raise RuntimeError(f"async staleness out of [0, {self.t.cfg.trainer.max_staleness}]: "
                                f"{sorted(set(lags))}")
         partial = [t.result.partial for t in tickets]
         return {"async/staleness_max": float(max(lags, default=0)),
@@ -230,43 +230,39 @@ class AsyncTrainer(PipelineTrainer):
     def token_metrics(self, batch: Any) -> dict[str, float]:
         """Per trained token: the lag behind the actor that trains on it (the bound holds on
         every one; past it is a bug and raises)."""
-        k = self.cfg.trainer.max_staleness
+        k = self.t.cfg.trainer.max_staleness
         lags = token_lags(batch, self.version)
         check_bound(lags, k, "async staleness")
         return token_staleness_metrics(lags, k, "async")
 
     def stall_waits(self) -> list[str]:
-        """The driver's waits, and the groups each rollout worker has not finished."""
+        """The groups each rollout worker has not finished."""
         per_worker: dict[int, int] = {}
         for w in self._where.values():
             per_worker[w] = per_worker.get(w, 0) + 1
-        pids = self.handles["rollout"].group.pids if "rollout" in self.handles else []
-        return [*super().stall_waits(), *(
-            f"{n} group(s) unfinished on rollout worker {w} (pid "
-            f"{pids[w] if w < len(pids) else '?'})" for w, n in sorted(per_worker.items()))]
+        pids = self.t.handles["rollout"].group.pids if "rollout" in self.t.handles else []
+        return [f"{n} group(s) unfinished on rollout worker {w} (pid "
+                f"{pids[w] if w < len(pids) else '?'})" for w, n in sorted(per_worker.items())]
 
     # --- lifetime ------------------------------------------------------------------------------
-    def fit(self) -> dict[str, float]:
-        try:
-            return super().fit()
-        finally:
-            self.stop_stream()
+    def stop(self) -> None:
+        self.stop_stream()
 
     def stop_stream(self) -> dict[str, Any]:
         """Cancel the groups still generating; returns the final accounting."""
         out: dict[str, Any] = {}
-        if "rollout" in self.handles and self.buffer is not None:
+        if "rollout" in self.t.handles and self.buffer is not None:
             try:
-                self.handles["rollout"].call_async(RolloutWorker.stream_stop).get(
-                    timeout=10 if self.stalled else None)
+                self.t.handles["rollout"].call_async(RolloutWorker.stream_stop).get(
+                    timeout=10 if self.t.stalled else None)
             except Exception as e:  # a dead worker: its group is killed at shutdown
-                self.console.log(f"stopping the episode stream: {e}")
+                self.t.console.log(f"stopping the episode stream: {e}")
             out = self.buffer.metrics()
-            self.console.log(f"async: {out['async/submitted']:.0f} groups submitted, "
+            self.t.console.log(f"async: {out['async/submitted']:.0f} groups submitted, "
                              f"{out['async/trained']:.0f} trained, "
                              f"{out['async/dropped_stale']:.0f} dropped as stale, "
                              f"{len(self.buffer.outstanding)} unused at the end")
         return out
 
 
-__all__ = ["AsyncTrainer"]
+__all__ = ["AsyncSchedule"]

@@ -29,20 +29,23 @@ gets the actor's current weights, and the failed batch is generated again from t
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
+from typing import TYPE_CHECKING
 
-from rich.console import Console
 from tensordict import TensorDict
 
 from toolrl import batch as B
 from toolrl.controller import GroupFuture, RayWorkerGroup, ResourcePoolManager, RoleSpec, spawn
 from toolrl.rollout.worker import RolloutWorker, make_rollout_input
-from toolrl.trainer.config import ExperimentConfig
 from toolrl.trainer.failures import RolloutFailedError, describe
+from toolrl.trainer.schedule import SyncSchedule, first, timed
 from toolrl.trainer.staleness import check_bound, token_lags, token_staleness_metrics
-from toolrl.trainer.trainer import Trainer, _first, _timed
 from toolrl.workers.actor import ActorWorker
+
+if TYPE_CHECKING:
+    from toolrl.trainer.trainer import Trainer
 
 
 @dataclass
@@ -55,26 +58,26 @@ class PendingRollout:
     data_state: dict[str, int]
 
 
-class PipelineTrainer(Trainer):
-    """`Trainer` with rollout on its own pool, one step ahead of training."""
+class PipelineSchedule(SyncSchedule):
+    """``trainer.mode: pipeline``: the rollout on its own pool, one step ahead of training."""
 
     keep_inflight = False  # pushes land between rollouts (async mode: while one runs)
+    retries_in_step = True  # a failed rollout is redone on a restarted pool inside the step
 
-    def __init__(self, cfg: ExperimentConfig, console: Console | None = None) -> None:
-        super().__init__(cfg, console)
+    def __init__(self, trainer: Trainer) -> None:
+        super().__init__(trainer)
         self.pending: PendingRollout | None = None
         self.version = 0  # the actor's policy version: pushes so far
-        self.sync_backend = "nccl" if cfg.rollout.engine.backend == "gpu" else "gloo"
+        self.sync_backend = "nccl" if trainer.cfg.rollout.engine.backend == "gpu" else "gloo"
         self.weight_meta: list[tuple[str, str, tuple[int, ...]]] | None = None  # NCCL route
 
     # --- workers on two pools ------------------------------------------------------------------
-    def start_workers(self) -> None:
-        super().start_workers()
+    def workers_started(self) -> None:
         self.connect_weight_sync()
 
     def spawn_roles(self, roles: dict[str, RoleSpec]) -> None:
         """Actor, reference and critic share the ``train`` pool; rollout gets ``rollout``."""
-        res = self.cfg.resources
+        res = self.t.cfg.resources
         sizes = {"train": res.processes_per_node, "rollout": res.rollout_processes_per_node}
         mapping = {role: "rollout" if role == "rollout" else "train" for role in roles}
         pools = sorted(set(mapping.values()))
@@ -84,53 +87,54 @@ class PipelineTrainer(Trainer):
             "cpus_per_process": res.cpus_per_process,
             "custom_resources": {p: res.pool_resources[p] for p in pools
                                  if p in res.pool_resources}})
-        with self.console.status("starting workers (train and rollout pools)"):
-            self.handles = spawn(manager, roles, call_timeout_s=self.cfg.trainer.call_timeout_s)
+        with self.t.console.status("starting workers (train and rollout pools)"):
+            self.t.handles = spawn(manager, roles,
+                                   call_timeout_s=self.t.cfg.trainer.call_timeout_s)
 
     def connect_weight_sync(self) -> None:
         """Actor rank 0 and every rollout worker join one broadcast group (a rendezvous: both
         sides are called at once)."""
-        rollout = self.handles["rollout"]
-        addr, port = self.actor.call(ActorWorker.weight_sync_endpoint)
+        rollout = self.t.handles["rollout"]
+        addr, port = self.t.actor.call(ActorWorker.weight_sync_endpoint)
         world = 1 + rollout.world_size
         backend = self.sync_backend
         joins = [rollout.call_async(RolloutWorker.connect_weight_sync, addr, port, world,
                                     backend),
-                 self.actor.call_async(ActorWorker.connect_weight_sync, addr, port, world,
-                                       backend, self.rollout_config().engine.dtype)]
+                 self.t.actor.call_async(ActorWorker.connect_weight_sync, addr, port, world,
+                                       backend, self.t.rollout_config().engine.dtype)]
         for join in joins:
             join.get()
-        self.version = int(self.actor.call(ActorWorker.policy_version))
+        self.version = int(self.t.actor.call(ActorWorker.policy_version))
         if backend == "nccl":
-            self.weight_meta = self.actor.call(ActorWorker.weight_metadata)
+            self.weight_meta = self.t.actor.call(ActorWorker.weight_metadata)
 
     # --- one step ------------------------------------------------------------------------------
     def train_step(self) -> dict[str, float]:
         """Train on batch k (made by the previous weights) while batch k+1 is generated; sync."""
         timing: dict[str, float] = {}
         if self.pending is None:  # the first step (or the first after a resume)
-            self.pending = self.launch_rollout(self.step + 1)
-        with _timed(timing, "rollout"):  # only the part that did not overlap with training
+            self.pending = self.launch_rollout(self.t.step + 1)
+        with timed(timing, "rollout"):  # only the part that did not overlap with training
             batch = self.collect_or_retry()
-            batch, infra = self.settle(batch)
-        more = self.step + 1 < self.cfg.trainer.total_steps
-        self.pending = self.launch_rollout(self.step + 2) if more else None
+            batch, infra = self.t.settle(batch)
+        more = self.t.step + 1 < self.t.cfg.trainer.total_steps
+        self.pending = self.launch_rollout(self.t.step + 2) if more else None
         metrics = self.staleness(batch) if batch is not None else {}
-        metrics.update(self.learn(batch, timing) if batch is not None
-                       else self._learned_nothing())
+        metrics.update(self.t.learn(batch, timing) if batch is not None
+                       else self.t.learned_nothing())
         metrics.update(infra)
         relaunch = None
-        with _timed(timing, "rollout_next_wait"):  # engines must be idle to load weights
+        with timed(timing, "rollout_next_wait"):  # engines must be idle to load weights
             if self.pending is not None:
                 try:
                     self.collect(self.pending)
                 except RolloutFailedError as e:  # this step trained: finish it, then redo
-                    self.retry_or_stop(e)        # the next batch on the restarted pool
+                    self.t.retry_or_stop(e)        # the next batch on the restarted pool
                     self.restart_rollout()
                     relaunch = self.pending
-        with _timed(timing, "sync"):
+        with timed(timing, "sync"):
             metrics["policy_version"] = float(self.sync_weights())
-            metrics.update(self.check_sync(int(metrics["policy_version"])))
+            metrics.update(self.t.check_sync(int(metrics["policy_version"])))
         if relaunch is not None:
             self.pending = self.relaunch(relaunch)
         metrics.update({f"timing/{k}_s": v for k, v in timing.items()})
@@ -144,47 +148,43 @@ class PipelineTrainer(Trainer):
             try:
                 return self.collect(self.pending)
             except RolloutFailedError as e:
-                self.retry_or_stop(e)
+                self.t.retry_or_stop(e)
                 self.restart_rollout()
                 # the engines get the actor's current weights under the same version
-                self.actor.call(ActorWorker.set_policy_version, self.version - 1)
+                self.t.actor.call(ActorWorker.set_policy_version, self.version - 1)
                 self.sync_weights()
                 self.pending = self.relaunch(self.pending)
 
     def relaunch(self, pending: PendingRollout) -> PendingRollout:
         """Generate ``pending``'s batch again: the same rows (the loader rewinds to where they
         were drawn and ends where it was) and the same seed."""
-        ahead = self.loader.state_dict()
-        self.loader.load_state_dict(pending.data_state)
+        ahead = self.t.loader.state_dict()
+        self.t.loader.load_state_dict(pending.data_state)
         again = self.launch_rollout(pending.step)
-        if self.loader.state_dict() != ahead:
+        if self.t.loader.state_dict() != ahead:
             raise RuntimeError("relaunch: the data loader did not end where it was")
         return again
 
     def restart_rollout(self) -> None:
         """Kill the rollout pool's workers, start new ones (new engines) on the same
         reservation and join them to the weight-sync group."""
-        old = self.handles["rollout"]
+        old = self.t.handles["rollout"]
         with contextlib.suppress(Exception):  # a dead or hung worker: killed below
             old.call_async(RolloutWorker.shutdown).get(timeout=60)
         old.group.shutdown()
         group = RayWorkerGroup(old.group.pool, {"rollout": RoleSpec.of(
-            RolloutWorker, self.rollout_config())}, call_timeout_s=self.cfg.trainer.call_timeout_s)
-        self.handles["rollout"] = group.role("rollout")
+            RolloutWorker, self.t.rollout_config())},
+            call_timeout_s=self.t.cfg.trainer.call_timeout_s)
+        self.t.handles["rollout"] = group.role("rollout")
         self.connect_weight_sync()
-        self.console.log(f"rollout pool restarted (pids {group.pids})")
-
-    def recover(self, error: BaseException) -> None:
-        """Rollout failures are retried inside the step (`collect_or_retry`): what reaches
-        here stops the run (a rollout out of retries, a dead actor)."""
-        raise error
+        self.t.console.log(f"rollout pool restarted (pids {group.pids})")
 
     def launch_rollout(self, step: int) -> PendingRollout:
         """Start generating the batch of ``step`` on the rollout pool; returns at once."""
-        data_state = self.loader.state_dict()
-        batch = make_rollout_input(self.loader.next_batch(), n=self.cfg.algorithm.group_size)
-        future = self.handles["rollout"].call_async(
-            RolloutWorker.rollout, batch, seed=self.seed_of("train", step - 1))
+        data_state = self.t.loader.state_dict()
+        batch = make_rollout_input(self.t.loader.next_batch(), n=self.t.cfg.algorithm.group_size)
+        future = self.t.handles["rollout"].call_async(
+            RolloutWorker.rollout, batch, seed=self.t.seed_of("train", step - 1))
         return PendingRollout(future, step, data_state)
 
     def collect(self, pending: PendingRollout) -> TensorDict:
@@ -214,13 +214,13 @@ class PipelineTrainer(Trainer):
         version. ``checksum``: the workers keep `RolloutWorker.loaded_weights_checksum`."""
         expected = None  # the NCCL route carries no header: the receivers are told the version
         if self.weight_meta is not None:
-            expected = int(self.actor.call(ActorWorker.policy_version)) + 1
-        received = self.handles["rollout"].call_async(
+            expected = int(self.t.actor.call(ActorWorker.policy_version)) + 1
+        received = self.t.handles["rollout"].call_async(
             RolloutWorker.receive_weights, checksum=checksum, metadata=self.weight_meta,
             version=expected, keep_inflight=self.keep_inflight)
-        pushed = self.actor.call_async(ActorWorker.push_weights)
+        pushed = self.t.actor.call_async(ActorWorker.push_weights)
         versions = received.get()  # first: a dead receiver fails here, not in a blocked push
-        version = int(_first(pushed.get()))
+        version = int(first(pushed.get()))
         if any(v != version for v in versions):
             raise RuntimeError(f"weight sync: actor pushed version {version}, rollout workers "
                                f"loaded {versions}")
@@ -228,17 +228,19 @@ class PipelineTrainer(Trainer):
         return version
 
     # --- checkpoints ---------------------------------------------------------------------------
-    def save(self) -> Path:
+    @contextmanager
+    def checkpoint_position(self) -> Iterator[None]:
         """The checkpoint's data position is the start of the batch in flight: a resumed run
         generates that batch again, with the restored weights."""
         if self.pending is None:
-            return super().save()
-        ahead = self.loader.state_dict()
-        self.loader.load_state_dict(self.pending.data_state)
+            yield
+            return
+        ahead = self.t.loader.state_dict()
+        self.t.loader.load_state_dict(self.pending.data_state)
         try:
-            return super().save()
+            yield
         finally:
-            self.loader.load_state_dict(ahead)
+            self.t.loader.load_state_dict(ahead)
 
 
-__all__ = ["PendingRollout", "PipelineTrainer", "RolloutFailedError", "describe"]
+__all__ = ["PendingRollout", "PipelineSchedule", "RolloutFailedError", "describe"]

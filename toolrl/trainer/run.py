@@ -1,23 +1,17 @@
-"""`toolrl train`: the trainer of ``trainer.mode`` (`Trainer`, `PipelineTrainer` or
-`AsyncTrainer`), fit, and
-everything shut down (the one place that knows both, so neither imports the other's module
-back)."""
+"""`toolrl train`: the `Trainer` (its schedule by ``trainer.mode``), fit, and everything shut
+down."""
 
 from __future__ import annotations
 
 from toolrl.controller.cluster import shutdown_ray
-from toolrl.trainer.async_mode import AsyncTrainer
 from toolrl.trainer.config import ExperimentConfig
-from toolrl.trainer.pipeline import PipelineTrainer
 from toolrl.trainer.trainer import Trainer
-
-TRAINERS = {"sync": Trainer, "pipeline": PipelineTrainer, "async": AsyncTrainer}
 
 
 def run_training(cfg: ExperimentConfig) -> dict[str, float]:
     """Build the workers, train ``trainer.total_steps`` steps, shut everything down; returns
     the final metrics."""
-    trainer = TRAINERS[cfg.trainer.mode](cfg)
+    trainer = Trainer(cfg)
     try:
         return trainer.fit()
     finally:

@@ -15,7 +15,6 @@ import dataclasses
 import json
 import time
 from collections.abc import Mapping, Sequence
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +43,7 @@ from toolrl.rollout.gateway.agent import (
 from toolrl.rollout.worker import RolloutWorker, rollout_metrics
 from toolrl.sync import canary
 from toolrl.trainer import checkpoint as ckpt
+from toolrl.trainer.async_mode import AsyncSchedule
 from toolrl.trainer.config import (
     ExperimentConfig,
     optimizer_steps,
@@ -57,9 +57,11 @@ from toolrl.trainer.failures import RetryCount, RolloutFailedError, describe, se
 from toolrl.trainer.health import HealthMonitor, HealthReport
 from toolrl.trainer.memory import check_memory
 from toolrl.trainer.mixture import success_by
+from toolrl.trainer.pipeline import PipelineSchedule
 from toolrl.trainer.preflight import fit_prompt_budget
 from toolrl.trainer.progress import ProgressWatchdog, note_phase, watching
 from toolrl.trainer.run_dir import RunDirLock, check_same_run
+from toolrl.trainer.schedule import SyncSchedule, first, timed
 from toolrl.trainer.stopping import RunStopped, stop_requested, stoppable
 from toolrl.trainer.tracking import Tracker
 from toolrl.trainer.warm_start import warm_started
@@ -78,6 +80,7 @@ class Trainer(RunContext):
         self.health = HealthMonitor(cfg.trainer.health, log=self.console.log)
         self.tracker: Tracker | None = None
         self.retries = RetryCount(cfg.trainer.max_retries)  # trainer.on_rollout_failure: retry
+        self.schedule = schedule_of(self)  # trainer.mode: how a step is laid out in time
 
     # --- setup ---------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -133,34 +136,19 @@ class Trainer(RunContext):
                                   max_response_length=cfg.rollout.max_total_tokens)
             roles["critic"] = RoleSpec.of(CriticWorker, critic_cfg)
         roles["rollout"] = RoleSpec.of(RolloutWorker, self.rollout_config())
-        self.spawn_roles(roles)
-
-    @property
-    def sleep_level(self) -> int:
-        """vLLM sleep level of the colocated GPU engines while the actor trains (0: awake)."""
-        e = self.rollout_config().engine
-        return int(e.sleep_level) if e.enable_sleep_mode else 0
+        self.schedule.spawn_roles(roles)
+        self.schedule.workers_started()
 
     # --- one step ------------------------------------------------------------------------------
     def train_step(self) -> dict[str, float]:
-        """rollout -> reward -> log-probs -> advantage -> update -> sync."""
-        timing: dict[str, float] = {}
-        self._step_data = self.loader.state_dict()  # a retried step draws the same rows
-        rows = self.loader.next_batch()
-        with _timed(timing, "rollout"):
-            batch = self.rollout(rows, self.cfg.algorithm.group_size, seed=self.seed_of("train"))
-            batch, infra = self.settle(batch)  # infra failures: refilled or dropped
-        if self.sleep_level:  # GPU: the engine's weights and KV cache make room for the update
-            self.handles["rollout"].call(RolloutWorker.sleep, self.sleep_level)
-        metrics = self.learn(batch, timing) if batch is not None else self._learned_nothing()
-        metrics.update(infra)
-        with _timed(timing, "sync"):
-            metrics["policy_version"] = float(self.sync_weights())
-            metrics.update(self.check_sync(int(metrics["policy_version"])))
-        metrics.update({f"timing/{k}_s": v for k, v in timing.items()})
-        return metrics
+        """One step as ``trainer.mode`` lays it out (the schedule's)."""
+        return self.schedule.train_step()
 
-    def _learned_nothing(self) -> dict[str, float]:
+    def sync_weights(self) -> int:
+        """Push the actor's weights into the engines; the new policy version."""
+        return self.schedule.sync_weights()
+
+    def learned_nothing(self) -> dict[str, float]:
         """Every episode of the batch failed for infrastructure reasons (and were dropped)."""
         self._last_batch = None
         return {}
@@ -204,7 +192,7 @@ class Trainer(RunContext):
     def learn(self, batch: TensorDict, timing: dict[str, float]) -> dict[str, float]:
         """reward -> log-probs -> advantage -> update on a finished rollout ``batch``; phase
         times go into ``timing``. Returns the step's metrics."""
-        with _timed(timing, "reward"):
+        with timed(timing, "reward"):
             reward_metrics = self.score(batch)
         train, adv_metrics = self.informative(batch)
         metrics: dict[str, float] = {}
@@ -245,7 +233,7 @@ class Trainer(RunContext):
                  ) -> tuple[dict[str, float], dict[str, float]]:
         """log-probs -> advantage -> update on the rows to train on; returns the update's and
         the advantage's metrics."""
-        with _timed(timing, "log_probs"):
+        with timed(timing, "log_probs"):
             if self.needs_old_log_probs:
                 batch.update(self.actor.call(ActorWorker.compute_log_prob, batch))
             if "ref" in self.handles:
@@ -254,13 +242,13 @@ class Trainer(RunContext):
                 batch.update(self.actor.call(ActorWorker.compute_ref_log_prob, batch))
             if "critic" in self.handles:
                 batch.update(self.handles["critic"].call(CriticWorker.compute_values, batch))
-        with _timed(timing, "advantage"):
+        with timed(timing, "advantage"):
             adv_metrics = self.compute_advantages(batch)
             adv_metrics.update(_mismatch_metrics(batch))
-        with _timed(timing, "update"):
-            metrics = _first(self.actor.call(ActorWorker.update, batch))
+        with timed(timing, "update"):
+            metrics = first(self.actor.call(ActorWorker.update, batch))
             if "critic" in self.handles:
-                metrics.update(_first(self.handles["critic"].call(CriticWorker.update_critic,
+                metrics.update(first(self.handles["critic"].call(CriticWorker.update_critic,
                                                                   batch)))
         return metrics, adv_metrics
 
@@ -269,17 +257,6 @@ class Trainer(RunContext):
         """A separate forward for ``old_log_probs`` unless the update is on-policy (one
         optimizer step, no TIS) and no in-reward KL reads them."""
         return not self.cfg.actor.on_policy or self.cfg.algorithm.kl_in_reward_coef > 0
-
-    def sync_weights(self) -> int:
-        """Actor -> rollout engines (in-process: the roles share the pool); the new version.
-        A sleeping engine wakes its weights first and its KV cache after the push."""
-        rollout = self.handles["rollout"]
-        if self.sleep_level:
-            rollout.call(RolloutWorker.wake_up, ["weights"])
-        version = int(_first(self.actor.call(ActorWorker.push_weights_local)))
-        if self.sleep_level:
-            rollout.call(RolloutWorker.wake_up, ["kv_cache"])
-        return version
 
     def compute_advantages(self, batch: TensorDict) -> dict[str, float]:
         cfg = self.cfg.algorithm
@@ -363,7 +340,10 @@ class Trainer(RunContext):
                     note_phase("export")
                     self.export_final()
         finally:
-            self.tracker.close()
+            try:
+                self.schedule.stop()
+            finally:
+                self.tracker.close()
         self.summarize(first_val, last)
         return last
 
@@ -380,8 +360,10 @@ class Trainer(RunContext):
         return list({id(h.group): h.group for h in self.handles.values()}.values())
 
     def stall_waits(self) -> list[str]:
-        """The worker calls the driver waits on now (the stall line names them)."""
-        return [g.waiting for g in self.worker_groups() if g.waiting]
+        """The worker calls the driver waits on now, and what the schedule waits for (the stall
+        line names them)."""
+        return [*(g.waiting for g in self.worker_groups() if g.waiting),
+                *self.schedule.stall_waits()]
 
     def dump_worker_stacks(self, directory: Path) -> list[Path]:
         return [Path(f) for g in self.worker_groups() for f in g.dump_stacks(directory)]
@@ -479,10 +461,12 @@ class Trainer(RunContext):
         is redone as is; a dead or hung worker is restarted, and since the rollout role shares
         its process with the actor, the actor too: the run goes on from the last complete
         checkpoint (or from the start), whose step is redone with the same rows and seeds."""
+        if self.schedule.retries_in_step:  # the schedule retried what could be: stop
+            raise error
         self.retry_or_stop(error)
         if not isinstance(error.__cause__, WorkerGroupError) and \
                 not isinstance(error, WorkerDiedError) and self._rollout_healthy():
-            self.loader.load_state_dict(self._step_data)
+            self.loader.load_state_dict(self.step_data)
             return
         self.restart_workers()
 
@@ -534,8 +518,9 @@ class Trainer(RunContext):
 
     # --- checkpoints ---------------------------------------------------------------------------
     def save(self) -> Path:
-        root = self.run_dir / "checkpoints"
-        with ckpt.atomic_checkpoint(root, self.step, keep=self.cfg.trainer.keep_checkpoints) as d:
+        root, keep = self.run_dir / "checkpoints", self.cfg.trainer.keep_checkpoints
+        with self.schedule.checkpoint_position(), \
+                ckpt.atomic_checkpoint(root, self.step, keep=keep) as d:
             self.actor.call(ActorWorker.save_checkpoint, str(d / "actor"))
             if "critic" in self.handles:
                 self.handles["critic"].call(CriticWorker.save_checkpoint, str(d / "critic"))
@@ -553,12 +538,14 @@ class Trainer(RunContext):
         return self.save()
 
     def trainer_state(self) -> dict[str, Any]:
-        """What a checkpoint holds beside the models: the step and the data position."""
-        return {"step": self.step, "data": self.loader.state_dict()}
+        """What a checkpoint holds beside the models: the step, the data position and what the
+        schedule adds."""
+        return {"step": self.step, "data": self.loader.state_dict(), **self.schedule.state()}
 
     def load_trainer_state(self, state: dict[str, Any]) -> None:
         self.step = int(state["step"])
         self.loader.load_state_dict(state["data"])
+        self.schedule.load_state(state)
 
     def find_resume_point(self) -> Path | None:
         mode = self.cfg.trainer.resume
@@ -596,7 +583,7 @@ class Trainer(RunContext):
     watchdog: ProgressWatchdog | None = None
     _infra_failed: Sequence[Trajectory] = ()  # the last batch's, as generated (health notes)
     _warned_uncorrected = False  # the grammar-constrained samples' warning, once per run
-    _step_data: dict[str, int] | None = None
+    step_data: dict[str, int] | None = None  # the loader's position before this step's rows
 
 
 def uncorrected_warning(metrics: Mapping[str, float], cfg: ExperimentConfig) -> str | None:
@@ -637,24 +624,19 @@ def _truncate_metrics(path: Path, step: int) -> None:
     tmp.replace(path)
 
 
-@contextmanager
-def _timed(timing: dict[str, float], key: str):
-    start = time.perf_counter()
-    note_phase(key)  # the watchdog's line names it
-    try:
-        yield
-    finally:
-        timing[key] = time.perf_counter() - start
-
-
-def _first(values: Any) -> Any:
-    """DP_SPLIT_RAW / ONE_TO_ALL results: every rank returns the same (reduced) value."""
-    return values[0] if isinstance(values, list) else values
-
-
 def _replace(obj: Any, **changes: Any) -> Any:
     return dataclasses.replace(obj, **changes)
 
 
 def _plain(cfg: ExperimentConfig) -> dict[str, Any]:
     return to_dict(cfg)
+
+
+SCHEDULES: dict[str, type[SyncSchedule]] = {
+    "sync": SyncSchedule, "pipeline": PipelineSchedule, "async": AsyncSchedule}
+"""``trainer.mode`` -> the schedule the trainer composes."""
+
+
+def schedule_of(trainer: Trainer) -> SyncSchedule:
+    """The schedule of ``trainer.mode``."""
+    return SCHEDULES[trainer.cfg.trainer.mode](trainer)
