@@ -38,7 +38,7 @@ def test_cpu_defaults_are_unchanged(rollout_config):
     e = rc.engine
     assert (e.backend, e.dtype, e.kv_cache_gib, e.gpu_memory_utilization, e.enforce_eager) == \
         ("cpu", "float32", 1.0, 0.1, True)
-    assert not e.enable_sleep_mode and trainer.sleep_level == 0
+    assert not e.enable_sleep_mode and trainer.schedule.sleep_level == 0
     assert rc.seed == 0 and rc.seeded and trainer.seed_of("train") is not None
     assert e.weight_bucket_mb == trainer.cfg.actor.weight_bucket_mb
 
@@ -48,7 +48,7 @@ def test_gpu_defaults_fit_a_gpu(rollout_config):
     e = rc.engine
     assert (e.backend, e.dtype, e.kv_cache_gib, e.gpu_memory_utilization, e.enforce_eager) == \
         ("gpu", "bfloat16", None, 0.5, False)  # KV cache sized by gpu_memory_utilization
-    assert e.weight_transfer == "ipc" and e.enable_sleep_mode and trainer.sleep_level == 2
+    assert e.weight_transfer == "ipc" and e.enable_sleep_mode and trainer.schedule.sleep_level == 2
     # seeded requests make vLLM's GPU sampler leave its fast kernels: unseeded by default
     assert not rc.seeded and trainer.seed_of("train") is None
     args = e.engine_args()
@@ -86,7 +86,7 @@ def test_sleep_level_2_with_adapter_pushes_is_refused():
 def test_pipeline_engines_receive_over_nccl_and_never_sleep(rollout_config):
     trainer, rc = rollout_config(GPU, ROOT / "configs" / "quickstart_pipeline.yaml")
     assert rc.engine.weight_transfer == "nccl" and not rc.engine.enable_sleep_mode
-    assert trainer.sleep_level == 0
+    assert trainer.schedule.sleep_level == 0
     with pytest.raises(ConfigError, match=r"sleep_level > 0 needs trainer\.mode=sync"):
         load_config(ROOT / "configs" / "quickstart_pipeline.yaml",
                     [*GPU, "rollout.engine.sleep_level=1"])
