@@ -75,7 +75,7 @@ REAL_FC_ROWS = ROOT / "data" / "real_fc" / "nestful_train.jsonl"
 WORKLOADS: dict[str, dict[str, Any]] = {
     "calculator": {"steps": 6, "batch_size": 8, "group_size": 8, "response_budget": 256,
                    "lr": 3e-4},
-    "real_fc": {"steps": 4, "batch_size": 4, "group_size": 4, "response_budget": 160,
+    "real_fc": {"steps": 2, "batch_size": 8, "group_size": 8, "response_budget": 160,
                 "lr": 2e-6, "micro_batch_size": 4},
 }
 TRL_VENV = BENCH_DIR / ".venv-trl"
@@ -107,9 +107,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "real_fc: also validates the model, the rows, both configs and (when "
                         "TRL's venv exists) the TRL side's prompts and scores, without training")
     p.add_argument("--steps", type=int, help="measured steps per side (+1 warm-up; "
-                   "calculator 6, real_fc 4)")
-    p.add_argument("--batch-size", type=int, help="tasks per step (calculator 8, real_fc 4)")
-    p.add_argument("--group-size", type=int, help="samples per task (calculator 8, real_fc 4)")
+                   "calculator 6, real_fc 2: a TRL step of its 64 samples takes ~15 min)")
+    p.add_argument("--batch-size", type=int, help="tasks per step (8: the configs')")
+    p.add_argument("--group-size", type=int, help="samples per task (8: the configs')")
     p.add_argument("--max-turns", type=int, default=4,
                    help="model turns per episode (calculator; real_fc is one turn)")
     p.add_argument("--response-budget", type=int,
