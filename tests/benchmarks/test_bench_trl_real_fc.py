@@ -98,7 +98,10 @@ def test_real_fc_budgets_are_the_same_on_both_sides():
 
     args = bench_trl.parse_args(["--workload", "real_fc"])
     assert (args.steps, args.batch_size, args.group_size, args.response_budget, args.lr,
-            args.micro_batch_size, args.max_turns) == (4, 4, 4, 160, 2e-6, 4, 1)
+            args.micro_batch_size, args.max_turns) == (2, 8, 8, 160, 2e-6, 4, 1)
+    recipe = load_config(bench_trl.REAL_FC_CONFIG)  # the recipe's work per step, by default
+    assert (args.batch_size, args.group_size) == (recipe.data.batch_size,
+                                                  recipe.algorithm.group_size)
     assert args.output == bench_trl.REAL_FC_RESULTS
     assert bench_trl.parse_args([]).output == bench_trl.RESULTS  # the calculator's, untouched
     spec = bench_trl.make_spec(args, "m", "rows.jsonl", "o")
