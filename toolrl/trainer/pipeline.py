@@ -101,7 +101,7 @@ class PipelineSchedule(SyncSchedule):
         joins = [rollout.call_async(RolloutWorker.connect_weight_sync, addr, port, world,
                                     backend),
                  self.t.actor.call_async(ActorWorker.connect_weight_sync, addr, port, world,
-                                       backend, self.t.rollout_config().engine.dtype)]
+                                         backend, self.t.rollout_config().engine.dtype)]
         for join in joins:
             join.get()
         self.version = int(self.t.actor.call(ActorWorker.policy_version))
