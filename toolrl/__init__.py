@@ -30,60 +30,14 @@ Names load lazily (``import toolrl`` stays light for Ray and vLLM worker process
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import lazy_loader
 
 from toolrl.registry import Registry, RegistryError
 
-if TYPE_CHECKING:
-    from toolrl import data
-    from toolrl.core import bfcl, bfcl_multi_turn
-    from toolrl.core.background import BackgroundLoop
-    from toolrl.core.checks import check_tool_env
-    from toolrl.core.env import (
-        ChatModel,
-        OracleUnavailable,
-        SubmitAnswer,
-        ToolEnv,
-        Turn,
-        oracle_policy,
-        resolve_astep,
-        run_episode,
-        submit_tool,
-        tasks_by_kind,
-    )
-    from toolrl.core.mcp_client import (
-        MCPConnection,
-        close_mcp_connections,
-        shared_mcp_connection,
-    )
-    from toolrl.core.parse import ToolCallFormat, get_format
-    from toolrl.core.registration import env_ids, make_env, register_env
-    from toolrl.core.tools import Tool, ToolFailure, ToolResult, tool
-    from toolrl.core.trajectory import (
-        FINISH_REASONS,
-        TokenStream,
-        ToolOutput,
-        Trajectory,
-        TurnRecord,
-    )
-    from toolrl.core.types import ERROR_TYPES, ParseError, ParseResult, ToolCall, as_tool_call
-    from toolrl.core.wrappers import MaxTurns, ObservationBudget, ToolTimeout, ToolWrapper
-    from toolrl.reward.api import (
-        BatchedRewardFn,
-        RewardError,
-        RewardFn,
-        RewardResult,
-        get_reward_spec,
-        reward,
-    )
-    from toolrl.rollout.engine import EngineConfig, SamplingConfig
-    from toolrl.rollout.episode import EpisodeConfig, EpisodeRunner, EpisodeState, TurnOutput
-    from toolrl.rollout.worker import RolloutConfig, RolloutWorker, make_rollout_input
-
 __version__ = "0.1.0"
 
+# The public API, each name once, by the module that defines it: `__all__` and `dir(toolrl)`
+# are made from this table, and a name is imported on its first use.
 __getattr__, _, _lazy = lazy_loader.attach(__name__, submodules=["data"], submod_attrs={
     "core": ["bfcl", "bfcl_multi_turn"],
     "core.background": ["BackgroundLoop"],
@@ -105,24 +59,8 @@ __getattr__, _, _lazy = lazy_loader.attach(__name__, submodules=["data"], submod
     "rollout.episode": ["EpisodeConfig", "EpisodeRunner", "EpisodeState", "TurnOutput"],
     "rollout.worker": ["RolloutConfig", "RolloutWorker", "make_rollout_input"],
 })
-__all__ = [
-    "ERROR_TYPES", "FINISH_REASONS", "BackgroundLoop", "BatchedRewardFn", "ChatModel",
-    "EngineConfig",
-    "EpisodeConfig", "EpisodeRunner", "EpisodeState", "MCPConnection", "MaxTurns",
-    "ObservationBudget",
-    "OracleUnavailable", "ParseError", "ParseResult", "Registry", "RegistryError", "RewardError",
-    "RewardFn", "RewardResult", "RolloutConfig", "RolloutWorker", "SamplingConfig",
-    "SubmitAnswer", "TokenStream", "Tool", "ToolCall", "ToolCallFormat", "ToolEnv",
-    "ToolFailure", "ToolOutput", "ToolResult", "ToolTimeout", "ToolWrapper", "Trajectory", "Turn",
-    "TurnOutput", "TurnRecord", "__version__",
-    "as_tool_call", "bfcl", "bfcl_multi_turn", "check_tool_env", "close_mcp_connections", "data",
-    "env_ids",
-    "get_format",
-    "get_reward_spec", "make_env", "make_rollout_input", "oracle_policy", "register_env",
-    "resolve_astep", "reward",
-    "run_episode", "shared_mcp_connection", "submit_tool", "tasks_by_kind", "tool",
-]
+__all__ = ["Registry", "RegistryError", "__version__", *_lazy]
 
 
 def __dir__() -> list[str]:
-    return list(__all__)
+    return sorted(__all__)

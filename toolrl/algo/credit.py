@@ -22,6 +22,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from toolrl.algo.advantage import compute_advantage
+
 __all__ = ["place_rewards"]
 
 
@@ -87,8 +89,6 @@ def episode_advantage(name: str, rewards: Tensor, response_mask: Tensor, leads: 
     """`compute_advantage` where several rows may be one episode: the estimator sees each
     episode once (its lead row, ``leads[i]`` for row ``i``), and every row of the episode
     shares the lead's advantage and return (`share_advantages`)."""
-    from toolrl.algo.advantage import compute_advantage
-
     rows = sorted(set(leads))
     sub = torch.as_tensor(rows, dtype=torch.long)
     kwargs = {k: (v[sub] if isinstance(v, Tensor) else v) for k, v in kwargs.items()}

@@ -17,139 +17,24 @@ The driver holds the schedule; workers run one method when called::
 
 This package knows nothing of RL: it moves TensorDicts and calls methods.
 
-Names load on first use (PEP 562), so the Ray-free parts (dispatch, worker specs, the loopback
-guard) import on a machine without Ray; the pools and groups import Ray when first touched.
+Names load on first use (``lazy_loader``, as ``toolrl``'s own), so the Ray-free parts (dispatch,
+worker specs, the loopback guard) import on a machine without Ray; the pools and groups import
+Ray when first touched.
 """
 
-from __future__ import annotations
+import lazy_loader
 
-import importlib
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:  # what an IDE and a type checker see
-    from toolrl.controller.cluster import default_temp_dir, init_ray, shutdown_ray
-    from toolrl.controller.dispatch import DispatchError, DpLayout, Sharded
-    from toolrl.controller.errors import WorkerDiedError, WorkerGroupError, WorkerTimeoutError
-    from toolrl.controller.network import apply_loopback_guard, is_self_routable, outbound_ip
-    from toolrl.controller.resources import (
-        InsufficientResourcesError,
-        NodeInventory,
-        PlacementRequest,
-        RayResourcePool,
-        ResourceError,
-        ResourcePool,
-        ResourcePoolManager,
-        check_placement,
-        cluster_nodes,
-    )
-    from toolrl.controller.worker import (
-        Dispatch,
-        Execute,
-        MeshCoordinate,
-        RemoteCallError,
-        RemoteSpec,
-        RemoteSpecError,
-        Worker,
-        WorkerContext,
-        remote,
-    )
-    from toolrl.controller.worker_group import (
-        DEFAULT_CALL_TIMEOUT_S,
-        GroupFuture,
-        RayWorkerGroup,
-        RoleHandle,
-        RoleSpec,
-        spawn,
-    )
-
-_WHERE = {
-    "DEFAULT_CALL_TIMEOUT_S": "worker_group",
-    "Dispatch": "worker",
-    "DispatchError": "dispatch",
-    "DpLayout": "dispatch",
-    "Execute": "worker",
-    "GroupFuture": "worker_group",
-    "InsufficientResourcesError": "resources",
-    "MeshCoordinate": "worker",
-    "NodeInventory": "resources",
-    "PlacementRequest": "resources",
-    "RayResourcePool": "resources",
-    "RayWorkerGroup": "worker_group",
-    "RemoteCallError": "worker",
-    "RemoteSpec": "worker",
-    "RemoteSpecError": "worker",
-    "ResourceError": "resources",
-    "ResourcePool": "resources",
-    "ResourcePoolManager": "resources",
-    "RoleHandle": "worker_group",
-    "RoleSpec": "worker_group",
-    "Sharded": "dispatch",
-    "Worker": "worker",
-    "WorkerContext": "worker",
-    "WorkerDiedError": "errors",
-    "WorkerGroupError": "errors",
-    "WorkerTimeoutError": "errors",
-    "apply_loopback_guard": "network",
-    "check_placement": "resources",
-    "cluster_nodes": "resources",
-    "default_temp_dir": "cluster",
-    "init_ray": "cluster",
-    "is_self_routable": "network",
-    "outbound_ip": "network",
-    "remote": "worker",
-    "shutdown_ray": "cluster",
-    "spawn": "worker_group",
-}
-
-
-def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module 'toolrl.controller' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"toolrl.controller.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
-
-
-__all__ = [
-    "DEFAULT_CALL_TIMEOUT_S",
-    "Dispatch",
-    "DispatchError",
-    "DpLayout",
-    "Execute",
-    "GroupFuture",
-    "InsufficientResourcesError",
-    "MeshCoordinate",
-    "NodeInventory",
-    "PlacementRequest",
-    "RayResourcePool",
-    "RayWorkerGroup",
-    "RemoteCallError",
-    "RemoteSpec",
-    "RemoteSpecError",
-    "ResourceError",
-    "ResourcePool",
-    "ResourcePoolManager",
-    "RoleHandle",
-    "RoleSpec",
-    "Sharded",
-    "Worker",
-    "WorkerContext",
-    "WorkerDiedError",
-    "WorkerGroupError",
-    "WorkerTimeoutError",
-    "apply_loopback_guard",
-    "check_placement",
-    "cluster_nodes",
-    "default_temp_dir",
-    "init_ray",
-    "is_self_routable",
-    "outbound_ip",
-    "remote",
-    "shutdown_ray",
-    "spawn",
-]
+# Each public name once, by the module that defines it (`__all__` and `dir` are made from it).
+__getattr__, __dir__, __all__ = lazy_loader.attach(__name__, submod_attrs={
+    "cluster": ["default_temp_dir", "init_ray", "shutdown_ray"],
+    "dispatch": ["DispatchError", "DpLayout", "Sharded"],
+    "errors": ["WorkerDiedError", "WorkerGroupError", "WorkerTimeoutError"],
+    "network": ["apply_loopback_guard", "is_self_routable", "outbound_ip"],
+    "resources": ["InsufficientResourcesError", "NodeInventory", "PlacementRequest",
+                  "RayResourcePool", "ResourceError", "ResourcePool", "ResourcePoolManager",
+                  "check_placement", "cluster_nodes"],
+    "worker": ["Dispatch", "Execute", "MeshCoordinate", "RemoteCallError", "RemoteSpec",
+               "RemoteSpecError", "Worker", "WorkerContext", "remote"],
+    "worker_group": ["DEFAULT_CALL_TIMEOUT_S", "GroupFuture", "RayWorkerGroup", "RoleHandle",
+                     "RoleSpec", "spawn"],
+})

@@ -22,6 +22,11 @@ from typing import Any
 
 import ray
 
+# isort: split
+# psutil after ray: Ray ships its own copy (ray/thirdparty_files, on sys.path once ray is
+# imported); toolrl does not depend on psutil itself.
+import psutil
+
 from toolrl.controller.network import LOOPBACK_IP, apply_loopback_guard
 
 
@@ -97,8 +102,6 @@ def shutdown_ray(timeout: float = 20.0, started_only: bool = False) -> None:
     global _started_local
     if not ray.is_initialized() or (started_only and not _started_local):
         return
-    import psutil
-
     helpers = _multiprocessing_helpers()
     ours = [p for p in psutil.Process().children(recursive=True) if p.pid not in helpers] \
         if _started_local else []
@@ -122,8 +125,6 @@ def _multiprocessing_helpers() -> set[int]:
 
 def kill_process_tree(pid: int, timeout: float = 5.0) -> None:
     """SIGKILL ``pid`` and every process under it (the watchdog's hard stop); on this node."""
-    import psutil
-
     try:
         root = psutil.Process(pid)
         procs = [*root.children(recursive=True), root]
@@ -138,8 +139,6 @@ def kill_process_tree(pid: int, timeout: float = 5.0) -> None:
 def kill_local_cluster() -> None:
     """SIGKILL the local cluster `init_ray` started (every process under this one); a hard
     stop for when `shutdown_ray` cannot run (the process is about to ``os._exit``)."""
-    import psutil
-
     if _started_local:
         for child in psutil.Process().children():
             kill_process_tree(child.pid, timeout=2.0)

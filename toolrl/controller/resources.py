@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import ray
+from ray._private.state import available_resources_per_node
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -229,8 +230,6 @@ def _pack(requests: Sequence[PlacementRequest], nodes: Sequence[NodeInventory],
 
 def cluster_nodes() -> list[NodeInventory]:
     """Alive nodes of the connected Ray cluster with their currently available resources."""
-    from ray._private.state import available_resources_per_node
-
     alive = {n["NodeID"]: n for n in ray.nodes() if n.get("Alive")}
     try:
         available = available_resources_per_node()

@@ -30,6 +30,7 @@ from datetime import timedelta
 from typing import Any, ClassVar, TypeVar
 
 import torch
+import torch.distributed as dist
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -334,8 +335,6 @@ class Worker:
         CUDA tensors, gloo for CPU ones: an NCCL-only group refuses CPU tensors) and ``gloo``
         otherwise. Returns the backend used.
         """
-        import torch.distributed as dist
-
         if dist.is_initialized():
             return str(dist.get_backend())
         if self._worker_context.master_port is None:
@@ -354,8 +353,6 @@ class Worker:
         return backend
 
     def destroy_process_group(self) -> None:
-        import torch.distributed as dist
-
         if dist.is_initialized():
             dist.destroy_process_group()
 

@@ -56,6 +56,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from toolrl.core import bfcl_languages as lang
 from toolrl.core.bfcl_languages import language_of, presented_tools  # noqa: F401 (public)
 from toolrl.core.types import ParseResult, ToolCall, as_tool_call
 
@@ -286,8 +287,6 @@ def _convert(param: str, value: Any, schema: Mapping[str, Any] | None,
              language: str) -> tuple[Any, _Type] | CheckResult:
     """BFCL's conversion of a Java/JavaScript argument: (the value, its expected type), or the
     type error of a value that is not a string."""
-    from toolrl.core import bfcl_languages as lang
-
     if type(value) is not str:
         return CheckResult(False, f"Incorrect type for parameter {param!r}. Expected type "
                                   f"String, got {type(value).__name__}. Parameter value: "
@@ -572,8 +571,6 @@ def ground_truth_calls(ground_truth: Sequence[Any],
     dicts) taken out of possible-answer form; a parameter that may be omitted is omitted unless
     the schema requires it. Java and JavaScript categories: each value as source code
     (`toolrl.core.bfcl_languages.source`)."""
-    from toolrl.core import bfcl_languages as lang
-
     language = lang.language_of(category)
     schemas = tool_schemas(tools)
     calls = []

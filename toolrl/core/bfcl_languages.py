@@ -46,7 +46,7 @@ def language_of(category: str | None) -> str | None:
 
 @cache
 def _bfcl() -> dict[str, Any]:
-    try:
+    try:  # lazy: bfcl-eval is optional (installed apart, --no-deps)
         from bfcl_eval.constants.type_mappings import JAVA_TYPE_CONVERSION, JS_TYPE_CONVERSION
         from bfcl_eval.eval_checker.ast_eval.type_convertor.java_type_converter import (
             java_type_converter,

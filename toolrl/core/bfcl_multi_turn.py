@@ -37,6 +37,7 @@ for as long as Python's integers take, in BFCL as here.
 from __future__ import annotations
 
 import ast
+import builtins
 import copy
 import importlib
 import inspect
@@ -47,6 +48,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
+from importlib import metadata
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -80,8 +82,6 @@ _UNPARSABLE = "toolrl_unrenderable_call("  # a string BFCL's eval fails on, runn
 @cache
 def require_bfcl_eval() -> ModuleType:
     """The installed ``bfcl_eval`` package, or an ImportError that says how to install it."""
-    from importlib import metadata
-
     try:
         version = metadata.version("bfcl-eval")
         module = importlib.import_module("bfcl_eval")
@@ -323,8 +323,6 @@ def _is_json_value(value: Any) -> bool:
 def _unsafe_names() -> frozenset[str]:
     """Names BFCL's ``eval`` would resolve to something other than a backend method: Python's
     builtins and the executor module's own globals."""
-    import builtins
-
     utils = _module("eval_checker.multi_turn_eval.multi_turn_utils")
     return frozenset(dir(builtins)) | frozenset(vars(utils))
 

@@ -20,6 +20,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rich.table import Table
+
 # --- BFCL's leaderboard ----------------------------------------------------------------------
 LIVE_AST_SIZES = {"live_simple": 258, "live_multiple": 1053, "live_parallel": 16,
                   "live_parallel_multiple": 24}
@@ -158,8 +160,6 @@ def leaderboard(per_category: Mapping[str, tuple[int, int]]) -> dict[str, Any]:
 
 def leaderboard_tables(board: Mapping[str, Any]) -> list[Any]:
     """rich Tables of a `leaderboard` result (percentages, as BFCL's CSV files write them)."""
-    from rich.table import Table
-
     tables = []
     for key, title in (("non_live", "BFCL non-live"), ("live", "BFCL live"),
                        ("multi_turn", "BFCL multi-turn"), ("agentic", "BFCL agentic"),

@@ -33,9 +33,10 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
+from gymnasium.utils.env_checker import check_env
 
 from toolrl.core.env import run_episode
-from toolrl.core.registration import ensure_registered, make_env
+from toolrl.core.registration import ensure_registered, env_ids, make_env
 from toolrl.core.trajectory import Trajectory
 from toolrl.registry import RegistryError
 
@@ -78,8 +79,6 @@ def _fingerprint(ep: Trajectory) -> dict[str, Any]:
 
 
 def _check_gymnasium(env_id: str, kwargs: dict[str, Any]) -> CheckResult:
-    from gymnasium.utils.env_checker import check_env
-
     env = make_env(env_id, **kwargs)
     try:
         with warnings.catch_warnings(record=True) as caught:
@@ -283,8 +282,6 @@ def check_tool_env(env_id: str, *, seed: int = 0,
 
 def describe_envs() -> list[tuple[str, str]]:
     """``(env id, its tools)`` for every registered env (tools of a ``reset(seed=0)``)."""
-    from toolrl.core.registration import env_ids
-
     rows = []
     for env_id in env_ids():
         try:

@@ -133,7 +133,7 @@ class MCPConnection:
     def _target(self) -> Any:
         if self.url is not None:
             return self.url
-        from mcp import StdioServerParameters
+        from mcp import StdioServerParameters  # lazy: mcp is heavy (~1.3 s)
 
         command = guarded_command(self.command or [], self.token, self.kill_grace)
         return StdioServerParameters(command=command[0], args=command[1:], env=self.env or None,
@@ -141,7 +141,7 @@ class MCPConnection:
 
     async def _hold(self, ready: concurrent.futures.Future) -> None:
         """Owns the session: enters the client, lists the tools, waits for `close`."""
-        from mcp import Client
+        from mcp import Client  # lazy: mcp is heavy (~1.3 s)
 
         self._stop = asyncio.Event()
         self._task = asyncio.current_task()

@@ -191,6 +191,7 @@ def _lenient_decode(text: str) -> Any:
     if len(text) > 100_000:
         return None
     try:  # truncated JSON: close open strings/brackets
+        # lazy: partial_json_parser is optional (it comes with vLLM)
         from partial_json_parser import loads as partial_loads
 
         value = partial_loads(text)

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import jsonschema
+import pydantic
 from jsonschema.exceptions import ValidationError, best_match
 
 if TYPE_CHECKING:
@@ -157,10 +158,11 @@ def normalize_parameters(schema: dict[str, Any]) -> dict[str, Any]:
 
 def _schema_from_function(fn: Callable[..., Any]) -> tuple[str, dict[str, Any]]:
     """(description, parameters) from type hints + docstring; pydantic as the fallback."""
-    from transformers.utils import get_json_schema
+    # lazy: transformers (~2 s) stays out of core's import; only a tool's schema needs it
     from transformers.utils.chat_template_utils import (
         DocstringParsingException,
         TypeHintParsingException,
+        get_json_schema,
     )
 
     try:
@@ -168,8 +170,6 @@ def _schema_from_function(fn: Callable[..., Any]) -> tuple[str, dict[str, Any]]:
         return function.get("description", ""), function["parameters"]
     except (DocstringParsingException, TypeHintParsingException):
         pass
-    import pydantic
-
     target = fn
     params = list(inspect.signature(fn).parameters.values())
     if params and params[0].name in ("self", "cls"):  # unbound method: drop the receiver

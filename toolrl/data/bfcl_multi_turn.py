@@ -22,6 +22,7 @@ from typing import Any
 
 from toolrl.core import bfcl_multi_turn as mt
 from toolrl.data.loader import iter_rows
+from toolrl.wheels import BFCL_EVAL, obtain_wheel
 
 ENV = "toolrl/BFCLMultiTurn-v0"
 CATEGORIES = (*mt.MULTI_TURN_CATEGORIES, *mt.TRAINING_CATEGORIES)
@@ -38,8 +39,6 @@ def bfcl_multi_turn_file(category: str) -> Path:
     if category not in CATEGORIES:
         raise ValueError(f"unknown BFCL multi-turn category {category!r}; valid: "
                          f"{', '.join(CATEGORIES)}")
-    from toolrl.wheels import BFCL_EVAL, obtain_wheel
-
     root = obtain_wheel(BFCL_EVAL).root / "bfcl_eval" / "data"
     name = f"BFCL_v4_{category}.json"
     return root / name if category in mt.MULTI_TURN_CATEGORIES else \

@@ -35,8 +35,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import jsonschema
+from jsonschema.exceptions import best_match
+
 from toolrl.core import bfcl
+from toolrl.core import bfcl_multi_turn as mt
 from toolrl.core.registration import env_of
+from toolrl.core.tools import Tool, normalize_parameters
 from toolrl.data.bfcl import FUNCTION_CALLING_ENV, category_from_id
 from toolrl.data.bfcl_multi_turn import ENV as MULTI_TURN_ENV
 
@@ -147,8 +152,6 @@ def _tool_problems(raw: Any) -> tuple[dict[str, Any], list[tuple[str, str]]]:
 @functools.lru_cache(maxsize=4096)  # datasets repeat their tools across rows
 def _tool(schema_json: str) -> tuple[Any, str | None]:
     """(the `Tool` of an OpenAI tool schema, None) or (None, why it is not valid)."""
-    from toolrl.core.tools import Tool
-
     schema = json.loads(schema_json)
     try:
         return Tool.from_schema(schema), None
@@ -161,11 +164,6 @@ def _tool(schema_json: str) -> tuple[Any, str | None]:
 def _schema_error(name: str, parameters: Any) -> str | None:
     """Why ``parameters`` is not valid JSON Schema (jsonschema's metaschema check, after BFCL's
     type names are read as JSON Schema's), naming the parameter; None when it is valid."""
-    import jsonschema
-    from jsonschema.exceptions import best_match
-
-    from toolrl.core.tools import normalize_parameters
-
     if parameters is None:
         return None
     if not isinstance(parameters, Mapping):
@@ -227,10 +225,6 @@ def _gold_problems(row: Mapping[str, Any], tools: Mapping[str, Any]) -> list[tup
 
 
 def _multi_turn_problems(row: Mapping[str, Any]) -> list[tuple[str, str]]:
-    try:
-        from toolrl.core import bfcl_multi_turn as mt
-    except ImportError as exc:
-        return [("cannot check", str(exc))]
     try:
         mt.require_bfcl_eval()
         entry = mt.Entry.from_row(row)

@@ -16,6 +16,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from toolrl.core import bfcl_multi_turn as mt
+
 NGRAM = 13
 _WORD = re.compile(r"[a-z0-9]+")
 
@@ -44,8 +46,6 @@ def function_names(row: Mapping[str, Any]) -> set[str]:
     tools = row.get("tools") or row.get("function") or []
     classes = row.get("involved_classes")
     if not tools and isinstance(classes, list):
-        from toolrl.core import bfcl_multi_turn as mt
-
         tools = mt.function_docs([c for c in classes if c in mt.CLASSES])
     tools = tools if isinstance(tools, list) else [tools]
     names = set()

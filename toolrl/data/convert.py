@@ -38,6 +38,8 @@ from pathlib import Path
 from typing import Any
 
 from toolrl.data import glaive, hermes, nestful, toolace, toolrl_rows, xlam
+from toolrl.data.bfcl import category_from_file, load_bfcl
+from toolrl.data.bfcl_multi_turn import is_multi_turn_entry, load_bfcl_multi_turn
 from toolrl.data.check import check_rows
 from toolrl.data.loader import iter_rows
 from toolrl.data.records import SkipRecord
@@ -84,9 +86,6 @@ def _load_bfcl_file(fmt: str, path: str | os.PathLike, answers: str | os.PathLik
     """Rows of one BFCL file: a multi-turn one (by its category, or records in BFCL's
     multi-turn shape) as BFCLMultiTurn rows, any other as FunctionCalling rows;
     ``bfcl-multi-turn``: your own rows in BFCL's multi-turn shape."""
-    from toolrl.data.bfcl import category_from_file, load_bfcl
-    from toolrl.data.bfcl_multi_turn import is_multi_turn_entry, load_bfcl_multi_turn
-
     if fmt == "bfcl-multi-turn":
         return load_bfcl_multi_turn(path, answers, limit, own=True)
     category = category_from_file(path) or ""

@@ -44,7 +44,7 @@ def load_rows(path: str | os.PathLike, *, default_ids: bool = True) -> list[Row]
         if not isinstance(rows, list):
             raise ValueError(f"{path}: expected a JSON list of task rows (or one per line)")
     elif suffix == ".parquet":
-        import pyarrow.parquet as pq
+        import pyarrow.parquet as pq  # lazy: pyarrow is heavy, for parquet files only
 
         rows = pq.read_table(path).to_pylist()
     else:

@@ -31,6 +31,7 @@ from typing import Any
 
 from toolrl.core.bfcl import as_tool_call
 from toolrl.data.records import SkipRecord, function_row
+from toolrl.wheels import NESTFUL, obtain_wheel
 
 DEFAULT_SPLITS = ("non-executable-glaive", "non-executable-sgd", "executable")
 _REFERENCE = re.compile(r"\$([A-Za-z_][\w-]*)(?:[.\[][^$]*)?\$")
@@ -44,8 +45,6 @@ def data_files(path: str | os.PathLike | None = None) -> list[Path]:
     """The ``*-data.json`` files to read: ``path`` itself (a data file), every split under a
     folder, or (None) the default splits of the ``nestful-wrapper`` wheel."""
     if path is None:
-        from toolrl.wheels import NESTFUL, obtain_wheel
-
         wheel = obtain_wheel(NESTFUL)
         files = [f for split in DEFAULT_SPLITS for f in wheel.find(f"**/{split}-data.json")]
         if len(files) != len(DEFAULT_SPLITS):

@@ -23,6 +23,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from tokenizers import Tokenizer
+from transformers import PreTrainedTokenizerFast
+from transformers.convert_slow_tokenizer import bytes_to_unicode
+
 __all__ = ["VOCAB_FILE", "compact_tokenizer"]
 
 VOCAB_FILE = "toolrl_vocab.json"
@@ -34,10 +38,6 @@ def compact_tokenizer(real: Any, texts: Iterable[str], out: str | Path,
     """Save ``real`` restricted to what ``texts`` use (see the module docstring) to ``out``
     and return it. Raises ValueError when the restriction does not reproduce the real pieces
     on ``texts`` (a tokenizer this construction does not cover: not byte-level BPE)."""
-    from tokenizers import Tokenizer
-    from transformers import PreTrainedTokenizerFast
-    from transformers.convert_slow_tokenizer import bytes_to_unicode
-
     texts = list(texts)
     data = json.loads(real.backend_tokenizer.to_str())
     model = data["model"]

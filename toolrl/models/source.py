@@ -27,6 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+import httpx
+from huggingface_hub import constants, snapshot_download
+from huggingface_hub.errors import LocalEntryNotFoundError
+from huggingface_hub.utils import HFValidationError, validate_repo_id
+
 HUB_TIMEOUT_S = 3.0
 
 
@@ -87,9 +92,6 @@ def require_model(path: str | os.PathLike, build_if_missing: bool = False,
 
 def cached_snapshot(repo_id: str) -> str | None:
     """The local hub cache's snapshot folder of ``repo_id`` (None if it is not cached)."""
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import LocalEntryNotFoundError
-
     try:
         return snapshot_download(repo_id, local_files_only=True)
     except (LocalEntryNotFoundError, OSError, ValueError):
@@ -100,9 +102,6 @@ def cached_snapshot(repo_id: str) -> str | None:
 def hub_reachable() -> bool:
     """Whether the hub answers an HTTP request within `HUB_TIMEOUT_S` (False when
     ``HF_HUB_OFFLINE`` is set: then nothing is asked)."""
-    import httpx
-    from huggingface_hub import constants
-
     if _offline_env():
         return False
     try:
@@ -128,8 +127,6 @@ def _written_as_path(text: str) -> bool:
 
 
 def _is_repo_id(text: str) -> bool:
-    from huggingface_hub.utils import HFValidationError, validate_repo_id
-
     try:
         validate_repo_id(text)
     except HFValidationError:

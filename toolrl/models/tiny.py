@@ -35,19 +35,25 @@ same arguments is a no-op.
 
 from __future__ import annotations
 
+import copy
 import functools
 import hashlib
 import json
 import os
 import random
-import shutil
-import tempfile
-from dataclasses import asdict, dataclass
 from collections.abc import Callable, Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import jinja2
+import torch
+import transformers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
 from toolrl.files import atomic_folder, build_lock
+from toolrl.models.compact import compact_tokenizer
+from toolrl.models.sizes import REAL_SHAPES, SIZES, TinySpec, size_names
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # Added (not special) so they survive decoding with skip_special_tokens and reach the parser.
@@ -144,57 +150,8 @@ CHAT_TEMPLATE = (
 )
 
 
-@dataclass(frozen=True)
-class TinySpec:
-    """Architecture of one size of the tiny family."""
-
-    hidden_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    intermediate_size: int
-
-
-SIZES: dict[str, TinySpec] = {
-    "small": TinySpec(128, 4, 4, 2, 384),
-    "medium": TinySpec(256, 4, 8, 2, 768),
-    "large": TinySpec(384, 6, 12, 4, 1152),
-}
 VOCAB_SIZE = 4096
 MAX_POSITIONS = 4096
-
-
-def _qwen2(hidden: int, layers: int, heads: int, kv_heads: int, mlp: int, vocab: int = 151936,
-           tied: bool = True) -> dict[str, Any]:
-    return {"model_type": "qwen2", "hidden_size": hidden, "num_hidden_layers": layers,
-            "num_attention_heads": heads, "num_key_value_heads": kv_heads,
-            "intermediate_size": mlp, "vocab_size": vocab, "tie_word_embeddings": tied,
-            "max_position_embeddings": 32768, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6,
-            "use_sliding_window": False}
-
-
-def _qwen3(hidden: int, layers: int, heads: int, kv_heads: int, mlp: int, vocab: int = 151936,
-           tied: bool = True) -> dict[str, Any]:
-    return {**_qwen2(hidden, layers, heads, kv_heads, mlp, vocab, tied), "model_type": "qwen3",
-            "head_dim": 128, "max_position_embeddings": 40960, "attention_bias": False}
-
-
-# Shapes of released checkpoints (their config.json): random weights, real sizes.
-REAL_SHAPES: dict[str, dict[str, Any]] = {
-    "qwen2.5-0.5b": _qwen2(896, 24, 14, 2, 4864),
-    "qwen2.5-1.5b": _qwen2(1536, 28, 12, 2, 8960),
-    "qwen2.5-3b": _qwen2(2048, 36, 16, 2, 11008),
-    "qwen2.5-7b": _qwen2(3584, 28, 28, 4, 18944, vocab=152064, tied=False),
-    "qwen3-0.6b": _qwen3(1024, 28, 16, 8, 3072),
-    "qwen3-1.7b": _qwen3(2048, 28, 16, 8, 6144),
-    "qwen3-4b": _qwen3(2560, 36, 32, 8, 9728),
-    "qwen3-8b": _qwen3(4096, 36, 32, 8, 12288, tied=False),
-}
-
-
-def size_names() -> list[str]:
-    """Every ``size`` `build_tiny_model` accepts: the tiny family, then the real shapes."""
-    return [*SIZES, *REAL_SHAPES]
 
 
 def build_tiny_model(out: str | os.PathLike, seed: int = 0, size: str = "small",
@@ -247,8 +204,6 @@ def build_tiny_model(out: str | os.PathLike, seed: int = 0, size: str = "small",
                                      f"toolrl.models.families.family_tokenizer)")
                 tok = load_tokenizer(tokenizer)
             if vocab_texts is not None:
-                from toolrl.models.compact import compact_tokenizer
-
                 tok = compact_tokenizer(tok, vocab_texts, tmp, family=tokenizer)
             tok.save_pretrained(tmp)
             if shape is None:
@@ -317,16 +272,11 @@ def build_tokenizer(seed: int = 0, vocab_size: int = VOCAB_SIZE):
 
     Training is deterministic for ``(seed, vocab_size)`` and takes ~3 s of CPU: a process
     trains each once and hands out copies (a dry run, a build and a test in one process)."""
-    import copy
-
     return copy.deepcopy(_trained_tokenizer(seed, vocab_size))
 
 
 @functools.lru_cache(maxsize=4)
 def _trained_tokenizer(seed: int, vocab_size: int):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Digits(individual_digits=True),
@@ -340,7 +290,7 @@ def _trained_tokenizer(seed: int, vocab_size: int):
         show_progress=False,
     )
     tok.train_from_iterator(synthetic_corpus(seed), trainer=trainer)
-    wrapped = PreTrainedTokenizerFast(
+    wrapped = transformers.PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
@@ -356,12 +306,9 @@ def _trained_tokenizer(seed: int, vocab_size: int):
 
 
 def _build_model(tokenizer, spec: TinySpec, seed: int, dtype: str = "float32"):
-    import torch
-    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
-
     eos = tokenizer.eos_token_id
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
-    config = Qwen2Config(
+    config = transformers.Qwen2Config(
         vocab_size=_round_up(len(tokenizer), 64),
         hidden_size=spec.hidden_size,
         intermediate_size=spec.intermediate_size,
@@ -378,51 +325,48 @@ def _build_model(tokenizer, spec: TinySpec, seed: int, dtype: str = "float32"):
         use_sliding_window=False,
     )
     torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config).to(getattr(torch, dtype))
-    model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=pad)
+    model = transformers.Qwen2ForCausalLM(config).to(getattr(torch, dtype))
+    model.generation_config = transformers.GenerationConfig(eos_token_id=eos,
+                                                            pad_token_id=pad)
     return model
 
 
 def _build_shape(tokenizer, shape: dict[str, Any], seed: int, dtype: str):
     """A model of a given Hugging Face config, random weights in ``dtype``, the tiny tokenizer's
     special ids."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
-
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
     pad = tokenizer.convert_tokens_to_ids("<|endoftext|>")
     kwargs = {k: v for k, v in shape.items() if k != "model_type"}
-    config = AutoConfig.for_model(shape["model_type"], **kwargs)
+    config = transformers.AutoConfig.for_model(shape["model_type"], **kwargs)
     if config.vocab_size < len(tokenizer):
         raise ValueError(f"vocab_size {config.vocab_size} is smaller than the tokenizer's "
                          f"{len(tokenizer)} ids")
     config.eos_token_id, config.pad_token_id, config.bos_token_id = eos, pad, None
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
-    model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=pad)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
+    model.generation_config = transformers.GenerationConfig(eos_token_id=eos,
+                                                            pad_token_id=pad)
     return model
 
 
 def tiny_config(size: str = "small", vocab_size: int = VOCAB_SIZE) -> Any:
     """The Hugging Face config `build_tiny_model` gives a tiny size (no weights built)."""
-    from transformers import Qwen2Config
-
     spec = SIZES[size]
-    return Qwen2Config(vocab_size=_round_up(vocab_size, 64), hidden_size=spec.hidden_size,
-                       intermediate_size=spec.intermediate_size,
-                       num_hidden_layers=spec.num_hidden_layers,
-                       num_attention_heads=spec.num_attention_heads,
-                       num_key_value_heads=spec.num_key_value_heads,
-                       max_position_embeddings=MAX_POSITIONS, tie_word_embeddings=True)
+    return transformers.Qwen2Config(vocab_size=_round_up(vocab_size, 64),
+                                    hidden_size=spec.hidden_size,
+                                    intermediate_size=spec.intermediate_size,
+                                    num_hidden_layers=spec.num_hidden_layers,
+                                    num_attention_heads=spec.num_attention_heads,
+                                    num_key_value_heads=spec.num_key_value_heads,
+                                    max_position_embeddings=MAX_POSITIONS,
+                                    tie_word_embeddings=True)
 
 
 def shape_config(size: str) -> Any:
     """The Hugging Face config of a real shape (no weights built): for sizing and tests."""
-    from transformers import AutoConfig
-
     shape = REAL_SHAPES[size]
-    return AutoConfig.for_model(shape["model_type"],
-                                **{k: v for k, v in shape.items() if k != "model_type"})
+    kwargs = {k: v for k, v in shape.items() if k != "model_type"}
+    return transformers.AutoConfig.for_model(shape["model_type"], **kwargs)
 
 
 def _round_up(n: int, k: int) -> int:
@@ -519,8 +463,6 @@ def _pseudo_word(rng: random.Random) -> str:
 
 def synthetic_corpus(seed: int = 0, n: int = 3000):
     """Chats rendered through the chat template, plus plain text: the tokenizer's training data."""
-    import jinja2
-
     env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
     env.filters["tojson"] = lambda x, **kw: json.dumps(x, ensure_ascii=False, **kw)
     template = env.from_string(CHAT_TEMPLATE)

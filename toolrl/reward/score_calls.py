@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from rich.table import Table
+
 from toolrl.core.jsonl import json_objects
 from toolrl.core.trajectory import Trajectory
 from toolrl.core.types import ParseError, ParseResult, as_tool_call
@@ -88,8 +90,6 @@ def score_calls(reward_id: str, input_path: str, output_path: str, *,
 
 def stats_table(stats: Mapping[str, CategoryStats], title: str = "score-calls") -> Any:
     """A rich Table of per-category accuracy."""
-    from rich.table import Table
-
     table = Table(title=title)
     for col in ("category", "n", "accuracy", "mean score", "errors"):
         table.add_column(col, justify="left" if col == "category" else "right")

@@ -17,6 +17,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rich.table import Table
+
 from toolrl.core.jsonl import json_objects
 from toolrl.core.registration import env_of
 from toolrl.core.trajectory import Trajectory
@@ -104,8 +106,6 @@ def score_trajectories(items: Sequence[tuple[Trajectory, float | None]],
 def summary_table(summary: ScoreSummary, title: str = "score") -> Any:
     """A rich Table: each component's mean and failures, the total, the saved reward, and the
     total per finish reason."""
-    from rich.table import Table
-
     table = Table(title=f"{title} ({summary.n} trajectories)")
     table.add_column("what")
     table.add_column("mean", justify="right")

@@ -36,6 +36,7 @@ import json
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from toolrl.core.families import Family, family_for_template, get_family
@@ -488,13 +489,13 @@ def _args_as_string(call: Mapping[str, Any]) -> dict[str, Any]:
 def _real_tokenizer(tokenizer: Any) -> tuple[Any, list[int]] | None:
     """(the real tokenizer, compact id -> real id) when ``tokenizer`` is a compact vocabulary
     (``toolrl_vocab.json`` beside it, `toolrl.models.compact`), else None."""
-    from pathlib import Path
-
     folder = Path(str(getattr(tokenizer, "name_or_path", "") or ""))
     try:
         record = json.loads((folder / "toolrl_vocab.json").read_text())
     except (OSError, ValueError):
         return None
+    # lazy: transformers takes seconds to import and only a compact vocabulary needs it here;
+    # the episode runner (toolrl.EpisodeRunner) imports this module without transformers
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(folder / record["real_tokenizer"]), record["real_ids"]

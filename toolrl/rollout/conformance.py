@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from toolrl.core.families import template_sha256
 from toolrl.core.parse import get_format
 from toolrl.core.types import ToolCall
 from toolrl.rollout.chat import ChatRenderer, TemplateError, drops_tools, tool_coverage
@@ -254,8 +255,6 @@ def template_report(renderer: ChatRenderer, messages: Sequence[Mapping[str, Any]
     messages = list(messages or CHECK_EPISODE)
     tools = list(tools or CHECK_TOOLS)
     fam = renderer.family
-    from toolrl.core.families import template_sha256
-
     lines = [f"family: {fam.name} ({fam.title})" if fam else
              "family: none known (no conventions; calls parsed as hermes)",
              f"template sha256: {template_sha256(renderer.tokenizer.chat_template)}"]

@@ -42,6 +42,11 @@ from typing import Any, Literal, TypeVar, get_args
 
 import torch
 
+try:  # the engine's process helpers; psutil comes with vLLM, which they run beside
+    import psutil
+except ImportError:  # configs and the public API import without vLLM (and psutil)
+    psutil = None
+
 from toolrl.core.background import BackgroundLoop
 from toolrl.rollout import engine_guard
 from toolrl.rollout.engine_weights import EngineError, EngineWeights
@@ -219,6 +224,7 @@ class EngineConfig:
 
     def engine_args(self) -> Any:
         """The ``vllm.AsyncEngineArgs`` for this config (its `resolved` values)."""
+        # lazy: vLLM is optional and takes seconds to import
         from vllm.engine.arg_utils import AsyncEngineArgs
 
         c = self.resolved()
@@ -238,6 +244,7 @@ class EngineConfig:
         if c.kv_cache_gib is not None:
             kwargs["kv_cache_memory_bytes"] = int(c.kv_cache_gib * GiB)
         if c.backend == "gpu":
+            # lazy: vLLM is optional and takes seconds to import
             from vllm.config import WeightTransferConfig
 
             kwargs["gpu_memory_utilization"] = c.gpu_memory_utilization
@@ -294,6 +301,7 @@ class SamplingConfig:
         """The ``vllm.SamplingParams``: final output only, detokenized only for stop strings,
         log-probs in vLLM's flat layout and never deep-copied by the engine (each call builds
         a fresh object), which keeps the engine's per-request and per-token Python work low."""
+        # lazy: vLLM is optional and takes seconds to import
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
@@ -375,6 +383,7 @@ class VLLMEngine(EngineWeights):
 
     @staticmethod
     async def _start(args: Any, fork_server: bool) -> Any:
+        # lazy: vLLM is optional and takes seconds to import
         from vllm.v1.engine.async_llm import AsyncLLM
 
         engine_guard.install()  # on this loop's thread, which the engine's processes follow
@@ -384,6 +393,7 @@ class VLLMEngine(EngineWeights):
         return llm
 
     def _check_backend(self) -> None:
+        # lazy: vLLM is optional and takes seconds to import
         from vllm.platforms import current_platform
 
         is_cpu = current_platform.is_cpu()
@@ -647,7 +657,7 @@ def _sampled_logprobs(ids: list[int], logprobs: Any) -> list[float]:
 
 
 def _tokens_input(prompt: list[int]) -> Any:
-    try:
+    try:  # lazy: vLLM is optional and takes seconds to import
         from vllm.inputs.engine import tokens_input
     except ImportError:  # older vLLM builds take the TokensPrompt dict
         from vllm.inputs import TokensPrompt
@@ -706,8 +716,6 @@ def _forks_core(config: EngineConfig) -> bool:
 
 
 def _child_pids() -> set[int]:
-    import psutil
-
     out = set()
     for p in psutil.Process().children(recursive=True):
         with contextlib.suppress(psutil.Error):
@@ -719,8 +727,6 @@ def _child_pids() -> set[int]:
 def _started_since(children: set[int], forked: int) -> list[int]:
     """The engine's processes: this process's new descendants, and those of the cores a
     joined fork server forked for it (`engine_guard.join_fork_server`), which are not."""
-    import psutil
-
     pids = _child_pids() - children
     for core in engine_guard.started_pids()[forked:]:
         with contextlib.suppress(psutil.Error):
@@ -729,8 +735,6 @@ def _started_since(children: set[int], forked: int) -> list[int]:
 
 
 def _reap(pids: Iterable[int], timeout: float) -> None:
-    import psutil
-
     procs = []
     for pid in pids:
         with contextlib.suppress(psutil.Error):

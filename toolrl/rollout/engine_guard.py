@@ -90,6 +90,7 @@ def install() -> None:
     with _LOCK:
         if _ORIGINALS:
             return
+        # lazy: vLLM is optional and takes seconds to import
         from vllm.v1.engine.core import EngineCoreProc
         from vllm.v1.executor.multiproc_executor import WorkerProc
 
@@ -323,6 +324,8 @@ class _ForkedCore(multiprocessing.context.ForkServerProcess):
         os.environ.update(self._starter_env)
         threads = os.environ.get("OMP_NUM_THREADS")
         if threads:  # torch was imported in the server: as a spawned core's torch reads it
+            # lazy: vLLM's spawned processes import this module first (their entry points'
+            # wrappers), so it stays light and the death signal is set at once
             import torch
 
             torch.set_num_threads(int(threads))
@@ -336,6 +339,7 @@ class _ForkServerContext(multiprocessing.context.ForkServerContext):
 @contextlib.contextmanager
 def fork_server() -> Iterator[None]:
     """While vLLM builds an engine here, its engine core is forked from the fork server."""
+    # lazy: vLLM is optional and takes seconds to import
     import vllm.v1.engine.utils as engine_utils
 
     with _SERVER_LOCK:

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
 
 from toolrl.rollout.weight_transfer import (
     IpcPush,
@@ -159,6 +160,7 @@ class EngineWeights:
 
     def _push_ipc(self, stream: Iterable[tuple[str, torch.Tensor]],
                   timeout: float | None) -> None:
+        # lazy: vLLM is optional and takes seconds to import
         from vllm.distributed.weight_transfer.base import (
             WeightTransferInitRequest,
             WeightTransferUpdateRequest,
@@ -196,6 +198,7 @@ class EngineWeights:
         """GPU, split pools: this engine's workers join the trainer's broadcast group (vLLM's
         NCCL weight transfer) as ranks ``rank_offset..``; a rendezvous, so call it while the
         trainer opens its end (`toolrl.workers.weights.WeightSync.connect`)."""
+        # lazy: vLLM is optional and takes seconds to import
         from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
 
         self._require_gpu("init_broadcast_receiver", "nccl")
@@ -215,6 +218,7 @@ class EngineWeights:
         `begin_staged_push`. ``timeout`` bounds each engine call (a trainer that died
         mid-broadcast is an `EngineError`, not a hang); a failed receive still finishes the
         engine's update session, so the next push is served."""
+        # lazy: vLLM is optional and takes seconds to import
         from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
 
         self._require_gpu("receive_broadcast", "nccl")
@@ -253,6 +257,7 @@ class EngineWeights:
         return self._after_push(timeout, int(version))
 
     async def _swap_adapter(self, path: str, version: int) -> None:
+        # lazy: vLLM is optional and takes seconds to import
         from vllm.lora.request import LoRARequest
 
         llm = self._require()
@@ -410,8 +415,6 @@ def _checkpoint_weights(model: str) -> tuple[set[str] | None, int]:
     files = sorted(path.glob("*.safetensors")) if path.is_dir() else []
     if not files:
         return None, 0
-    from safetensors import safe_open
-
     names: set[str] = set()
     largest = 0
     for f in files:

@@ -27,10 +27,12 @@ single payloads over 4 GiB) never sees weight bytes.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import logging
 import math
 import os
+import pickle
 import tempfile
 import uuid
 from collections.abc import Callable, Iterable, Iterator
@@ -230,6 +232,7 @@ class WeightLoaderExtension:
     """
 
     def toolrl_begin_weight_update(self) -> None:
+        # lazy: vLLM is optional and takes seconds to import
         from vllm.config import set_current_vllm_config
         from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
 
@@ -239,6 +242,7 @@ class WeightLoaderExtension:
 
     def toolrl_load_weight_bucket(self, bucket: dict[str, Any]) -> int:
         """Map a staging file and load its tensors (views of the mapping); returns how many."""
+        # lazy: vLLM is optional and takes seconds to import
         from vllm.config import set_current_vllm_config
 
         buf = torch.from_file(bucket["path"], shared=False, size=int(bucket["size"]),
@@ -253,6 +257,7 @@ class WeightLoaderExtension:
     def toolrl_finish_weight_update(self) -> int:
         """Process the layers still pending, restore the untouched ones, rebuild the CPU-packed
         vocab embeddings, drop caches built from the old weights; returns the tensors loaded."""
+        # lazy: vLLM is optional and takes seconds to import
         from vllm.config import set_current_vllm_config
         from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
@@ -390,11 +395,9 @@ class IpcPush:
         self.grown = 0
 
     def push(self, weights: Iterable[Named]) -> None:
-        import base64
-        import pickle
-
         producer = self.producer
         if producer is None:
+            # lazy: vLLM is optional and takes seconds to import
             from vllm.distributed.weight_transfer.packed_tensor import packed_ipc_producer
 
             producer = packed_ipc_producer

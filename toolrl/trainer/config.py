@@ -21,6 +21,7 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationE
 from toolrl.algo import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
 from toolrl.algo.kl import KLKind
 from toolrl.core.families import FAMILIES
+from toolrl.models.sizes import size_names
 from toolrl.models.source import ModelNotFoundError, locate_model, require_model
 from toolrl.reward import RewardConfig, RewardConfigError
 from toolrl.rollout.worker import RolloutConfig
@@ -315,16 +316,10 @@ REGISTERED: dict[str, tuple[str, Callable[[], list[str]]]] = {
     "algorithm.advantage": ("registered advantage estimator", ADVANTAGE_ESTIMATORS.names),
     "actor.loss.policy_loss": ("registered policy loss", POLICY_LOSSES.names),
     "model.tiny_tokenizer": ("model family", FAMILIES.names),
-    "model.tiny_size": ("tiny size or real shape", lambda: _tiny_sizes()),
+    "model.tiny_size": ("tiny size or real shape", size_names),
 }
 """Keys whose valid values are a registry's names (plugins add to them): what they name, and the
 names known now."""
-
-
-def _tiny_sizes() -> list[str]:
-    from toolrl.models.tiny import size_names  # builds on transformers' model classes
-
-    return list(size_names())
 
 
 def load_config(path: str | os.PathLike | None = None, overrides: Sequence[str] = ()

@@ -27,13 +27,29 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import json
+import os
 import typing
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from toolrl.core.registration import env_entry_point, row_env
+import torch
+import transformers
+from pydantic import TypeAdapter, ValidationError
+
+from toolrl.core.env import ToolEnv
+from toolrl.core.registration import env_entry_point, make_env, row_env
+from toolrl.data.check import check_rows as check_row_data  # not this module's check_rows
+from toolrl.models.source import ModelNotFoundError, require_model
+from toolrl.registry import RegistryError
+from toolrl.reward import RewardConfig, RewardConfigError, get_reward_spec
+from toolrl.rollout.chat import ChatRenderer, TemplateError, drops_tools, drops_tools_message
+from toolrl.rollout.worker import resolve_runner
+from toolrl.trainer.checkpoint import COMPLETE
 from toolrl.trainer.config import ConfigError, ExperimentConfig
+from toolrl.trainer.tracking import TRACKERS
 
 __all__ = [
     "PromptBudget",
@@ -69,8 +85,6 @@ _MAKE_KWARGS = ("max_episode_steps", "disable_env_checker", "observation_budget"
 def env_creator(env_id: str, key: str) -> Any:
     """The class (or factory) registered as ``env_id``, without making an env; an unknown id
     is a `ConfigError` naming ``key`` and the known ids."""
-    from toolrl.registry import RegistryError
-
     try:
         return env_entry_point(env_id)
     except RegistryError as exc:
@@ -85,8 +99,6 @@ def accepted_kwargs(creator: Any, method: str = "__init__", skip: Sequence[str] 
     """``name -> Parameter`` that ``creator``'s ``method`` accepts as keywords, following
     ``**kwargs`` up the class hierarchy (see the module docstring); None when a ``**kwargs``
     leads nowhere (anything is accepted)."""
-    from toolrl.core.env import ToolEnv
-
     if not inspect.isclass(creator):
         funcs = [creator] if method == "__init__" else [getattr(creator, method, None)]
         if funcs[0] is None:
@@ -160,8 +172,6 @@ def type_problem(annotation: Any, value: Any) -> str | None:
     """Why ``value`` does not fit ``annotation`` (None: it fits, or nothing can be said)."""
     if annotation is inspect.Parameter.empty or annotation is Any or isinstance(annotation, str):
         return None
-    from pydantic import TypeAdapter, ValidationError
-
     try:
         adapter = TypeAdapter(annotation)
     except Exception:  # an annotation pydantic cannot read: not checked
@@ -220,8 +230,6 @@ def check_task_kwargs(env_id: str, creator: Any, kwargs: Mapping[str, Any], key:
 
 def has_generator(creator: Any) -> bool:
     """Whether the env class overrides `ToolEnv.make_tasks`."""
-    from toolrl.core.env import ToolEnv
-
     fn = getattr(creator, "make_tasks", None)
     return fn is not None and getattr(fn, "__func__", fn) is not ToolEnv.make_tasks.__func__
 
@@ -229,9 +237,6 @@ def has_generator(creator: Any) -> bool:
 # --- rewards ---------------------------------------------------------------------------------
 def check_reward_section(section: Any, key: str) -> None:
     """A ``reward:`` section (``key``: where it sits): keys, ids, kwargs names and types."""
-    from toolrl.registry import RegistryError
-    from toolrl.reward import RewardConfig, RewardConfigError, get_reward_spec
-
     try:
         reward_cfg = RewardConfig.from_config(section)
     except RewardConfigError as exc:
@@ -290,8 +295,6 @@ def check_config(cfg: ExperimentConfig) -> None:
 
 def check_task_files(cfg: ExperimentConfig) -> None:
     """Every task file the config names exists; a `ConfigError` naming the key otherwise."""
-    from pathlib import Path
-
     keys = [("data.train_file", cfg.data.train_file), ("data.val_file", cfg.data.val_file),
             ("warm_start.train_file", cfg.warm_start.train_file if cfg.warm_start.enabled
              else None),
@@ -309,8 +312,6 @@ def check_task_files(cfg: ExperimentConfig) -> None:
 def check_devices(cfg: ExperimentConfig) -> None:
     """A config that asks for GPUs on a machine without any (and no Ray cluster to run on) is
     a `ConfigError` that says so and names the overrides that run it on CPU."""
-    import os
-
     if cfg.resources.ray_address or os.environ.get("RAY_ADDRESS"):
         return  # the cluster's nodes, not this machine, have the devices
     asks = []
@@ -320,8 +321,6 @@ def check_devices(cfg: ExperimentConfig) -> None:
         asks.append("rollout.engine.backend=gpu")
     if not asks:
         return
-    import torch
-
     if torch.cuda.is_available():
         return
     cpu = ["resources.device=cpu", "rollout.engine.backend=cpu"]
@@ -341,8 +340,6 @@ def check_model(cfg: ExperimentConfig) -> str:
     """``model.path`` (and ``rollout.engine.tokenizer``) can be loaded: a local folder, one the
     run builds, a cached hub id or a reachable hub. Returns where the model loads from; one
     `ConfigError` line naming the key otherwise, in seconds, never after hub retries."""
-    from toolrl.models.source import ModelNotFoundError, require_model
-
     try:
         if cfg.rollout.engine.tokenizer is not None:
             require_model(cfg.rollout.engine.tokenizer, key="rollout.engine.tokenizer")
@@ -353,13 +350,6 @@ def check_model(cfg: ExperimentConfig) -> str:
 
 def check_loop(cfg: ExperimentConfig) -> None:
     """What the loop names: trackers, the episode runner, the checkpoint to resume from."""
-    from pathlib import Path
-
-    from toolrl.registry import RegistryError
-    from toolrl.rollout.worker import resolve_runner
-    from toolrl.trainer.checkpoint import COMPLETE
-    from toolrl.trainer.tracking import TRACKERS
-
     for i, name in enumerate(cfg.trainer.trackers):
         try:
             TRACKERS.get(name)
@@ -442,11 +432,6 @@ def prompt_lengths(rows: Sequence[Mapping[str, Any]], cfg: ExperimentConfig, tok
 
     A row that cannot be rendered raises a `ConfigError`, or with ``failures`` is appended to
     it as ``(index, reason)`` and counted None; rows in ``skip`` are not rendered (None)."""
-    import json
-
-    from toolrl.core.registration import make_env
-    from toolrl.rollout.chat import ChatRenderer
-
     renderer = ChatRenderer(tokenizer, check=False,
                             chat_template_kwargs=cfg.rollout.chat_template_kwargs,
                             family=cfg.rollout.family)
@@ -521,8 +506,6 @@ def check_task_rows(train: list[Row], val: list[Row], cfg: ExperimentConfig,
     ``tokenizer`` None the prompts are not rendered). Returns the rows to run (over-budget
     ones dropped with ``data.overlong_prompts=filter``); one `ConfigError` lists every
     problem otherwise: per source of rows, the counts, then one line per offender."""
-    from toolrl.data.check import check_rows as check_row_data  # not this module's check_rows
-
     if tokenizer is not None:
         check_template_tools(tokenizer, cfg)
         log(check_history(tokenizer, cfg).line())
@@ -568,8 +551,6 @@ def check_history(tokenizer: Any, cfg: ExperimentConfig) -> Any:
     """The history policy the rollout will use with this tokenizer's template
     (`toolrl.rollout.history`): its `HistoryDecision` (whose ``line()`` names the policy and
     why); one `ConfigError` line when the asked-for policy cannot hold the template."""
-    from toolrl.rollout.chat import ChatRenderer, TemplateError
-
     try:
         decision = ChatRenderer(
             tokenizer, chat_template_kwargs=cfg.rollout.chat_template_kwargs,
@@ -589,8 +570,6 @@ def check_history(tokenizer: Any, cfg: ExperimentConfig) -> Any:
 def check_template_tools(tokenizer: Any, cfg: ExperimentConfig) -> None:
     """The chat template of the run's tokenizer renders ``tools``: one `ConfigError` line
     naming ``model.path`` (or ``rollout.engine.tokenizer``) when it drops them."""
-    from toolrl.rollout.chat import ChatRenderer, TemplateError, drops_tools, drops_tools_message
-
     key, path = ("rollout.engine.tokenizer", cfg.rollout.engine.tokenizer) \
         if cfg.rollout.engine.tokenizer is not None else ("model.path", cfg.model.path)
     try:
@@ -607,10 +586,8 @@ def check_template_tools(tokenizer: Any, cfg: ExperimentConfig) -> None:
 def fit_prompt_budget(train: list[Row], val: list[Row], cfg: ExperimentConfig, model: str,
                       log: Callable[[str], Any] = print) -> tuple[list[Row], list[Row]]:
     """`check_task_rows` with ``model``'s tokenizer (what train and eval call)."""
-    from transformers import AutoTokenizer
-
     try:
-        tokenizer = AutoTokenizer.from_pretrained(model)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(model)
     except Exception as exc:  # the engine could not load it either
         raise ConfigError(f"model.path={model!r}: cannot load its tokenizer to count prompt "
                           f"tokens: {type(exc).__name__}: {_first_line(exc)}") from None

@@ -22,6 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from omegaconf import OmegaConf
+
 from toolrl.trainer.config import ConfigError
 
 __all__ = ["IDENTITY_KEYS", "LOCK_FILE", "RunDirInUse", "RunDirLock", "RunDirMismatch",
@@ -49,8 +51,6 @@ def check_same_run(run_dir: str | os.PathLike, config: dict[str, Any], resume: s
               if used and any((run_dir / name).glob("*"))]
     if not reused or not saved.exists():
         return
-    from omegaconf import OmegaConf
-
     before = OmegaConf.to_container(OmegaConf.load(saved))
     for key in IDENTITY_KEYS:
         old, new = _get(before, key), _get(config, key)

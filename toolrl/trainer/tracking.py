@@ -84,7 +84,7 @@ class JsonlBackend(TrackerBackend):
 @TRACKERS.register("tensorboard")
 class TensorBoardBackend(TrackerBackend):
     def __init__(self, run_dir: Path, **_: Any) -> None:
-        from torch.utils.tensorboard import SummaryWriter
+        from torch.utils.tensorboard import SummaryWriter  # lazy: heavy (torch, tensorboard)
 
         self.writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
 
@@ -102,7 +102,7 @@ class TensorBoardBackend(TrackerBackend):
 class WandbBackend(TrackerBackend):
     def __init__(self, run_dir: Path, experiment_name: str, config: Mapping[str, Any],
                  **_: Any) -> None:
-        import wandb
+        import wandb  # lazy: optional, not a dependency of toolrl
 
         self.run = wandb.init(project="toolrl", name=experiment_name, dir=str(run_dir),
                               config=dict(config))
@@ -118,7 +118,7 @@ class WandbBackend(TrackerBackend):
 class MlflowBackend(TrackerBackend):
     def __init__(self, run_dir: Path, experiment_name: str, config: Mapping[str, Any],
                  **_: Any) -> None:
-        import mlflow
+        import mlflow  # lazy: optional, not a dependency of toolrl
 
         mlflow.set_experiment(experiment_name)
         self.mlflow = mlflow
@@ -238,7 +238,7 @@ def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
 
 def plot_curves(metrics_path: str | os.PathLike, out_dir: str | os.PathLike) -> list[Path]:
     """Write reward and success curves (train and validation) as PNG files."""
-    import matplotlib
+    import matplotlib  # lazy: matplotlib is heavy (~0.5 s), for the curves only
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -35,6 +35,7 @@ from toolrl.batch import (
     RESPONSE_MASK,
     ROLLOUT_LOG_PROBS,
 )
+from toolrl.controller.network import free_port
 from toolrl.controller.worker import Dispatch, Execute, Worker, remote
 from toolrl.sync.weights import DEFAULT_BUCKET_MB, local_engines
 from toolrl.workers.base import FSDPConfig, FSDPModel, LossTotals
@@ -295,9 +296,7 @@ class ActorWorker(Worker):
     @remote(Dispatch.ONE_TO_ALL, Execute.RANK_ZERO)
     def weight_sync_endpoint(self) -> tuple[str, int]:
         """Address and a free port on rank 0's node for the weight sync group."""
-        import ray
-
-        from toolrl.controller.network import free_port
+        import ray  # lazy: this module imports without Ray (tests collect it where Ray is absent)
 
         return ray.util.get_node_ip_address(), free_port()
 

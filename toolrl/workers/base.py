@@ -25,6 +25,8 @@ from typing import Any, Literal, get_args
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from huggingface_hub import split_torch_state_dict_into_shards
+from safetensors.torch import save_file
 from tensordict import TensorDict
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
@@ -469,9 +471,6 @@ class FSDPModel:
 
 
 def _save_hf(source: str, config: Any, state: dict[str, torch.Tensor], out: Path) -> None:
-    from huggingface_hub import split_torch_state_dict_into_shards
-    from safetensors.torch import save_file
-
     out.mkdir(parents=True, exist_ok=True)
     config.save_pretrained(out)
     split = split_torch_state_dict_into_shards(state, filename_pattern="model{suffix}.safetensors",

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import transformers
 from tensordict import TensorDict
 
 from toolrl.algo.loss import AGG_MODES, AggMode, LossAggregator, value_loss
@@ -55,12 +56,11 @@ class FSDPCritic(FSDPModel):
 
     def __init__(self, config: CriticConfig, model_kwargs: dict[str, Any] | None = None
                  ) -> None:
-        from transformers import AutoConfig, AutoModelForTokenClassification
-
-        hf_config = AutoConfig.from_pretrained(config.model_path, num_labels=1)
+        hf_config = transformers.AutoConfig.from_pretrained(config.model_path, num_labels=1)
         hf_config.classifier_dropout = 0.0  # deterministic values
         torch.manual_seed(config.seed)  # the new value head is initialized alike on every rank
-        super().__init__(config, trainable=True, auto_cls=AutoModelForTokenClassification,
+        super().__init__(config, trainable=True,
+                         auto_cls=transformers.AutoModelForTokenClassification,
                          model_kwargs={"config": hf_config, **(model_kwargs or {})})
 
     def _values(self, td: TensorDict) -> torch.Tensor:

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import transformers
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -29,6 +30,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
 
 from toolrl.workers.host_memory import release_memory
 
@@ -106,9 +108,7 @@ def build_model(path: str, auto_cls: Any = None, dtype: str | torch.dtype = "flo
                 gradient_checkpointing: bool = False, **kwargs: Any) -> nn.Module:
     """Load a Hugging Face model on CPU (``auto_cls`` defaults to AutoModelForCausalLM)."""
     if auto_cls is None:
-        from transformers import AutoModelForCausalLM
-
-        auto_cls = AutoModelForCausalLM
+        auto_cls = transformers.AutoModelForCausalLM
     model = auto_cls.from_pretrained(path, dtype=torch_dtype(dtype), **kwargs)
     if gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -162,9 +162,7 @@ def build_sharded_model(path: str, mesh: DeviceMesh, auto_cls: Any = None,
     adapters; rank 0's adapter initialization is the one broadcast).
     """
     if auto_cls is None:
-        from transformers import AutoModelForCausalLM
-
-        auto_cls = AutoModelForCausalLM
+        auto_cls = transformers.AutoModelForCausalLM
     full: dict[str, torch.Tensor] = {}
     if world_size() == 1 or rank() == 0:
         model = build_model(path, auto_cls, dtype, gradient_checkpointing, **kwargs)
@@ -173,9 +171,7 @@ def build_sharded_model(path: str, mesh: DeviceMesh, auto_cls: Any = None,
         if world_size() > 1:
             full = model.state_dict()  # the full tensors sharding replaces, kept to broadcast
     else:
-        from transformers import AutoConfig
-
-        config = kwargs.pop("config", None) or AutoConfig.from_pretrained(path)
+        config = kwargs.pop("config", None) or transformers.AutoConfig.from_pretrained(path)
         with torch.device("meta"):
             model = auto_cls.from_config(config, dtype=torch_dtype(dtype), **kwargs)
         if gradient_checkpointing:
@@ -222,8 +218,6 @@ def full_state_dict(model: nn.Module, skip_tied: bool = False) -> dict[str, torc
 def full_gradients(model: nn.Module) -> dict[str, torch.Tensor]:
     """Unsharded gradients by parameter name, on every rank (a collective; for tests and
     debugging)."""
-    from torch.distributed.tensor import DTensor
-
     out = {}
     for name, param in model.named_parameters():
         if param.grad is None:

@@ -129,24 +129,23 @@ class LoraAdapter:
     def apply(self, model: nn.Module) -> nn.Module:
         """Inject LoRA layers into ``model`` in place (PEFT) and freeze everything else;
         returns ``model`` itself (the HF model, now with adapters). Works on the meta device."""
-        from peft import LoraConfig as PeftLoraConfig
-        from peft import get_peft_model
-        from peft.tuners.lora import Linear as LoraLinear
-        from peft.tuners.lora import LoraLayer
+        # lazy: peft is optional (the lora extra)
+        import peft
+        from peft.tuners import lora as peft_lora
 
         cfg = self.config
-        peft_cfg = PeftLoraConfig(r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
-                                  target_modules=list(cfg.target_modules), bias="none",
-                                  task_type="CAUSAL_LM")
+        peft_cfg = peft.LoraConfig(r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
+                                   target_modules=list(cfg.target_modules), bias="none",
+                                   task_type="CAUSAL_LM")
         try:
             # adapters in the base dtype: FSDP2 gathers one dtype per group
-            self.peft = get_peft_model(model, peft_cfg, autocast_adapter_dtype=False)
+            self.peft = peft.get_peft_model(model, peft_cfg, autocast_adapter_dtype=False)
         except ValueError as e:
             raise ValueError(f"actor.lora.target_modules={list(cfg.target_modules)}: {e}"
                              ) from None
         for name, module in model.named_modules():
-            if isinstance(module, LoraLayer):
-                if not isinstance(module, LoraLinear):
+            if isinstance(module, peft_lora.LoraLayer):
+                if not isinstance(module, peft_lora.Linear):
                     raise ValueError(f"actor.lora.target_modules: {name} is a "
                                      f"{type(module.get_base_layer()).__name__}; only linear "
                                      f"layers can take adapters here")

@@ -48,7 +48,7 @@ _LOGGED: set[tuple[str, str]] = set()
 
 def torch_varlen_attn() -> Callable[..., Tensor] | None:
     """`torch.nn.attention.varlen.varlen_attn` when the installed torch has it (>= 2.10)."""
-    try:
+    try:  # lazy: torch >= 2.10 only, and its import loads torch._dynamo (custom ops)
         from torch.nn.attention.varlen import varlen_attn
     except ImportError:
         return None

@@ -190,6 +190,7 @@ class WeightSync:
         if rank() != 0:
             return
         if backend == "nccl":
+            # lazy: vLLM is optional and takes seconds to import
             from vllm.distributed.weight_transfer.nccl_common import trainer_init
 
             self._nccl = trainer_init({"master_address": master_addr,
@@ -208,6 +209,7 @@ class WeightSync:
         self.version += 1
         stream = self.iter_push()
         if rank() == 0 and self._nccl is not None:
+            # lazy: vLLM is optional and takes seconds to import
             from vllm.distributed.weight_transfer.packed_tensor import (
                 DEFAULT_PACKED_NUM_BUFFERS,
                 packed_nccl_broadcast_producer,

@@ -37,6 +37,8 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
+import httpx
+
 from toolrl.core.trajectory import TokenStream, Trajectory, plain
 from toolrl.registry import import_object
 from toolrl.rollout.gateway import CLIENTS
@@ -119,6 +121,7 @@ class AgentRunner:
         shared by all episodes in flight costs O(episodes) per call).
         """
         if self.client_kind == "anthropic":  # the anthropic SDK speaks httpx2
+            # lazy: the agent SDKs are optional (dev extras) and heavy (~1-2 s each)
             import anthropic
             import httpx2
 
@@ -127,8 +130,7 @@ class AgentRunner:
             return anthropic.AsyncAnthropic(
                 base_url=self.server.anthropic_url(episode_id), api_key="toolrl",
                 max_retries=0, timeout=self.timeout_s, http_client=http), http
-        import httpx
-        import openai
+        import openai  # lazy: optional (dev extras), ~1 s
 
         http = httpx.AsyncClient(transport=self._transport(httpx), timeout=self.timeout_s,
                                  trust_env=False)

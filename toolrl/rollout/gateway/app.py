@@ -39,6 +39,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from starlette.applications import Starlette
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
 from toolrl.core.parse import get_format
 from toolrl.rollout.engine import ContextLengthError, SamplingConfig
 from toolrl.rollout.gateway.anthropic_messages import MessagesAPI
@@ -153,10 +157,6 @@ class Gateway:
     def app(self) -> Any:
         """The ASGI application (starlette): every request goes to `handle`."""
         if self._app is None:
-            from starlette.applications import Starlette
-            from starlette.responses import Response, StreamingResponse
-            from starlette.routing import Route
-
             async def endpoint(request: Any) -> Any:
                 answer = await self.handle(request.method, request.url.path,
                                            await request.body())
@@ -354,7 +354,7 @@ def call_grammar(begin: str, end: str, schema: Mapping[str, Any]) -> str:
     """An EBNF grammar (xgrammar's, as vLLM takes it) of ``begin`` + one compact JSON value of
     ``schema`` + ``end``: the call syntax of formats like hermes, without free whitespace (a
     random model would otherwise fill its budget with it)."""
-    import xgrammar
+    import xgrammar  # lazy: xgrammar comes with vLLM (optional) and takes seconds to import
 
     body = str(xgrammar.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False,
                                                  separators=(", ", ": ")))

@@ -7,6 +7,8 @@ import threading
 import time
 from typing import Any
 
+import uvicorn
+
 __all__ = ["GatewayServer"]
 
 
@@ -22,8 +24,6 @@ class GatewayServer:
 
     def __init__(self, gateway: Any, host: str = "127.0.0.1", port: int = 0,
                  keep_alive_s: float = 3600.0) -> None:
-        import uvicorn
-
         self.gateway = gateway
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
