@@ -308,22 +308,9 @@ def _trained_tokenizer(seed: int, vocab_size: int):
 def _build_model(tokenizer, spec: TinySpec, seed: int, dtype: str = "float32"):
     eos = tokenizer.eos_token_id
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
-    config = transformers.Qwen2Config(
-        vocab_size=_round_up(len(tokenizer), 64),
-        hidden_size=spec.hidden_size,
-        intermediate_size=spec.intermediate_size,
-        num_hidden_layers=spec.num_hidden_layers,
-        num_attention_heads=spec.num_attention_heads,
-        num_key_value_heads=spec.num_key_value_heads,
-        max_position_embeddings=MAX_POSITIONS,
-        rope_theta=10000.0,
-        tie_word_embeddings=True,
-        eos_token_id=eos,
-        pad_token_id=pad,
-        bos_token_id=None,
-        torch_dtype=dtype,
-        use_sliding_window=False,
-    )
+    config = _qwen2_config(spec, len(tokenizer), rope_theta=10000.0, eos_token_id=eos,
+                           pad_token_id=pad, bos_token_id=None, torch_dtype=dtype,
+                           use_sliding_window=False)
     torch.manual_seed(seed)
     model = transformers.Qwen2ForCausalLM(config).to(getattr(torch, dtype))
     model.generation_config = transformers.GenerationConfig(eos_token_id=eos,
@@ -351,7 +338,11 @@ def _build_shape(tokenizer, shape: dict[str, Any], seed: int, dtype: str):
 
 def tiny_config(size: str = "small", vocab_size: int = VOCAB_SIZE) -> Any:
     """The Hugging Face config `build_tiny_model` gives a tiny size (no weights built)."""
-    spec = SIZES[size]
+    return _qwen2_config(SIZES[size], vocab_size)
+
+
+def _qwen2_config(spec: TinySpec, vocab_size: int, **extra: Any) -> Any:
+    """The Qwen2 config of a tiny size (tied embeddings, `MAX_POSITIONS`), ``extra`` on top."""
     return transformers.Qwen2Config(vocab_size=_round_up(vocab_size, 64),
                                     hidden_size=spec.hidden_size,
                                     intermediate_size=spec.intermediate_size,
@@ -359,7 +350,7 @@ def tiny_config(size: str = "small", vocab_size: int = VOCAB_SIZE) -> Any:
                                     num_attention_heads=spec.num_attention_heads,
                                     num_key_value_heads=spec.num_key_value_heads,
                                     max_position_embeddings=MAX_POSITIONS,
-                                    tie_word_embeddings=True)
+                                    tie_word_embeddings=True, **extra)
 
 
 def shape_config(size: str) -> Any:
