@@ -204,6 +204,34 @@ def test_merged_stream_equals_peft_merge_in_checkpoint_order(tiny_model_dir):
         list(lora.merged((n, t) for n, t in state.items() if ".lora_B." not in n))
 
 
+def test_the_adapters_are_drawn_from_the_seed_not_the_process(tiny_model_dir):
+    """A LoRA run is repeatable: the adapters' A matrices depend on the run's seed, not on what
+    the process drew before (the roles of a worker process start in no fixed order), and the
+    process's random stream goes on as if they had not been drawn."""
+    from transformers import AutoModelForCausalLM
+
+    from toolrl.workers.lora import LoraAdapter
+
+    def adapters(seed: int, draws: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        torch.manual_seed(123)
+        torch.rand(draws)  # what the process drew before: differs
+        model = LoraAdapter(LoraConfig(rank=4), seed=seed).apply(
+            AutoModelForCausalLM.from_pretrained(tiny_model_dir))
+        after = torch.rand(1)
+        return {n: p.detach().clone() for n, p in model.named_parameters()
+                if ".lora_A." in n}, after
+
+    a, after_a = adapters(0, 1)
+    b, after_b = adapters(0, 1000)
+    c, _ = adapters(1, 1)
+    assert a and a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a)
+    assert not all(torch.equal(a[n], c[n]) for n in a)  # another seed, other adapters
+    torch.manual_seed(123)
+    torch.rand(1)
+    assert torch.equal(after_a, torch.rand(1))  # the process's stream is left where it was
+    assert not torch.equal(after_a, after_b)
+
+
 def _reference_first_then_update(rank, cfg, td):
     actor = FSDPActor(cfg)
     ref = actor.compute_ref_log_prob(td)[REF_LOG_PROBS]  # the first forward: adapter off

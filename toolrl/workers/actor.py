@@ -117,7 +117,8 @@ class FSDPPolicy(FSDPModel):
     def __init__(self, config: ActorConfig, trainable: bool,
                  model_kwargs: dict[str, Any] | None = None) -> None:
         # LoRA wraps the trained actor only (a separate reference is the plain base model)
-        self.lora = LoraAdapter(config.lora) if config.lora.enabled and trainable else None
+        self.lora = LoraAdapter(config.lora, seed=config.seed) \
+            if config.lora.enabled and trainable else None
         super().__init__(config, trainable=trainable, model_kwargs=model_kwargs,
                          prepare=self.lora.apply if self.lora is not None else None)
         enable_scoring(self.model)

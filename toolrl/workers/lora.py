@@ -119,10 +119,11 @@ def is_adapter_name(name: str) -> bool:
 class LoraAdapter:
     """The PEFT LoRA wrapping of one model: apply it, switch it off, merge it, save it."""
 
-    def __init__(self, config: LoraConfig) -> None:
+    def __init__(self, config: LoraConfig, seed: int = 0) -> None:
         if not config.enabled:
             raise ValueError("LoraAdapter needs lora.rank > 0")
         self.config = config
+        self.seed = seed  # the adapters' initialization (PEFT draws the A matrices)
         self.peft: Any = None  # the PeftModel around the HF model
         self.scaling: dict[str, float] = {}  # LoRA module name -> alpha / rank
 
@@ -138,8 +139,12 @@ class LoraAdapter:
                                    target_modules=list(cfg.target_modules), bias="none",
                                    task_type="CAUSAL_LM")
         try:
-            # adapters in the base dtype: FSDP2 gathers one dtype per group
-            self.peft = peft.get_peft_model(model, peft_cfg, autocast_adapter_dtype=False)
+            # the A matrices are drawn from the run's seed, not from whatever the process drew
+            # before (the roles of a process start in no fixed order): a LoRA run is repeatable
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(self.seed)
+                # adapters in the base dtype: FSDP2 gathers one dtype per group
+                self.peft = peft.get_peft_model(model, peft_cfg, autocast_adapter_dtype=False)
         except ValueError as e:
             raise ValueError(f"actor.lora.target_modules={list(cfg.target_modules)}: {e}"
                              ) from None
