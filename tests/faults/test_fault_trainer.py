@@ -21,6 +21,7 @@ from toolrl.rollout.worker import RolloutWorker
 from toolrl.sync.canary import SyncCanaryError
 from toolrl.trainer.config import load_config
 from toolrl.trainer.failures import RolloutFailedError
+from toolrl.trainer.schedule import SyncSchedule
 from toolrl.trainer.tracking import read_metrics
 from toolrl.trainer.trainer import Trainer
 
@@ -214,7 +215,7 @@ def test_a_weight_push_that_does_nothing_stops_the_run(ray_cluster, tiny_model_d
     the run naming the version; with trainer.sync_canary=warn the run goes on and logs it."""
     register_test_rewards()
 
-    class SilentSync(Trainer):
+    class SilentSync(SyncSchedule):
         def sync_weights(self) -> int:  # reports a new version, loads nothing
             self.fake_version = getattr(self, "fake_version", 0) + 1
             return self.fake_version
@@ -222,7 +223,8 @@ def test_a_weight_push_that_does_nothing_stops_the_run(ray_cluster, tiny_model_d
     overrides = {"trainer.total_steps": 2, "actor.lr": 1e-2}
     cfg = load_config(ROOT / "configs/quickstart.yaml", small_run_overrides(
         tiny_model_dir, tmp_path / "stop", **overrides))
-    trainer = SilentSync(cfg)
+    trainer = Trainer(cfg)
+    trainer.schedule = SilentSync(trainer)
     try:
         with pytest.raises(SyncCanaryError, match=r"policy version 1 .*disagree"):
             trainer.fit()
@@ -232,7 +234,8 @@ def test_a_weight_push_that_does_nothing_stops_the_run(ray_cluster, tiny_model_d
 
     cfg = load_config(ROOT / "configs/quickstart.yaml", small_run_overrides(
         tiny_model_dir, tmp_path / "warn", **overrides, **{"trainer.sync_canary": "warn"}))
-    trainer = SilentSync(cfg)
+    trainer = Trainer(cfg)
+    trainer.schedule = SilentSync(trainer)
     try:
         trainer.fit()
     finally:

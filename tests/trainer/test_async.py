@@ -127,7 +127,8 @@ def test_async_trains_within_the_staleness_bound_and_counts_every_group(
     assert len(after) == 2 * BATCH and not after & before
     # every group outstanding at the checkpoint is trained after the resume or still out there
     # at the end: none skipped
-    still = set(resumed.buffer.outstanding) if resumed.buffer is not None else set()
+    buffer = resumed.schedule.buffer
+    still = set(buffer.outstanding) if buffer is not None else set()
     assert set(outstanding) <= after | still
 
 

@@ -45,7 +45,9 @@ def test_budgets_and_backend_are_checked_with_the_keys_named():
     with pytest.raises(ConfigError, match=r"max_total_tokens \(4096\) exceeds "
                                           r"engine.max_model_len \(512\)"):
         load_config("configs/quickstart.yaml", ["rollout.max_total_tokens=4096"])
-    with pytest.raises(ConfigError, match=r"'rollout.engine.backend'.*one of \['cpu', 'gpu'\]"):
+    with pytest.raises(ConfigError,
+                       match=r"rollout.engine.backend='tpu' is not valid; choose one of "
+                             r"\['cpu', 'gpu'\]"):
         load_config("configs/quickstart.yaml", ["rollout.engine.backend=tpu"])
     with pytest.raises(ConfigError, match="concurrency must be >= 1"):
         load_config("configs/quickstart.yaml", ["rollout.concurrency=0"])

@@ -11,7 +11,7 @@ import pytest
 from toolrl.envs.function_calling import FunctionCallingEnv
 
 from toolrl.cli import main
-from toolrl.trainer.trainer import Trainer
+from toolrl.trainer.context import RunContext
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = """\
@@ -44,7 +44,7 @@ def test_eval_needs_no_train_file_and_train_names_the_key(tmp_path, tiny_model_d
     def stop(self, *args, **kwargs):
         raise ReachedWorkers
 
-    monkeypatch.setattr(Trainer, "start_workers", stop)
+    monkeypatch.setattr(RunContext, "start_rollout", stop)
     with pytest.raises(ReachedWorkers):
         main(["eval", "--config", str(config), "--model", str(tiny_model_dir), "--output-dir",
               str(tmp_path / "eval"), *overrides])
@@ -86,8 +86,8 @@ def test_eval_trials_play_every_row_that_many_times(tmp_path, tiny_model_dir, mo
         asked.append((len(rows), n))
         raise ReachedWorkers
 
-    monkeypatch.setattr(Trainer, "start_workers", lambda self, **kwargs: None)
-    monkeypatch.setattr(Trainer, "rollout", rollout)
+    monkeypatch.setattr(RunContext, "start_rollout", lambda self: None)
+    monkeypatch.setattr(RunContext, "rollout", rollout)
     with pytest.raises(ReachedWorkers):
         main([*args, "--trials", "4"])
     assert asked == [(3, 4)]
