@@ -289,6 +289,7 @@ class RolloutWorker(Worker):
         # vLLM, torch and transformers leave ~1M long-lived objects; a full collection walks
         # them all, a ~0.4 s pause mid-rollout that stalls every episode in flight. Freeze them
         # out of the collector after startup, as vLLM's own server and engine core do.
+        # lazy: vLLM is optional and takes seconds to import
         from vllm.utils.gc_utils import freeze_gc_heap
 
         freeze_gc_heap()
@@ -465,6 +466,7 @@ class RolloutWorker(Worker):
     def shutdown(self) -> None:
         """Stop the engine and its processes, and the tool servers (MCP) this worker's
         episodes shared (call before killing the group)."""
+        # lazy: the MCP SDK (~1.3 s) loads only where MCP servers run
         from toolrl.core.mcp_client import close_mcp_connections
 
         if self._stream is not None:
@@ -504,6 +506,7 @@ class RolloutWorker(Worker):
                             start_version: int | None = None) -> TensorDict:
         """``rollout.agent``'s episodes through the gateway; an episode whose rewritten history
         split it into several samples gives several rows of its group (`episode_rows`)."""
+        # lazy: the gateway's server (uvicorn, the agent SDKs) loads only for agent rollouts
         from toolrl.rollout.gateway.agent import episode_rows
 
         temperature = 0.0 if greedy else self.config.temperature
@@ -512,6 +515,7 @@ class RolloutWorker(Worker):
         return self.to_batch(*episode_rows(rows, uids, results), start_version=start_version)
 
     def _agent_runner(self) -> Any:
+        # lazy: the gateway's server (uvicorn, the agent SDKs) loads only for agent rollouts
         from toolrl.rollout.gateway.agent import AgentRunner
 
         c = self.config
@@ -616,6 +620,7 @@ def _sampled_versions(stream: TokenStream, oldest: int) -> list[int]:
 def rollout_metrics(td: TensorDict) -> dict[str, float]:
     """Batch means of a rollout: env reward, success, turns, tokens, finish reasons, errors;
     over episodes (an agent episode split into several rows counts once)."""
+    # lazy: the gateway's server (uvicorn, the agent SDKs) loads only for agent rollouts
     from toolrl.rollout.gateway.agent import gateway_metrics, one_per_episode
 
     rows = B.trajectories(td)

@@ -64,6 +64,7 @@ class RunContext:
         cfg = self.cfg
         source = locate_model(cfg.model.path, cfg.model.build_tiny_if_missing)
         if cfg.model.build_tiny_if_missing:
+            # lazy: torch and transformers' model classes, only when a tiny model is built
             from toolrl.models.tiny import build_tiny_model, needs_build
 
             try:

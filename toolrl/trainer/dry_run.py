@@ -201,6 +201,7 @@ def _renderer(cfg: ExperimentConfig, rollout: RolloutConfig, report: DryRunRepor
 
 def _builds(cfg: ExperimentConfig) -> bool:
     """Whether the run would build its tiny model (a build of another size: ConfigError)."""
+    # lazy: torch and transformers' model classes, only when a tiny model is built
     from toolrl.models.tiny import needs_build
 
     try:
@@ -217,11 +218,13 @@ def _tokenizer(cfg: ExperimentConfig, rollout: RolloutConfig) -> Any:
         if cfg.model.tiny_tokenizer != "tiny":  # a family's real tokenizer (cached)
 
             return family_tokenizer(cfg.model.tiny_tokenizer)
+        # lazy: torch and transformers' model classes, only when a tiny model is built
         from toolrl.models.tiny import build_tokenizer
 
         return build_tokenizer(seed=cfg.seed)  # the tokenizer of the model the run would build
     else:
         path = require_model(cfg.model.path, cfg.model.build_tiny_if_missing)
+    # lazy: transformers loads only where a tokenizer or model is read
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(path)

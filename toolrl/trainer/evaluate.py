@@ -238,6 +238,7 @@ def trained_on(rows: Sequence[Mapping[str, Any]], training: Sequence[Mapping[str
                ) -> set[Any]:
     """Ids of ``rows`` a training row shares the id, the question or a 13-word run with (the
     contamination check, `toolrl.data.contamination`)."""
+    # lazy: reads the benchmark's files only when eval reports contamination
     from toolrl.data.contamination import check_contamination
 
     if not training or not rows:

@@ -83,6 +83,7 @@ class ModelShape:
     def from_hf_config(cls, config: Any) -> ModelShape:
         """From a transformers config; the parameter count from a model built on the meta
         device (no memory)."""
+        # lazy: the memory plan runs before any worker, torch only for a shape
         import torch
         from transformers import AutoModelForCausalLM
 
@@ -481,6 +482,7 @@ def gpu_budget(cfg: ExperimentConfig) -> float | None:
     if cfg.resources.device != "cuda" and cfg.rollout.engine.backend != "gpu":
         return None
     try:
+        # lazy: the memory plan runs before any worker, torch only for a shape
         import torch
 
         if torch.cuda.is_available():
@@ -493,6 +495,7 @@ def gpu_budget(cfg: ExperimentConfig) -> float | None:
 def model_shape(cfg: ExperimentConfig) -> ModelShape | None:
     """The shape of the model a run will train: the checkpoint's config.json, or the shape it
     will build (``model.tiny_size``), or a hub config when one can be read; None if unknown."""
+    # lazy: transformers loads only where a tokenizer or model is read
     from transformers import AutoConfig
 
     path = Path(cfg.model.path).expanduser()
@@ -500,6 +503,7 @@ def model_shape(cfg: ExperimentConfig) -> ModelShape | None:
         return ModelShape.from_hf_config(AutoConfig.from_pretrained(path))
     source = locate_model(cfg.model.path, cfg.model.build_tiny_if_missing)
     if source.kind == "build" and not path.exists():
+        # lazy: torch and transformers' model classes, only when a tiny model is built
         from toolrl.models.tiny import REAL_SHAPES, shape_config, tiny_config
 
         size = cfg.model.tiny_size
