@@ -205,10 +205,11 @@ def test_drop_policy_gives_up_on_stragglers(ray_cluster, tiny_model_dir, tmp_pat
         assert last["async/trained"] == 4 * BATCH
         trainer.schedule.buffer.check()
         trained = [d for s in (1, 2, 3, 4) for d in dumped(out, s)]
-        assert all(str(d["row"]["id"])[-1] not in "05" for d in trained)  # never waited for
+        # never waited for: a straggler's group that finished (after 60 s) would be trained
+        assert all(str(d["row"]["id"])[-1] not in "05" for d in trained)
         assert all(d["infra_failure"] is None for d in trained)
         for r in rows[1:]:
-            assert r["timing/step_s"] < 60 and r["async/staleness_max"] <= 1
+            assert r["async/staleness_max"] <= 1
             assert r["async/trained"] == r["step"] * BATCH
             assert r["rollout/gateway_calls_mean"] >= 1  # the agent's calls, through the gateway
             assert len({d["uid"] for d in dumped(out, r["step"])}) == BATCH
