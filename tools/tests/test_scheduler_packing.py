@@ -42,8 +42,10 @@ def test_work():
         # "group": an ordinary child; "session": one that escapes the process group
         child = subprocess.Popen(sleeper, start_new_session=(kind == "session"))
         record["children"].append(child.pid)
-    with open(os.path.join({record_dir!r}, {name!r} + ".started"), "w") as f:
+    started = os.path.join({record_dir!r}, {name!r} + ".started")
+    with open(started + ".tmp", "w") as f:  # whole or absent: the test polls for it
         json.dump(record, f)
+    os.replace(started + ".tmp", started)
     time.sleep({sleep})
     record["end"] = time.time()
     with open(os.path.join({record_dir!r}, {name!r} + ".json"), "w") as f:
@@ -208,11 +210,14 @@ def test_ctrl_c_reports_every_file_and_leaves_no_process(tmp_path):
                                 preexec_fn=_default_sigint)
     beat = re.compile(r"^heartbeat (\d+): suite/(test_\w+)\.py running", re.M)
     try:
-        deadline = time.monotonic() + 60
-        # Both running files report at least two heartbeats, then Ctrl+C.
+        # Both running files are inside their test (a heartbeat counts from the launch, and a
+        # loaded machine can take many seconds to start pytest in them) and report at least two
+        # heartbeats, then Ctrl+C. The deadline only bounds a hang.
+        deadline = time.monotonic() + 240
         while time.monotonic() < deadline and proc.poll() is None:
             seen = Counter(name for _, name in beat.findall(log.read_text()))
-            if len(seen) == 2 and min(seen.values()) >= 2:
+            if (len(seen) == 2 and min(seen.values()) >= 2
+                    and len(list(records.glob("*.started"))) == 2):
                 break
             time.sleep(0.2)
         assert proc.poll() is None, log.read_text()
