@@ -79,7 +79,7 @@ class Bench:
     def push(self, model: Any) -> None:
         weights = [(n, p.detach()) for n, p in model.named_parameters()
                    if not (self.tied and n == "lm_head.weight")]
-        self.engine.load_weights_sync(weights, timeout=300)  # cast to bf16 by the engine
+        self.engine.weights.load_weights_sync(weights, timeout=300)  # cast to bf16 by the engine
 
     def sample(self, texts: Any, max_tokens: int, seed: int) -> Any:
         from toolrl import batch as B
