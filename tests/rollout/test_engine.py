@@ -65,7 +65,7 @@ def test_config_errors_are_clear(tiny_model_dir):
     assert EngineConfig(model="m", multiprocessing=False, cpu_threads=3).resolved() \
         .cpu_threads == 3
     args = EngineConfig(model=str(tiny_model_dir), max_model_len=256, seed=3).engine_args()
-    assert args.worker_extension_cls == "toolrl.rollout.weight_transfer.WeightLoaderExtension"
+    assert args.worker_extension_cls == "toolrl.weights.vllm_worker.WeightLoaderExtension"
     assert (args.block_size, args.enable_chunked_prefill, args.seed) == (32, False, 3)
 
 

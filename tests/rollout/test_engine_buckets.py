@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM
 
 from toolrl.models.tiny import build_tiny_model
 from toolrl.rollout.engine import EngineConfig, EngineError, SamplingConfig, VLLMEngine
-from toolrl.rollout.weight_transfer import STAGING_PREFIX, bucket_plan, staging_dir
+from toolrl.weights.staging import STAGING_PREFIX, bucket_plan, staging_dir
 
 pytestmark = pytest.mark.slow
 

@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM
 
 from toolrl.models.tiny import build_tiny_model
 from toolrl.rollout.engine import EngineConfig, SamplingConfig, VLLMEngine
-from toolrl.rollout.weight_transfer import ipc_bucket_sizes, ipc_buffer_bytes
+from toolrl.weights.ipc import ipc_bucket_sizes, ipc_buffer_bytes
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 

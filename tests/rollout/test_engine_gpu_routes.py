@@ -13,8 +13,8 @@ from transformers import Qwen2Config
 
 from toolrl.core.background import BackgroundLoop
 from toolrl.rollout.engine import EngineConfig, EngineError, VLLMEngine
-from toolrl.rollout.engine_weights import BROADCAST_TIMEOUT_S, EngineWeightRoutes
-from toolrl.rollout.weight_transfer import ipc_buffer_bytes, largest_weight_numel
+from toolrl.weights.engine_routes import BROADCAST_TIMEOUT_S, EngineWeightRoutes
+from toolrl.weights.ipc import ipc_buffer_bytes, largest_weight_numel
 
 pytest.importorskip("vllm", reason="the routes build vLLM's weight-transfer requests")
 

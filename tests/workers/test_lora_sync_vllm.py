@@ -9,8 +9,8 @@ from fsdp_harness import make_batch, run_ranks, with_policy_inputs
 
 from toolrl.batch import OLD_LOG_PROBS, build_rollout_batch
 from toolrl.rollout.engine import EngineConfig, EngineError, SamplingConfig, VLLMEngine
-from toolrl.rollout.engine_weights import EngineWeightRoutes
-from toolrl.sync import canary
+from toolrl.weights import canary
+from toolrl.weights.engine_routes import EngineWeightRoutes
 from toolrl.workers.actor import ActorConfig, FSDPActor
 from toolrl.workers.lora import LoraConfig
 

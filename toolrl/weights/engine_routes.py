@@ -1,19 +1,21 @@
-"""The weight routes of `toolrl.rollout.engine.VLLMEngine`: new weights into a running engine.
+"""The engine's end of every weight route: `EngineWeightRoutes`, new weights into a running
+`toolrl.rollout.engine.VLLMEngine`.
 
-`EngineWeightRoutes` is an object of its own that each `VLLMEngine` builds and hands itself to
-(``engine.weights``); it reaches the engine only through the engine's public surface. Every
-route ends the same way (`EngineWeightRoutes._after_push`: the prefix cache reset, the weight
-version bumped, or set to the trainer's, while generation is still held):
+Each engine builds one and hands itself to it (``engine.weights``); the routes reach the engine
+only through its public surface (``llm``, ``call``, ``check_off_loop``, ``model_dtype``,
+``weight_version`` / ``set_weight_version``). Every route ends the same way
+(`EngineWeightRoutes._after_push`: the prefix cache reset, the weight version bumped, or set to
+the trainer's, while generation is still held):
 
-- `load_weights_sync`: a full set of checkpoint-named weights, cast to the engine's dtype, one
-  bucket of ``weight_bucket_mb`` at a time: shared-memory staging files on CPU
-  (`toolrl.rollout.weight_transfer.SharedMemoryPush`), vLLM's packed CUDA IPC transfer on GPU
-  (`toolrl.rollout.weight_transfer.IpcPush`);
-- `init_broadcast_receiver` / `receive_broadcast`: GPU with split pools, vLLM's NCCL weight
-  transfer (the trainer broadcasts, `toolrl.workers.weights`);
-- `load_adapter_sync`: a LoRA adapter served by vLLM's LoRA support (no base weights move);
-- `begin_staged_push` / `finish_staged_push`: CPU, a push whose buckets the caller fills (a
-  rollout worker receiving the actor's broadcast over gloo, `toolrl.rollout.worker`);
+- `EngineWeightRoutes.load_weights_sync`: a full set of checkpoint-named weights, cast to the
+  engine's dtype, one bucket of ``weight_bucket_mb`` at a time: shared-memory staging files on
+  CPU (`toolrl.weights.staging.SharedMemoryPush`), vLLM's packed CUDA IPC transfer on GPU
+  (`toolrl.weights.ipc.IpcPush`);
+- ``init_broadcast_receiver`` / ``receive_broadcast``: GPU with split pools, vLLM's NCCL weight
+  transfer (`toolrl.weights.nccl`; the trainer broadcasts, `toolrl.workers.weight_push`);
+- ``load_adapter_sync``: a LoRA adapter served by vLLM's LoRA support (no base weights move);
+- ``begin_staged_push`` / ``finish_staged_push``: CPU, a push whose buckets the caller fills (a
+  rollout worker receiving the actor's broadcast over gloo, `toolrl.weights.group`);
 - ``keep_inflight``: requests in flight are frozen for the push instead of refused (async mode).
 
 The weight version is also vLLM's weight-version label (``AsyncLLM.update_weight_version``),
@@ -21,8 +23,10 @@ set while no request generates: the engine core stamps every step's outputs with
 sampled token carries the version of the weights that sampled it, also across a push that lands
 inside a request (`toolrl.rollout.engine.Completion.versions`).
 
-How each route's bytes travel is `toolrl.rollout.weight_transfer`; this module is the engine's
-side of the session around them (names checked, requests held, updates finished on error).
+How each route's bytes travel is `toolrl.weights.staging`, `toolrl.weights.ipc` and
+`toolrl.weights.nccl`; this module is the engine's side of the session around them (names
+checked, requests held, updates finished on error). `EngineError` lives here because the routes
+raise it too; `toolrl.rollout.engine` re-exports it.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import contextlib
 import json
 import os
 import time
+import weakref
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -39,14 +44,9 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
-from toolrl.rollout.weight_transfer import (
-    IpcPush,
-    SharedMemoryPush,
-    ipc_buffer_bytes,
-    largest_weight_numel,
-    nccl_receiver_init_info,
-    nccl_update_info,
-)
+from toolrl.weights.ipc import IpcPush, ipc_buffer_bytes, largest_weight_numel
+from toolrl.weights.nccl import nccl_receiver_init_info, nccl_update_info
+from toolrl.weights.staging import SharedMemoryPush
 
 BROADCAST_TIMEOUT_S = 600.0  # one engine call of an NCCL receive (the trainer's collectives')
 
@@ -67,7 +67,9 @@ class EngineWeightRoutes:
     """
 
     def __init__(self, engine: Any) -> None:
-        self.engine = engine
+        # a weak reference: the engine owns its routes, and still shuts down when its last
+        # user drops it (`VLLMEngine.__del__`), as it did before the routes were an object
+        self.engine = weakref.proxy(engine)
         self.config = engine.config
         self.last_push_buckets = 0  # buckets of the last push (diagnostics, benchmarks)
         self.last_pause_s = 0.0  # how long the last keep_inflight push held generation
@@ -81,7 +83,7 @@ class EngineWeightRoutes:
     @property
     def weight_version(self) -> int:
         """The engine's weight version (`VLLMEngine.weight_version`); a colocated push sets
-        it to the actor's after loading (`toolrl.workers.weights.WeightSync.push_local`)."""
+        it to the actor's after loading (`toolrl.workers.weight_push.WeightSync.push_local`)."""
         return self.engine.weight_version
 
     @weight_version.setter
@@ -183,7 +185,7 @@ class EngineWeightRoutes:
                                 world_size: int, timeout: float | None = None) -> None:
         """GPU, split pools: this engine's workers join the trainer's broadcast group (vLLM's
         NCCL weight transfer) as ranks ``rank_offset..``; a rendezvous, so call it while the
-        trainer opens its end (`toolrl.workers.weights.WeightSync.connect`)."""
+        trainer opens its end (`toolrl.workers.weight_push.WeightSync.connect`)."""
         # lazy: vLLM is optional and takes seconds to import
         from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
 
