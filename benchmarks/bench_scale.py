@@ -203,12 +203,12 @@ def push(buckets_mb: list[float], reps: int) -> dict[str, Any]:
                 for p in base:
                     reset_peak(p)
                 start = time.perf_counter()
-                actor.weights.push_local([engine])
+                actor.weights.push_local([engine.weights])
                 seconds = time.perf_counter() - start
                 extra = {p: status(p, "VmHWM") - base[p] for p in base}
                 runs.append({"seconds": seconds, "actor_extra": extra[me],
                              "engine_extra": sum(extra[p] for p in core),
-                             "buckets": engine.last_push_buckets})
+                             "buckets": engine.weights.last_push_buckets})
             results.append({"bucket_mb": mb, "runs": runs})
         engine.generate_sync([1, 2, 3, 4], timeout=300)  # still serving after the pushes
     finally:

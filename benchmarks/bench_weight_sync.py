@@ -50,7 +50,7 @@ def measure(size: str, reps: int) -> dict[str, Any]:
         prompt = [1, 2, 3, 4]
         engine.generate_sync(prompt, timeout=120)
         push, gather = benchlib.timed_alternating(
-            [lambda: actor.weights.push_local([engine]),
+            [lambda: actor.weights.push_local([engine.weights]),
              lambda: list(actor.weights.iter_full())], reps)
         engine.generate_sync(prompt, timeout=120)  # still serving after the pushes
         version = engine.weight_version

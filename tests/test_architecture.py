@@ -6,8 +6,11 @@ point one way"), checked on the import statements of the source tree.
   or reward composition; ``reward`` builds on ``core`` alone.
 - ``algo`` is pure math on tensors: torch and its own modules, nothing else of toolrl.
 - ``controller`` is generic orchestration: it knows no RL (only itself and the batch carrier).
-- ``sync`` (what both ends of weight sync share) knows no other toolrl layer; ``rollout`` uses
-  it and never imports ``workers``, ``trainer`` or the reward composition.
+- ``weights`` (the one home of weight transfer: buckets, routes, vLLM's worker extension, the
+  engine's end, the canary) knows no other toolrl layer and imports no Ray, tensordict or
+  transformers; vLLM only inside functions (``# lazy``), so it imports without vLLM. ``rollout``
+  and ``workers`` use it; ``rollout`` never imports ``workers``, ``trainer`` or the reward
+  composition.
 - Plugins (built-in envs and rewards, the examples) use only the public API: ``toolrl`` itself
   (names in ``toolrl.__all__``) and their own package.
 - No import cycles between toolrl's modules; the product imports no development tool.
@@ -159,14 +162,35 @@ def test_the_scanner_sees_every_import_form(tmp_path):
      ("ray", "torch", "tensordict", "vllm")),
     ("algo", ("toolrl.algo", "toolrl.registry"), ("ray", "tensordict", "vllm", "transformers")),
     ("controller", ("toolrl.controller", "toolrl.batch"), ("vllm", "transformers")),
-    ("sync", ("toolrl.sync",), ("ray", "tensordict", "vllm", "transformers")),
-    ("rollout", ("toolrl.rollout", "toolrl.core", "toolrl.sync", "toolrl.controller",
+    ("weights", ("toolrl.weights",), ("ray", "tensordict", "transformers")),
+    ("rollout", ("toolrl.rollout", "toolrl.core", "toolrl.weights", "toolrl.controller",
                  "toolrl.batch", "toolrl.registry"), ()),
 ])
 def test_each_layer_imports_only_what_it_may_know(layer, allowed, libraries):
     bad = layer_violations(layer, allowed, libraries)
     assert not bad, f"toolrl/{layer} may import only {allowed} of toolrl, none of {libraries}: " \
                     f"{bad}"
+
+
+def top_level_imports(path: Path) -> list[str]:
+    """Modules a file imports when it is imported (module level, ``TYPE_CHECKING`` aside)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    out = []
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            out += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            out.append(node.module or "")
+    return out
+
+
+def test_weights_imports_vllm_only_lazily():
+    """vLLM's worker extension and the engine's routes call vLLM, but only inside functions:
+    the trainer and the actors import ``toolrl.weights`` where no vLLM is installed."""
+    bad = [f"{path.relative_to(ROOT).as_posix()} imports {m}"
+           for path in source_files("toolrl/weights") for m in top_level_imports(path)
+           if m.split(".")[0] == "vllm"]
+    assert not bad, f"toolrl/weights imports vLLM at module level: {bad}"
 
 
 def test_the_layer_check_catches_a_violation(tmp_path, monkeypatch):

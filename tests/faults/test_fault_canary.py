@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 from trainer_runs import run_training_in_process, small_run_overrides
 
-from toolrl.sync.canary import TOLERANCE
+from toolrl.weights.canary import TOLERANCE
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -18,12 +18,12 @@ from trainer_runs import ROOT, register_test_rewards, run_training_in_process, s
 from toolrl.controller import WorkerGroupError
 from toolrl.rollout import engine_guard
 from toolrl.rollout.worker import RolloutWorker
-from toolrl.sync.canary import SyncCanaryError
 from toolrl.trainer.config import load_config
 from toolrl.trainer.failures import RolloutFailedError
 from toolrl.trainer.schedule import SyncSchedule
 from toolrl.trainer.tracking import read_metrics
 from toolrl.trainer.trainer import Trainer
+from toolrl.weights.canary import SyncCanaryError
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -65,7 +65,7 @@ def test_config_errors_are_clear(tiny_model_dir):
     assert EngineConfig(model="m", multiprocessing=False, cpu_threads=3).resolved() \
         .cpu_threads == 3
     args = EngineConfig(model=str(tiny_model_dir), max_model_len=256, seed=3).engine_args()
-    assert args.worker_extension_cls == "toolrl.rollout.weight_transfer.WeightLoaderExtension"
+    assert args.worker_extension_cls == "toolrl.weights.vllm_worker.WeightLoaderExtension"
     assert (args.block_size, args.enable_chunked_prefill, args.seed) == (32, False, 3)
 
 
@@ -160,7 +160,7 @@ def test_load_weights_changes_output_and_restoring_restores_it(engine, hf, promp
     gen = torch.Generator().manual_seed(0)
     perturbed = {k: v + 0.05 * torch.randn(v.shape, generator=gen) for k, v in original.items()}
     perturbed["lm_head.weight"] = perturbed["model.embed_tokens.weight"]  # tied embeddings
-    version = engine.load_weights_sync(perturbed.items())
+    version = engine.weights.load_weights_sync(perturbed.items())
     assert version == engine.weight_version >= 1
 
     [after] = engine.generate_sync(prompt, GREEDY)
@@ -180,7 +180,7 @@ def test_load_weights_changes_output_and_restoring_restores_it(engine, hf, promp
     finally:
         hf.load_state_dict(original)
 
-    engine.load_weights_sync(original.items())
+    engine.weights.load_weights_sync(original.items())
     [restored] = engine.generate_sync(prompt, GREEDY)
     assert restored.token_ids == before.token_ids
     assert restored.log_probs == pytest.approx(before.log_probs, abs=1e-6)
@@ -191,11 +191,11 @@ def test_load_weights_rejects_a_partial_or_unknown_set(engine, hf, prompt):
     sd = hf.state_dict()
     partial = {k: v for k, v in sd.items() if "layers.0." not in k}
     with pytest.raises(ValueError, match="missing"):
-        engine.load_weights_sync(partial.items())
+        engine.weights.load_weights_sync(partial.items())
     with pytest.raises(ValueError, match="unknown"):
-        engine.load_weights_sync([*sd.items(), ("model.extra.weight", torch.zeros(2))])
+        engine.weights.load_weights_sync([*sd.items(), ("model.extra.weight", torch.zeros(2))])
     with pytest.raises(TypeError):
-        engine.load_weights_sync([("model.norm.weight", [1.0, 2.0])])
+        engine.weights.load_weights_sync([("model.norm.weight", [1.0, 2.0])])
     [after] = engine.generate_sync(prompt, GREEDY)
     assert after.token_ids == before.token_ids  # nothing was pushed
 

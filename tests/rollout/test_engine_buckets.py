@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM
 
 from toolrl.models.tiny import build_tiny_model
 from toolrl.rollout.engine import EngineConfig, EngineError, SamplingConfig, VLLMEngine
-from toolrl.rollout.weight_transfer import STAGING_PREFIX, bucket_plan, staging_dir
+from toolrl.weights.staging import STAGING_PREFIX, bucket_plan, staging_dir
 
 pytestmark = pytest.mark.slow
 
@@ -78,9 +78,9 @@ def test_multi_bucket_push_matches_transformers_and_restores(engine, hf):
             staged_when_pulled.append(len(_my_staging_files()))
             yield name, t
 
-    version = engine.load_weights_sync(stream())
+    version = engine.weights.load_weights_sync(stream())
     assert version == engine.weight_version
-    assert engine.last_push_buckets == len(expected)
+    assert engine.weights.last_push_buckets == len(expected)
     assert max(staged_when_pulled) <= 1 and _my_staging_files() == []
 
     # the engine computes with the pushed weights: log-probs equal transformers' (the tied
@@ -98,7 +98,7 @@ def test_multi_bucket_push_matches_transformers_and_restores(engine, hf):
     finally:
         hf.load_state_dict(original)
 
-    engine.load_weights_sync(original)  # a mapping works too
+    engine.weights.load_weights_sync(original)  # a mapping works too
     [restored] = engine.generate_sync(PROMPT, GREEDY)
     assert restored.token_ids == before.token_ids
     assert restored.log_probs == pytest.approx(before.log_probs, abs=1e-6)
@@ -109,9 +109,9 @@ def test_an_incomplete_stream_is_reported_and_a_full_push_recovers(engine, hf):
     state = {k: v for k, v in hf.state_dict().items() if k != "lm_head.weight"}
     partial = ((k, v + 0.1) for k, v in state.items() if "layers.3." not in k)
     with pytest.raises(EngineError, match="mix of old and new weights"):
-        engine.load_weights_sync(partial)
+        engine.weights.load_weights_sync(partial)
     assert _my_staging_files() == []
-    engine.load_weights_sync(state.items())
+    engine.weights.load_weights_sync(state.items())
     [after] = engine.generate_sync(PROMPT, GREEDY)
     assert after.token_ids == before.token_ids
     assert after.log_probs == pytest.approx(before.log_probs, abs=1e-6)

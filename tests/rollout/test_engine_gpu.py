@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM
 
 from toolrl.models.tiny import build_tiny_model
 from toolrl.rollout.engine import EngineConfig, SamplingConfig, VLLMEngine
-from toolrl.rollout.weight_transfer import ipc_bucket_sizes, ipc_buffer_bytes
+from toolrl.weights.ipc import ipc_bucket_sizes, ipc_buffer_bytes
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
@@ -36,9 +36,9 @@ def test_gpu_generate_and_weight_push_round_trip(engine, tiny_model_dir):
     gen = torch.Generator().manual_seed(0)
     perturbed = {k: v + 0.05 * torch.randn(v.shape, generator=gen) for k, v in original.items()}
     perturbed["lm_head.weight"] = perturbed["model.embed_tokens.weight"]
-    engine.load_weights_sync(perturbed.items())
+    engine.weights.load_weights_sync(perturbed.items())
     # one IPC buffer of the largest tensor (over 0.25 MiB), each bucket filled to its capacity
-    assert engine.last_push_buckets == _expected_buckets(perturbed, engine.config)
+    assert engine.weights.last_push_buckets == _expected_buckets(perturbed, engine.config)
     [after] = engine.generate_sync(prompt, greedy)
     assert after.token_ids != before.token_ids
     hf.load_state_dict(perturbed)
@@ -47,7 +47,7 @@ def test_gpu_generate_and_weight_push_round_trip(engine, tiny_model_dir):
         logp = torch.log_softmax(hf(ids).logits[0, len(prompt) - 1: -1].float(), -1)
     hf_lp = logp[torch.arange(16), torch.tensor(after.token_ids)]
     assert (hf_lp - torch.tensor(after.log_probs)).abs().max() < 1e-3  # GPU kernels differ
-    engine.load_weights_sync(original.items())
+    engine.weights.load_weights_sync(original.items())
     [restored] = engine.generate_sync(prompt, greedy)
     assert restored.token_ids == before.token_ids
 
@@ -87,7 +87,7 @@ def test_sleep_frees_the_gpu_and_a_push_after_waking_is_served(engine, tiny_mode
     free_asleep = torch.cuda.mem_get_info()[0]
     assert free_asleep - free_awake > 0.1 * torch.cuda.mem_get_info()[1]  # the KV cache went
     engine.wake_up(["weights"])  # the weights first, then the push, then the KV cache
-    engine.load_weights_sync(weights.items())
+    engine.weights.load_weights_sync(weights.items())
     engine.wake_up(["kv_cache"])
     assert engine.sleeping == 0
     [out] = engine.generate_sync(prompt, greedy)
@@ -112,8 +112,8 @@ def test_a_push_over_4_gib(tmp_path_factory):
         with torch.no_grad():
             for t in weights.values():
                 t.mul_(1.05)  # new weights the engine has not seen
-        eng.load_weights_sync(weights.items())
-        assert eng.last_push_buckets == _expected_buckets(weights, eng.config)
+        eng.weights.load_weights_sync(weights.items())
+        assert eng.weights.last_push_buckets == _expected_buckets(weights, eng.config)
         [out] = eng.generate_sync(prompt, SamplingConfig(temperature=0.0, max_tokens=8,
                                                          ignore_eos=True))
         diff = (_hf_log_probs(hf, prompt, out.token_ids) - torch.tensor(out.log_probs)).abs()

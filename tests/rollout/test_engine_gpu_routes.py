@@ -13,8 +13,8 @@ from transformers import Qwen2Config
 
 from toolrl.core.background import BackgroundLoop
 from toolrl.rollout.engine import EngineConfig, EngineError, VLLMEngine
-from toolrl.rollout.engine_weights import BROADCAST_TIMEOUT_S
-from toolrl.rollout.weight_transfer import ipc_buffer_bytes, largest_weight_numel
+from toolrl.weights.engine_routes import BROADCAST_TIMEOUT_S, EngineWeightRoutes
+from toolrl.weights.ipc import ipc_buffer_bytes, largest_weight_numel
 
 pytest.importorskip("vllm", reason="the routes build vLLM's weight-transfer requests")
 
@@ -30,6 +30,9 @@ class FakeLLM:
 
     def get_num_unfinished_requests(self) -> int:
         return 0
+
+    async def init_weight_transfer_engine(self, request):
+        self.calls.append("init")
 
     async def start_weight_update(self):
         if self.active:
@@ -67,10 +70,11 @@ def engine():
     eng._loop = BackgroundLoop("test-engine-loop", error=EngineError).start()
     eng._llm = FakeLLM(calls)
     eng._closed = False
-    eng._transfer_ready = True
-    eng._paused_at = None
     eng.weight_version = 0
     eng.sleeping = 0
+    eng.weights = EngineWeightRoutes(eng)
+    eng.weights.init_broadcast_receiver("127.0.0.1", 29500, 1, 2)  # joins no group: a stand-in
+    calls.clear()
     eng.calls = calls
     yield eng
     eng._closed = True
@@ -83,19 +87,19 @@ META = [("model.embed_tokens.weight", "bfloat16", (8, 4))]
 def test_a_failed_broadcast_receive_finishes_the_update_and_the_next_one_is_served(engine):
     engine._llm.fail_update = True
     with pytest.raises(RuntimeError, match="NCCL receive failed"):
-        engine.receive_broadcast(META)
+        engine.weights.receive_broadcast(META)
     assert engine.calls == ["start", "update", "finish"]  # before: no finish, engine stuck
     engine._llm.fail_update = False
-    assert engine.receive_broadcast(META) == 1
+    assert engine.weights.receive_broadcast(META) == 1
     assert engine.calls[-1] == "label:1"  # vLLM labels the next tokens with the new version
-    assert engine.receive_broadcast(META, version=7) == 7 and engine.calls[-1] == "label:7"
+    assert engine.weights.receive_broadcast(META, version=7) == 7 and engine.calls[-1] == "label:7"
 
 
 def test_a_broadcast_receive_is_bounded(engine):
     assert BROADCAST_TIMEOUT_S == 600.0  # was None: a dead trainer hung the engine forever
     engine._llm.hang_update = True
     with pytest.raises(EngineError, match=r"did not finish within 0\.2 s"):
-        engine.receive_broadcast(META, timeout=0.2)
+        engine.weights.receive_broadcast(META, timeout=0.2)
 
 
 def test_the_cache_is_emptied_before_the_engine_wakes(engine, monkeypatch):

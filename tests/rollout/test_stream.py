@@ -46,9 +46,9 @@ def prompt(tiny_model_dir):
 
 
 def push(engine: VLLMEngine, weights: dict[str, torch.Tensor], keep: bool) -> int:
-    staged = engine.begin_staged_push(keep_inflight=keep)
+    staged = engine.weights.begin_staged_push(keep_inflight=keep)
     staged.push(weights.items())
-    return engine.finish_staged_push(staged)
+    return engine.weights.finish_staged_push(staged)
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +86,7 @@ def test_a_push_lands_inside_a_request_in_flight(engine, prompt, models):
     version = engine.weight_version
     assert push(engine, weights, keep=True) == version + 1
     assert engine.in_flight == 1  # the request survived the push ...
-    assert engine.last_pause_s > 0
+    assert engine.weights.last_pause_s > 0
     thread.join(300)
     out = result["out"][0]
     assert len(out.token_ids) == sampling.max_tokens  # ... and ran to its end

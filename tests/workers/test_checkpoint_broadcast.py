@@ -9,7 +9,7 @@ from fsdp_harness import hf_log_probs, make_batch, run_ranks, with_policy_inputs
 from safetensors.torch import load_file
 
 from toolrl.batch import OLD_LOG_PROBS, split
-from toolrl.sync.weights import weights_checksum
+from toolrl.weights.buckets import weights_checksum
 from toolrl.workers.actor import ActorConfig, FSDPActor, FSDPReference
 from toolrl.workers.critic import CriticConfig, FSDPCritic
 

@@ -9,7 +9,8 @@ from fsdp_harness import make_batch, run_ranks, with_policy_inputs
 
 from toolrl.batch import OLD_LOG_PROBS, build_rollout_batch
 from toolrl.rollout.engine import EngineConfig, EngineError, SamplingConfig, VLLMEngine
-from toolrl.sync import canary
+from toolrl.weights import canary
+from toolrl.weights.engine_routes import EngineWeightRoutes
 from toolrl.workers.actor import ActorConfig, FSDPActor
 from toolrl.workers.lora import LoraConfig
 
@@ -37,7 +38,7 @@ def _push_and_probe(rank, model_dir, sync, td, prompt, out_dir):
     try:
         before_ids, before_lp = _greedy(engine, prompt)
         stale = _scored(actor, prompt, before_ids)
-        versions = [actor.weights.push_local([engine]) for _ in range(2)]  # two versions
+        versions = [actor.weights.push_local([engine.weights]) for _ in range(2)]  # two versions
         after_ids, after_lp = _greedy(engine, prompt)
         trained = _scored(actor, prompt, after_ids)
         actor.export_hf(f"{out_dir}/adapter")
@@ -84,6 +85,6 @@ def test_adapter_push_into_an_engine_without_lora_is_a_clear_error():
     engine.config = EngineConfig(model="unused")
     engine._loop = type("L", (), {"on_loop": staticmethod(lambda: False)})()
     with pytest.raises(EngineError, match="without LoRA support"):
-        engine.load_adapter_sync("/nowhere", 1)
+        EngineWeightRoutes(engine).load_adapter_sync("/nowhere", 1)
     with pytest.raises(ValueError, match="max_lora_rank"):
         EngineConfig(model="m", max_lora_rank=12)

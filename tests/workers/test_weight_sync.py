@@ -13,10 +13,11 @@ from safetensors.torch import load_file
 
 from toolrl.batch import split
 from toolrl.controller.network import free_port
-from toolrl.sync.weights import WeightSyncGroup, iter_buckets, weights_checksum
+from toolrl.weights.buckets import iter_buckets, weights_checksum
+from toolrl.weights.group import WeightSyncGroup
 from toolrl.workers.actor import ActorConfig, FSDPActor
 from toolrl.workers.lora import LoraConfig
-from toolrl.workers.weights import WeightSync
+from toolrl.workers.weight_push import WeightSync
 
 
 def test_buckets_keep_order_and_respect_the_size():

@@ -21,14 +21,14 @@ def _colocated(rank, model_dir, td, prompt):
     try:
         sampling = SamplingConfig(temperature=1.0, max_tokens=24, seed=0, ignore_eos=True)
         before = engine.generate_sync(prompt, sampling, timeout=120)[0]
-        version = actor.weights.push_local([engine])
+        version = actor.weights.push_local([engine.weights])
         after = engine.generate_sync(prompt, sampling, timeout=120)[0]
-        version_again = actor.weights.push_local([engine])
+        version_again = actor.weights.push_local([engine.weights])
         batch = build_rollout_batch([prompt], [after.token_ids], [[1] * len(after.token_ids)],
                                     pad_token_id=0)
         trained = actor.compute_log_prob(batch)[OLD_LOG_PROBS][0]
         return (before.token_ids, before.log_probs, torch.tensor(after.log_probs), trained,
-                (version, version_again, engine.weight_version), engine.last_push_buckets)
+                (version, version_again, engine.weight_version), engine.weights.last_push_buckets)
     finally:
         engine.shutdown()
 

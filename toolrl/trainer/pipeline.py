@@ -3,7 +3,7 @@
 The rollout workers get a resource pool of their own, so generation and training run at the
 same time: while the actors train on batch k, the engines generate batch k+1 with the weights
 the actors had before step k. When both are done, actor rank 0 broadcasts the new weights to
-the engines over a dedicated process group (`toolrl.sync.weights`: a gloo group on CPU whose
+the engines over a dedicated process group (`toolrl.weights.group`: a gloo group on CPU whose
 buckets land in the engine's staging files, vLLM's NCCL weight transfer into the engine's own
 workers on GPU) and the next rollout starts with them::
 

@@ -41,7 +41,6 @@ from toolrl.rollout.gateway.agent import (
     one_per_episode,
 )
 from toolrl.rollout.worker import RolloutWorker, rollout_metrics
-from toolrl.sync import canary
 from toolrl.trainer import checkpoint as ckpt
 from toolrl.trainer.async_mode import AsyncSchedule
 from toolrl.trainer.config import (
@@ -65,6 +64,7 @@ from toolrl.trainer.schedule import SyncSchedule, first, timed
 from toolrl.trainer.stopping import RunStopped, stop_requested, stoppable
 from toolrl.trainer.tracking import Tracker
 from toolrl.trainer.warm_start import warm_started
+from toolrl.weights import canary
 from toolrl.workers.actor import ActorWorker, RefWorker
 from toolrl.workers.critic import CriticWorker
 
@@ -163,7 +163,7 @@ class Trainer(RunContext):
         return settle(batch, self.cfg.trainer.infra_failures, rerun)
 
     def check_sync(self, version: int) -> dict[str, float]:
-        """The weight-sync canary (`toolrl.sync.canary`): every engine and the actor score
+        """The weight-sync canary (`toolrl.weights.canary`): every engine and the actor score
         the same probe; the dtype's statistic of the gaps past its tolerance stops the run
         (or warns: ``trainer.sync_canary``, ``auto`` by the engine's dtype)."""
         dtype = self.rollout_config().engine.dtype

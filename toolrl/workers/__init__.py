@@ -3,9 +3,9 @@
 - `actor`: `ActorConfig`, `FSDPActor` (log-probs, PPO update), `FSDPReference` (frozen),
   and their controller workers `ActorWorker`, `RefWorker`.
 - `critic`: `CriticConfig`, `FSDPCritic` (values, clipped value loss), `CriticWorker`.
-- `weights`: `WeightSync`, the actor's end of weight sync (the full weights streamed to
-  engines bucket by bucket, never whole; policy version); what both ends share (buckets,
-  `WeightSyncGroup`, `weights_checksum`) is in `toolrl.sync`.
+- `weight_push`: `WeightSync`, the actor's end of weight sync (the full weights gathered and
+  streamed to engines bucket by bucket, never whole; policy version); the routes and what both
+  ends share (buckets, `WeightSyncGroup`, `weights_checksum`) are in `toolrl.weights`.
 - `base` / `fsdp` / `micro_batch` / `forward`: the shared FSDP2 model, PPO loop, sharding
   helpers, micro-batch planning and input packing.
 - `scoring` / `varlen`: log-probs and entropy of response tokens (layouts, chunked LM head);

@@ -37,11 +37,12 @@ from toolrl.batch import (
 )
 from toolrl.controller.network import free_port
 from toolrl.controller.worker import Dispatch, Execute, Worker, remote
-from toolrl.sync.weights import DEFAULT_BUCKET_MB, local_engines
+from toolrl.weights.buckets import DEFAULT_BUCKET_MB
+from toolrl.weights.colocated import local_engines
 from toolrl.workers.base import FSDPConfig, FSDPModel, LossTotals
 from toolrl.workers.lora import LoraAdapter, LoraConfig, lora_config
 from toolrl.workers.scoring import enable_scoring, prompt_groups, score_responses
-from toolrl.workers.weights import WeightSync
+from toolrl.workers.weight_push import WeightSync
 
 ENTROPY = "entropy"  # [B, R] policy entropy per response token (diagnostics)
 
@@ -291,7 +292,7 @@ class ActorWorker(Worker):
     @remote(Dispatch.ONE_TO_ALL)
     def push_weights_local(self) -> int:
         """Push into the engines registered in rank 0's process (colocated rollout, see
-        `toolrl.sync.weights.register_local_engine`); returns the new policy version."""
+        `toolrl.weights.colocated.register_local_engine`); returns the new policy version."""
         return self.actor.weights.push_local(local_engines())
 
     @remote(Dispatch.ONE_TO_ALL, Execute.RANK_ZERO)

@@ -13,7 +13,8 @@ Two ways to bring the engines up to date (``actor.lora.sync``):
   the gathered tensors, the trained adapter untouched) under the checkpoint's names, through
   the usual weight push; works with any engine;
 - ``adapter``: only the adapter, written in PEFT's format and loaded by the engine as a new
-  LoRA version (vLLM's LoRA support; `toolrl.rollout.engine.VLLMEngine.load_adapter_sync`).
+  LoRA version (vLLM's LoRA support;
+  `toolrl.weights.engine_routes.EngineWeightRoutes.load_adapter_sync`).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from typing import Any, Literal, get_args
 import torch
 from torch import nn
 
-from toolrl.sync.weights import Meta, Named
+from toolrl.weights.buckets import Meta, Named
 
 LoraSync = Literal["merge", "adapter"]
 LORA_SYNCS: tuple[str, ...] = get_args(LoraSync)

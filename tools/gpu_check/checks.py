@@ -471,7 +471,7 @@ def check_ipc(ctx: Context) -> Section:
     """`IpcPush` with vLLM's packed IPC producer into a consumer process that rebuilds every
     bucket as vLLM's IPC engine does: checksums of every tensor, bucket counts, device memory
     over repeated pushes, and the hub-id case (a tensor larger than the bucket)."""
-    from toolrl.rollout.weight_transfer import IpcPush, ipc_bucket_sizes, ipc_buffer_bytes
+    from toolrl.weights.ipc import IpcPush, ipc_bucket_sizes, ipc_buffer_bytes
 
     sec = Section("IPC weight wire (packed CUDA IPC buffer, consumer in a second process)")
     shape = "tiny" if ctx.dry else ctx.ipc_shape

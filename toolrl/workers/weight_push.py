@@ -6,7 +6,8 @@ all actor ranks run in step) and hands them on at once, so no rank ever holds a 
 copy. ``lm_head.weight`` is skipped when the embeddings are tied (the checkpoint, and so the
 engine, does not have it). The routes (colocated engines, a broadcast group of split pools;
 gloo on CPU, vLLM's NCCL weight transfer on GPU) and what both ends share are in
-`toolrl.sync.weights`.
+`toolrl.weights` (`colocated`, `group`, `nccl`, `buckets`); this module gathers the shards into
+the stream those routes carry.
 
 A LoRA actor (`toolrl.workers.lora`) pushes either the full weights with its adapter merged in
 (``lora_sync="merge"``: same routes, the checkpoint's names) or only its adapter
@@ -28,14 +29,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from toolrl.sync.weights import (
-    DEFAULT_BUCKET_MB,
-    Checksum,
-    Meta,
-    Named,
-    WeightSyncGroup,
-    engine_loader,
-)
+from toolrl.weights.buckets import DEFAULT_BUCKET_MB, Checksum, Meta, Named
+from toolrl.weights.colocated import engine_loader
+from toolrl.weights.group import WeightSyncGroup
 from toolrl.workers.fsdp import all_reduce, rank, ties_embeddings
 from toolrl.workers.lora import is_adapter_name
 
@@ -130,7 +126,7 @@ class WeightSync:
         if total == 0:
             raise RuntimeError(
                 "push_local: no inference engine is registered in any actor process; a "
-                "colocated rollout worker must call toolrl.sync.weights."
+                "colocated rollout worker must call toolrl.weights.colocated."
                 "register_local_engine(engine) (or use the split-pool sync group)")
         if self.adapter_only:
             return self._push_adapter_local(engines)

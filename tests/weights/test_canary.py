@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from toolrl.sync.canary import (
+from toolrl.weights.canary import (
     TOLERANCE,
     mode,
     probe_diff,

@@ -1,5 +1,5 @@
 """Bucketed weight staging for the CPU engine (pure logic and real shared-memory files; the
-engine-side tests are in test_engine_buckets.py)."""
+engine-side tests are in tests/rollout/test_engine_buckets.py)."""
 
 from __future__ import annotations
 
@@ -11,17 +11,15 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from toolrl.rollout.weight_transfer import (
+from toolrl.weights.ipc import IpcPush, ipc_bucket_sizes, ipc_buffer_bytes
+from toolrl.weights.nccl import nccl_update_info
+from toolrl.weights.staging import (
     STAGING_PREFIX,
     BucketStager,
-    IpcPush,
     StagedBucket,
-    _views,
     bucket_plan,
-    ipc_bucket_sizes,
-    ipc_buffer_bytes,
-    nccl_update_info,
     remove_stale_staging,
+    staged_views,
 )
 
 GiB = 1 << 30
@@ -61,7 +59,7 @@ def test_stager_cuts_buckets_by_size_and_round_trips_every_byte(tmp_path):
     for b in buckets:
         msg = b.message()
         buf = torch.from_file(msg["path"], shared=False, size=msg["size"], dtype=torch.uint8)
-        got.update(_views(buf, msg["tensors"]))
+        got.update(staged_views(buf, msg["tensors"]))
     for name, t in stream:
         assert got[name].dtype == t.dtype and got[name].shape == t.shape
         assert torch.equal(got[name], t), name
@@ -96,7 +94,7 @@ def test_a_bucket_over_4_gib_travels_as_a_small_message(tmp_path):
         msg = MsgpackDecoder().decode(frames)
         assert msg == bucket.message()
         buf = torch.from_file(msg["path"], shared=False, size=msg["size"], dtype=torch.uint8)
-        views = dict(_views(buf, msg["tensors"]))
+        views = dict(staged_views(buf, msg["tensors"]))
         assert views["model.layers.39.mlp.up_proj.weight"].shape == (12288, 4096)
         assert float(views["model.layers.39.mlp.up_proj.weight"][-1, -1]) == 0.0  # a hole
     finally:

@@ -1,18 +1,21 @@
-"""The weight routes of `toolrl.rollout.engine.VLLMEngine`: new weights into a running engine.
+"""The engine's end of every weight route: `EngineWeightRoutes`, new weights into a running
+`toolrl.rollout.engine.VLLMEngine`.
 
-`EngineWeights` is the half of `VLLMEngine` that pushes weights (the other half generates,
-sleeps and shuts down); every route ends the same way (`EngineWeights._after_push`: the prefix
-cache reset, the weight version bumped, or set to the trainer's, while generation is still held):
+Each engine builds one and hands itself to it (``engine.weights``); the routes reach the engine
+only through its public surface (``llm``, ``call``, ``check_off_loop``, ``model_dtype``,
+``weight_version`` / ``set_weight_version``). Every route ends the same way
+(`EngineWeightRoutes._after_push`: the prefix cache reset, the weight version bumped, or set to
+the trainer's, while generation is still held):
 
-- `load_weights_sync`: a full set of checkpoint-named weights, cast to the engine's dtype, one
-  bucket of ``weight_bucket_mb`` at a time: shared-memory staging files on CPU
-  (`toolrl.rollout.weight_transfer.SharedMemoryPush`), vLLM's packed CUDA IPC transfer on GPU
-  (`toolrl.rollout.weight_transfer.IpcPush`);
-- `init_broadcast_receiver` / `receive_broadcast`: GPU with split pools, vLLM's NCCL weight
-  transfer (the trainer broadcasts, `toolrl.workers.weights`);
-- `load_adapter_sync`: a LoRA adapter served by vLLM's LoRA support (no base weights move);
-- `begin_staged_push` / `finish_staged_push`: CPU, a push whose buckets the caller fills (a
-  rollout worker receiving the actor's broadcast over gloo, `toolrl.rollout.worker`);
+- `EngineWeightRoutes.load_weights_sync`: a full set of checkpoint-named weights, cast to the
+  engine's dtype, one bucket of ``weight_bucket_mb`` at a time: shared-memory staging files on
+  CPU (`toolrl.weights.staging.SharedMemoryPush`), vLLM's packed CUDA IPC transfer on GPU
+  (`toolrl.weights.ipc.IpcPush`);
+- ``init_broadcast_receiver`` / ``receive_broadcast``: GPU with split pools, vLLM's NCCL weight
+  transfer (`toolrl.weights.nccl`; the trainer broadcasts, `toolrl.workers.weight_push`);
+- ``load_adapter_sync``: a LoRA adapter served by vLLM's LoRA support (no base weights move);
+- ``begin_staged_push`` / ``finish_staged_push``: CPU, a push whose buckets the caller fills (a
+  rollout worker receiving the actor's broadcast over gloo, `toolrl.weights.group`);
 - ``keep_inflight``: requests in flight are frozen for the push instead of refused (async mode).
 
 The weight version is also vLLM's weight-version label (``AsyncLLM.update_weight_version``),
@@ -20,8 +23,10 @@ set while no request generates: the engine core stamps every step's outputs with
 sampled token carries the version of the weights that sampled it, also across a push that lands
 inside a request (`toolrl.rollout.engine.Completion.versions`).
 
-How each route's bytes travel is `toolrl.rollout.weight_transfer`; this module is the engine's
-side of the session around them (names checked, requests held, updates finished on error).
+How each route's bytes travel is `toolrl.weights.staging`, `toolrl.weights.ipc` and
+`toolrl.weights.nccl`; this module is the engine's side of the session around them (names
+checked, requests held, updates finished on error). `EngineError` lives here because the routes
+raise it too; `toolrl.rollout.engine` re-exports it.
 """
 
 from __future__ import annotations
@@ -31,21 +36,17 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+import weakref
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors import safe_open
 
-from toolrl.rollout.weight_transfer import (
-    IpcPush,
-    SharedMemoryPush,
-    ipc_buffer_bytes,
-    largest_weight_numel,
-    nccl_receiver_init_info,
-    nccl_update_info,
-)
+from toolrl.weights.ipc import IpcPush, ipc_buffer_bytes, largest_weight_numel
+from toolrl.weights.nccl import nccl_receiver_init_info, nccl_update_info
+from toolrl.weights.staging import SharedMemoryPush
 
 BROADCAST_TIMEOUT_S = 600.0  # one engine call of an NCCL receive (the trainer's collectives')
 
@@ -54,53 +55,40 @@ class EngineError(RuntimeError):
     """The engine failed to start, died, or was used after shutdown."""
 
 
-class EngineWeights:
-    """The weight routes, mixed into `VLLMEngine`, which provides the engine's state (below)
-    and its event-loop helpers (``_call``, ``_require``, ``_not_on_loop``)."""
+class EngineWeightRoutes:
+    """The weight routes of one `VLLMEngine`, handed the engine (``engine.weights``).
 
-    config: Any  # the engine's resolved EngineConfig
-    _weight_version: int
-    last_push_buckets: int  # buckets of the last push (diagnostics, benchmarks)
-    last_pause_s: float  # how long the last keep_inflight push held generation
-    _lora: Any  # the LoRARequest every generate uses (adapter pushes)
-    _transfer_ready: bool  # vLLM's weight-transfer engine initialised (GPU)
-    _paused_at: float | None  # a keep_inflight push is under way
-    _checkpoint_names: set[str] | None
-    _largest_weight_numel: int
-    _tied: bool
-    _model_dtype: torch.dtype
-    _call: Callable[..., Any]
-    _require: Callable[[], Any]
-    _not_on_loop: Callable[[str], None]
+    It drives the engine through the engine's public surface only: ``engine.llm`` (vLLM's
+    ``AsyncLLM``), ``engine.call`` (a coroutine on the engine's loop, blocking),
+    ``engine.check_off_loop``, ``engine.model_dtype`` and ``engine.set_weight_version``. What it
+    keeps is its own: the adapter it serves (`lora_request`, which the engine's requests
+    carry), whether vLLM's weight-transfer engine is initialised, a push that holds
+    generation, the checkpoint's names, and the last push's diagnostics.
+    """
 
-    def _init_weight_routes(self, model: str) -> None:
-        self._weight_version = 0  # vLLM's label is set to it once the engine runs
-        self.last_push_buckets = 0
-        self.last_pause_s = 0.0
-        self._lora = None
-        self._transfer_ready = False
-        self._paused_at = None
-        self._checkpoint_names, self._largest_weight_numel = _checkpoint_weights(model)
-        self._tied = _ties_embeddings(model)
+    def __init__(self, engine: Any) -> None:
+        # a weak reference: the engine owns its routes, and still shuts down when its last
+        # user drops it (`VLLMEngine.__del__`), as it did before the routes were an object
+        self.engine = weakref.proxy(engine)
+        self.config = engine.config
+        self.last_push_buckets = 0  # buckets of the last push (diagnostics, benchmarks)
+        self.last_pause_s = 0.0  # how long the last keep_inflight push held generation
+        self.lora_request: Any = None  # the LoRARequest every generate uses (adapter pushes)
+        self._transfer_ready = False  # vLLM's weight-transfer engine initialised (GPU)
+        self._paused_at: float | None = None  # a keep_inflight push is under way
+        self._checkpoint_names, self._largest_weight_numel = _checkpoint_weights(
+            self.config.model)
+        self._tied = _ties_embeddings(self.config.model)
 
     @property
     def weight_version(self) -> int:
-        """The policy version of the weights the engine holds (0: those it was built with);
-        every token it samples is labelled with it (`Completion.versions`)."""
-        return self._weight_version
+        """The engine's weight version (`VLLMEngine.weight_version`); a colocated push sets
+        it to the actor's after loading (`toolrl.workers.weight_push.WeightSync.push_local`)."""
+        return self.engine.weight_version
 
     @weight_version.setter
     def weight_version(self, version: int) -> None:
-        self._set_version(int(version))
-
-    def _set_version(self, version: int, timeout: float | None = None) -> None:
-        """Set the version and vLLM's label of the outputs (an engine call when it changes;
-        call it while no request generates, as the push routes do, or tokens sampled by the
-        old weights may carry the new label)."""
-        current = getattr(self, "_weight_version", None)  # None: not set yet (no label)
-        if current is not None and version != current and getattr(self, "_llm", None):
-            self._call(self._require().update_weight_version(str(version)), timeout)
-        self._weight_version = version
+        self.engine.weight_version = version
 
     def load_weights_sync(self, weights: Iterable[tuple[str, torch.Tensor]] | Mapping[str, Any],
                           timeout: float | None = None) -> int:
@@ -115,15 +103,15 @@ class EngineWeights:
         of old and new weights; push a complete set). No request may be in flight.
         ``timeout`` bounds each engine call.
         """
-        self._not_on_loop("load_weights_sync")
+        self.engine.check_off_loop("load_weights_sync")
         if isinstance(weights, Mapping):
             weights = weights.items()
         names = _WeightNames(self._checkpoint_names, self._tied)
         if isinstance(weights, Collection):
             names.check_all(weights)  # before anything moves
-        dtype = self._model_dtype
+        dtype = self.engine.model_dtype
         stream = ((name, _cast(t, dtype)) for name, t in names.filter(weights))
-        self._call(self._require_idle(), timeout)
+        self.engine.call(self._require_idle(), timeout)
         if self.config.backend == "gpu":
             self._push_ipc(stream, timeout)
         else:
@@ -142,7 +130,7 @@ class EngineWeights:
 
     def _push_shared_memory(self, stream: Iterable[tuple[str, torch.Tensor]],
                             timeout: float | None) -> None:
-        push = SharedMemoryPush(lambda method, *args: self._call(
+        push = SharedMemoryPush(lambda method, *args: self.engine.call(
             self._rpc(method, *args), timeout), self.config.weight_bucket_bytes)
         push.begin()
         try:
@@ -166,9 +154,9 @@ class EngineWeights:
             WeightTransferUpdateRequest,
         )
 
-        llm = self._require()
+        llm = self.engine.llm
         if not self._transfer_ready:
-            self._call(llm.init_weight_transfer_engine(
+            self.engine.call(llm.init_weight_transfer_engine(
                 WeightTransferInitRequest(init_info={"packed": True})), timeout)
             self._transfer_ready = True
         # a hub id has no local safetensors to read: the model's config gives the largest
@@ -176,12 +164,12 @@ class EngineWeights:
         largest = self._largest_weight_numel or largest_weight_numel(
             llm.model_config.hf_config)
         push = IpcPush(
-            start=lambda: self._call(llm.start_weight_update(), timeout),
-            update=lambda info: self._call(llm.update_weights(
+            start=lambda: self.engine.call(llm.start_weight_update(), timeout),
+            update=lambda info: self.engine.call(llm.update_weights(
                 WeightTransferUpdateRequest(update_info=info)), timeout),
-            finish=lambda: self._call(llm.finish_weight_update(), timeout),
+            finish=lambda: self.engine.call(llm.finish_weight_update(), timeout),
             buffer_bytes=ipc_buffer_bytes(self.config.weight_bucket_bytes,
-                                          largest * self._model_dtype.itemsize))
+                                          largest * self.engine.model_dtype.itemsize))
         device = torch.device("cuda", torch.cuda.current_device())
         try:  # a failed push has finished the update session: the next push is served
             push.push((name, t.to(device, non_blocking=True)) for name, t in stream)
@@ -197,14 +185,14 @@ class EngineWeights:
                                 world_size: int, timeout: float | None = None) -> None:
         """GPU, split pools: this engine's workers join the trainer's broadcast group (vLLM's
         NCCL weight transfer) as ranks ``rank_offset..``; a rendezvous, so call it while the
-        trainer opens its end (`toolrl.workers.weights.WeightSync.connect`)."""
+        trainer opens its end (`toolrl.workers.weight_push.WeightSync.connect`)."""
         # lazy: vLLM is optional and takes seconds to import
         from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
 
         self._require_gpu("init_broadcast_receiver", "nccl")
         info = nccl_receiver_init_info(master_address, master_port, rank_offset, world_size,
                                        self.config.weight_bucket_bytes)
-        self._call(self._require().init_weight_transfer_engine(
+        self.engine.call(self.engine.llm.init_weight_transfer_engine(
             WeightTransferInitRequest(init_info=info)), timeout)
         self._transfer_ready = True
 
@@ -224,18 +212,18 @@ class EngineWeights:
         self._require_gpu("receive_broadcast", "nccl")
         if not self._transfer_ready:
             raise EngineError("receive_broadcast before init_broadcast_receiver")
-        llm = self._require()
+        llm = self.engine.llm
         self._hold(keep_inflight, timeout)
         try:
-            self._call(llm.start_weight_update(), timeout)
+            self.engine.call(llm.start_weight_update(), timeout)
             try:
-                self._call(llm.update_weights(WeightTransferUpdateRequest(
+                self.engine.call(llm.update_weights(WeightTransferUpdateRequest(
                     update_info=nccl_update_info(metadata))), timeout)
             except BaseException:
                 with contextlib.suppress(Exception):
-                    self._call(llm.finish_weight_update(), timeout)
+                    self.engine.call(llm.finish_weight_update(), timeout)
                 raise
-            self._call(llm.finish_weight_update(), timeout)
+            self.engine.call(llm.finish_weight_update(), timeout)
             return self._after_push(timeout, version)
         finally:
             self._release(timeout)
@@ -246,25 +234,25 @@ class EngineWeights:
         (> 0; the policy version): vLLM loads it (`add_lora`), every later request uses it,
         the previous adapter is dropped and the prefix cache reset. Needs an engine built with
         ``max_lora_rank`` > 0; no request may be in flight. Returns ``version``."""
-        self._not_on_loop("load_adapter_sync")
+        self.engine.check_off_loop("load_adapter_sync")
         if not self.config.max_lora_rank:
             raise EngineError("load_adapter_sync: this engine was built without LoRA support "
                               "(EngineConfig.max_lora_rank=0); push merged weights instead")
         if int(version) < 1:
             raise ValueError(f"LoRA version must be >= 1, got {version}")
-        self._call(self._require_idle(), timeout)
-        self._call(self._swap_adapter(str(path), int(version)), timeout)
+        self.engine.call(self._require_idle(), timeout)
+        self.engine.call(self._swap_adapter(str(path), int(version)), timeout)
         return self._after_push(timeout, int(version))
 
     async def _swap_adapter(self, path: str, version: int) -> None:
         # lazy: vLLM is optional and takes seconds to import
         from vllm.lora.request import LoRARequest
 
-        llm = self._require()
+        llm = self.engine.llm
         request = LoRARequest(f"toolrl-policy-v{version}", version, path, load_inplace=True)
         if not await llm.add_lora(request):
             raise EngineError(f"vLLM did not load the adapter in {path}")
-        old, self._lora = self._lora, request
+        old, self.lora_request = self.lora_request, request
         if old is not None and old.lora_int_id != version:
             await llm.remove_lora(old.lora_int_id)
 
@@ -276,9 +264,9 @@ class EngineWeights:
         instead of refused (`pause_for_push`)."""
         if self.config.backend != "cpu":
             raise EngineError("staged pushes are the CPU route; on GPU use receive_broadcast")
-        self._not_on_loop("begin_staged_push")
+        self.engine.check_off_loop("begin_staged_push")
         self._hold(keep_inflight, timeout)
-        push = SharedMemoryPush(lambda method, *args: self._call(
+        push = SharedMemoryPush(lambda method, *args: self.engine.call(
             self._rpc(method, *args), timeout), self.config.weight_bucket_bytes)
         try:
             push.begin()
@@ -301,13 +289,14 @@ class EngineWeights:
     def _after_push(self, timeout: float | None, version: int | None = None) -> int:
         # frozen requests lose their KV (computed by the old weights): vLLM preempts them and
         # recomputes it with the new weights when they resume
-        reset = self._require().reset_prefix_cache(reset_running_requests=self._paused_at
+        reset = self.engine.llm.reset_prefix_cache(reset_running_requests=self._paused_at
                                                    is not None)
-        if not self._call(reset, timeout):
+        if not self.engine.call(reset, timeout):
             raise EngineError("could not reset the prefix cache after the weight push")
         # before requests held by keep_inflight resume: their next tokens carry the new label
-        self._set_version(self._weight_version + 1 if version is None else int(version), timeout)
-        return self._weight_version
+        new = self.engine.weight_version + 1 if version is None else int(version)
+        self.engine.set_weight_version(new, timeout)
+        return new
 
     # --- pushes while generating (trainer.mode=async) ---------------------------------------
     def _hold(self, keep_inflight: bool, timeout: float | None) -> None:
@@ -315,11 +304,11 @@ class EngineWeights:
         them with vLLM's ``pause_generation(mode="keep")``: the scheduler stops, every request
         keeps its tokens so far, new requests queue."""
         if not keep_inflight:
-            self._call(self._require_idle(), timeout)
+            self.engine.call(self._require_idle(), timeout)
             return
         self._paused_at = time.perf_counter()
         try:
-            self._call(self._require().pause_generation(mode="keep", clear_cache=False),
+            self.engine.call(self.engine.llm.pause_generation(mode="keep", clear_cache=False),
                        timeout)
         except BaseException:
             self._paused_at = None
@@ -331,19 +320,19 @@ class EngineWeights:
         if self._paused_at is None:
             return
         try:
-            self._call(self._require().resume_generation(), timeout)
+            self.engine.call(self.engine.llm.resume_generation(), timeout)
         finally:
             self.last_pause_s = time.perf_counter() - self._paused_at
             self._paused_at = None
 
     async def _require_idle(self) -> None:
-        busy = self._require().get_num_unfinished_requests()
+        busy = self.engine.llm.get_num_unfinished_requests()
         if busy:
             raise EngineError(f"load_weights while {busy} requests are in flight; "
                               f"wait for the rollout to finish first")
 
     async def _rpc(self, method: str, *args: Any) -> list[Any]:
-        return await self._require().collective_rpc(method, args=args)
+        return await self.engine.llm.collective_rpc(method, args=args)
 
     def _require_gpu(self, what: str, transfer: str) -> None:
         if self.config.backend != "gpu" or self.config.weight_transfer != transfer:
@@ -436,4 +425,4 @@ def _ties_embeddings(model: str) -> bool:
     return False
 
 
-__all__ = ["BROADCAST_TIMEOUT_S", "EngineError", "EngineWeights"]
+__all__ = ["BROADCAST_TIMEOUT_S", "EngineError", "EngineWeightRoutes"]
