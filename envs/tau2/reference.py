@@ -37,43 +37,37 @@ def _message(step: Step, index: int) -> AssistantMessage:
     return AssistantMessage(role="assistant", tool_calls=calls)
 
 
-def _next(agent: Any, message: Any, state: Any) -> tuple[AssistantMessage, Any]:
-    if isinstance(message, MultiToolMessage):
-        state.messages.extend(message.tool_messages)
-    elif message is not None:
-        state.messages.append(message)
-    index = agent.position
-    step = agent.script[min(index, len(agent.script) - 1)]
-    agent.position += 1
-    reply = _message(step, index)
-    if isinstance(agent, LLMSoloAgent):  # as LLMSoloAgent.generate_next_message
-        if not reply.is_tool_call():
-            raise ValueError("LLMSoloAgent only supports tool calls.")
-        reply = agent._check_if_stop_toolcall(reply)
-    state.messages.append(reply)
-    return reply, state
+class _Replay:
+    """The script in place of the LLM: the next message is the script's next step (its last
+    step again once it is played out). Mixed into tau2's agents, before them."""
+
+    def __init__(self, *args: Any, script: list[Step], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.script, self.position = list(script), 0
+
+    def generate_next_message(self, message: Any, state: Any) -> tuple[AssistantMessage, Any]:
+        if isinstance(message, MultiToolMessage):
+            state.messages.extend(message.tool_messages)
+        elif message is not None:
+            state.messages.append(message)
+        index = self.position
+        step = self.script[min(index, len(self.script) - 1)]
+        self.position += 1
+        reply = _message(step, index)
+        if isinstance(self, LLMSoloAgent):  # as LLMSoloAgent.generate_next_message
+            if not reply.is_tool_call():
+                raise ValueError("LLMSoloAgent only supports tool calls.")
+            reply = self._check_if_stop_toolcall(reply)
+        state.messages.append(reply)
+        return reply, state
 
 
-class ReplayAgent(LLMAgent):
+class ReplayAgent(_Replay, LLMAgent):
     """tau2's LLMAgent with the script in place of the LLM."""
 
-    def __init__(self, *args: Any, script: list[Step], **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.script, self.position = list(script), 0
 
-    def generate_next_message(self, message: Any, state: Any) -> tuple[AssistantMessage, Any]:
-        return _next(self, message, state)
-
-
-class ReplaySoloAgent(LLMSoloAgent):
+class ReplaySoloAgent(_Replay, LLMSoloAgent):
     """tau2's LLMSoloAgent with the script in place of the LLM."""
-
-    def __init__(self, *args: Any, script: list[Step], **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.script, self.position = list(script), 0
-
-    def generate_next_message(self, message: Any, state: Any) -> tuple[AssistantMessage, Any]:
-        return _next(self, message, state)
 
 
 def tau2_reward(domain: str, task: Task, script: list[Step], *, solo: bool = False,

@@ -11,7 +11,7 @@ __all__ = ["REAL_SHAPES", "SIZES", "TinySpec", "size_names"]
 
 @dataclass(frozen=True)
 class TinySpec:
-    """Architecture of one size of the tiny family."""
+    """Architecture of one size of the tiny family (its fields are `transformers.Qwen2Config`'s)."""
 
     hidden_size: int
     num_hidden_layers: int

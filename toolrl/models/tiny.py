@@ -343,12 +343,7 @@ def tiny_config(size: str = "small", vocab_size: int = VOCAB_SIZE) -> Any:
 
 def _qwen2_config(spec: TinySpec, vocab_size: int, **extra: Any) -> Any:
     """The Qwen2 config of a tiny size (tied embeddings, `MAX_POSITIONS`), ``extra`` on top."""
-    return transformers.Qwen2Config(vocab_size=_round_up(vocab_size, 64),
-                                    hidden_size=spec.hidden_size,
-                                    intermediate_size=spec.intermediate_size,
-                                    num_hidden_layers=spec.num_hidden_layers,
-                                    num_attention_heads=spec.num_attention_heads,
-                                    num_key_value_heads=spec.num_key_value_heads,
+    return transformers.Qwen2Config(vocab_size=_round_up(vocab_size, 64), **asdict(spec),
                                     max_position_embeddings=MAX_POSITIONS,
                                     tie_word_embeddings=True, **extra)
 

@@ -42,6 +42,7 @@ from tensordict import TensorDict
 from toolrl import batch as B
 from toolrl.controller.worker import Dispatch, Worker, remote
 from toolrl.core.families import FAMILIES
+from toolrl.core.mcp_client import close_mcp_connections
 from toolrl.core.registration import make_env, row_env
 from toolrl.core.trajectory import TokenStream, Trajectory
 from toolrl.registry import import_object
@@ -50,8 +51,9 @@ from toolrl.rollout.chat import ChatRenderer
 from toolrl.rollout.engine import EngineConfig, SamplingConfig, VLLMEngine
 from toolrl.rollout.episode import MAX_TURNS, EpisodeConfig, EpisodeRunner, Overflow
 from toolrl.rollout.gateway import CLIENTS, AgentClient
+from toolrl.rollout.gateway.agent import AgentRunner, gateway_metrics
 from toolrl.rollout.history import HISTORY_POLICIES, HistoryPolicy
-from toolrl.rollout.samples import per_turn_rows
+from toolrl.rollout.samples import episode_rows, one_per_episode, per_turn_rows
 from toolrl.rollout.stream import EpisodeStream, FinishedGroup, GroupJob
 from toolrl.weights.buckets import Checksum
 from toolrl.weights.colocated import register_local_engine, unregister_local_engine
@@ -463,9 +465,6 @@ class RolloutWorker(Worker):
     def shutdown(self) -> None:
         """Stop the engine and its processes, and the tool servers (MCP) this worker's
         episodes shared (call before killing the group)."""
-        # lazy: the MCP SDK (~1.3 s) loads only where MCP servers run
-        from toolrl.core.mcp_client import close_mcp_connections
-
         if self._stream is not None:
             self._stream.stop()
             self._stream = None
@@ -503,18 +502,12 @@ class RolloutWorker(Worker):
                             start_version: int | None = None) -> TensorDict:
         """``rollout.agent``'s episodes through the gateway; an episode whose rewritten history
         split it into several samples gives several rows of its group (`episode_rows`)."""
-        # lazy: the gateway's server (uvicorn, the agent SDKs) loads only for agent rollouts
-        from toolrl.rollout.gateway.agent import episode_rows
-
         temperature = 0.0 if greedy else self.config.temperature
         results = await self.agent.run_all(rows, seeds, temperature, self.config.top_p,
                                            self.config.top_k)
         return self.to_batch(*episode_rows(rows, uids, results), start_version=start_version)
 
     def _agent_runner(self) -> Any:
-        # lazy: the gateway's server (uvicorn, the agent SDKs) loads only for agent rollouts
-        from toolrl.rollout.gateway.agent import AgentRunner
-
         c = self.config
         fmt = c.agent_format
         if fmt is None and c.env_id:
@@ -617,9 +610,6 @@ def _sampled_versions(stream: TokenStream, oldest: int) -> list[int]:
 def rollout_metrics(td: TensorDict) -> dict[str, float]:
     """Batch means of a rollout: env reward, success, turns, tokens, finish reasons, errors;
     over episodes (an agent episode split into several rows counts once)."""
-    # lazy: the gateway's server (uvicorn, the agent SDKs) loads only for agent rollouts
-    from toolrl.rollout.gateway.agent import gateway_metrics, one_per_episode
-
     rows = B.trajectories(td)
     trajs = one_per_episode(rows)
     n = max(len(trajs), 1)

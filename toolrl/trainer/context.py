@@ -26,6 +26,7 @@ from toolrl.core.trajectory import Trajectory
 from toolrl.data import load_rows
 from toolrl.models.families import family_tokenizer
 from toolrl.models.source import ModelNotFoundError, locate_model, require_model
+from toolrl.models.tiny import build_tiny_model, needs_build
 from toolrl.rollout.gateway.agent import is_episode_lead
 from toolrl.rollout.worker import RolloutConfig, RolloutWorker, make_rollout_input
 from toolrl.trainer.config import ConfigError, ExperimentConfig, worker_rollout_config
@@ -64,9 +65,6 @@ class RunContext:
         cfg = self.cfg
         source = locate_model(cfg.model.path, cfg.model.build_tiny_if_missing)
         if cfg.model.build_tiny_if_missing:
-            # lazy: torch and transformers' model classes, only when a tiny model is built
-            from toolrl.models.tiny import build_tiny_model, needs_build
-
             try:
                 build = needs_build(source.path, cfg.model.tiny_size,  # missing, or older
                                     cfg.model.tiny_tokenizer, cfg.model.tiny_vocab)

@@ -25,6 +25,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from transformers import AutoTokenizer
 
 from toolrl.core.env import OracleUnavailable, run_episode
 from toolrl.core.registration import env_of, make_env, row_env
@@ -32,6 +33,7 @@ from toolrl.core.trajectory import Trajectory
 from toolrl.data.check import check_rows
 from toolrl.models.families import family_tokenizer
 from toolrl.models.source import require_model
+from toolrl.models.tiny import build_tokenizer, needs_build
 from toolrl.registry import RegistryError
 from toolrl.reward import ComposedReward, RewardBatch, RewardConfigError
 from toolrl.rollout.chat import ChatRenderer, TemplateError, tool_coverage
@@ -201,9 +203,6 @@ def _renderer(cfg: ExperimentConfig, rollout: RolloutConfig, report: DryRunRepor
 
 def _builds(cfg: ExperimentConfig) -> bool:
     """Whether the run would build its tiny model (a build of another size: ConfigError)."""
-    # lazy: torch and transformers' model classes, only when a tiny model is built
-    from toolrl.models.tiny import needs_build
-
     try:
         return needs_build(cfg.model.path, cfg.model.tiny_size, cfg.model.tiny_tokenizer,
                            cfg.model.tiny_vocab)
@@ -218,15 +217,9 @@ def _tokenizer(cfg: ExperimentConfig, rollout: RolloutConfig) -> Any:
         if cfg.model.tiny_tokenizer != "tiny":  # a family's real tokenizer (cached)
 
             return family_tokenizer(cfg.model.tiny_tokenizer)
-        # lazy: torch and transformers' model classes, only when a tiny model is built
-        from toolrl.models.tiny import build_tokenizer
-
         return build_tokenizer(seed=cfg.seed)  # the tokenizer of the model the run would build
     else:
         path = require_model(cfg.model.path, cfg.model.build_tiny_if_missing)
-    # lazy: transformers loads only where a tokenizer or model is read
-    from transformers import AutoTokenizer
-
     return AutoTokenizer.from_pretrained(path)
 
 

@@ -39,6 +39,7 @@ from toolrl import batch as B
 from toolrl.core.bfcl_scores import leaderboard, leaderboard_tables
 from toolrl.core.registration import env_class, env_of
 from toolrl.core.trajectory import Trajectory
+from toolrl.data.contamination import check_contamination
 from toolrl.data.loader import load_rows
 from toolrl.models.source import ModelNotFoundError, require_model
 from toolrl.registry import RegistryError
@@ -238,9 +239,6 @@ def trained_on(rows: Sequence[Mapping[str, Any]], training: Sequence[Mapping[str
                ) -> set[Any]:
     """Ids of ``rows`` a training row shares the id, the question or a 13-word run with (the
     contamination check, `toolrl.data.contamination`)."""
-    # lazy: reads the benchmark's files only when eval reports contamination
-    from toolrl.data.contamination import check_contamination
-
     if not training or not rows:
         return set()
     ids = {r.get("id") for r in training}

@@ -39,8 +39,11 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from toolrl.models.source import ModelNotFoundError, locate_model, require_model
+from toolrl.models.tiny import REAL_SHAPES, shape_config, tiny_config
 from toolrl.trainer.config import ConfigError, ExperimentConfig, worker_rollout_config
 from toolrl.workers.host_memory import can_trim
 
@@ -83,10 +86,6 @@ class ModelShape:
     def from_hf_config(cls, config: Any) -> ModelShape:
         """From a transformers config; the parameter count from a model built on the meta
         device (no memory)."""
-        # lazy: the memory plan runs before any worker, torch only for a shape
-        import torch
-        from transformers import AutoModelForCausalLM
-
         text = getattr(config, "get_text_config", lambda: config)()
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config)
@@ -482,9 +481,6 @@ def gpu_budget(cfg: ExperimentConfig) -> float | None:
     if cfg.resources.device != "cuda" and cfg.rollout.engine.backend != "gpu":
         return None
     try:
-        # lazy: the memory plan runs before any worker, torch only for a shape
-        import torch
-
         if torch.cuda.is_available():
             return float(torch.cuda.get_device_properties(0).total_memory)
     except Exception:
@@ -495,17 +491,11 @@ def gpu_budget(cfg: ExperimentConfig) -> float | None:
 def model_shape(cfg: ExperimentConfig) -> ModelShape | None:
     """The shape of the model a run will train: the checkpoint's config.json, or the shape it
     will build (``model.tiny_size``), or a hub config when one can be read; None if unknown."""
-    # lazy: transformers loads only where a tokenizer or model is read
-    from transformers import AutoConfig
-
     path = Path(cfg.model.path).expanduser()
     if (path / "config.json").is_file():
         return ModelShape.from_hf_config(AutoConfig.from_pretrained(path))
     source = locate_model(cfg.model.path, cfg.model.build_tiny_if_missing)
     if source.kind == "build" and not path.exists():
-        # lazy: torch and transformers' model classes, only when a tiny model is built
-        from toolrl.models.tiny import REAL_SHAPES, shape_config, tiny_config
-
         size = cfg.model.tiny_size
         config = shape_config(size) if size in REAL_SHAPES else tiny_config(size)
         return ModelShape.from_hf_config(config)

@@ -241,7 +241,7 @@ def plot_curves(metrics_path: str | os.PathLike, out_dir: str | os.PathLike) -> 
     import matplotlib  # lazy: matplotlib is heavy (~0.5 s), for the curves only
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: matplotlib, after its backend is chosen
 
     rows = read_metrics(metrics_path)
     out_dir = Path(out_dir)

@@ -40,6 +40,7 @@ from toolrl.rollout.gateway.protocol import (
     is_int,
     new_id,
     number_field,
+    request_model,
     sse,
 )
 
@@ -75,14 +76,9 @@ class MessagesRequest:
 
     @classmethod
     def parse(cls, body: Any) -> MessagesRequest:
-        if not isinstance(body, Mapping):
-            raise RequestError("the request body must be a JSON object")
-        unknown = sorted(set(body) - set(_KNOWN))
-        if unknown:
-            raise RequestError(f"{unknown[0]}: Extra inputs are not permitted", param=unknown[0])
-        model = body.get("model")
-        if not isinstance(model, str) or not model:
-            raise RequestError("model: Field required", param="model")
+        model = request_model(body, _KNOWN, unknown=lambda key: RequestError(
+            f"{key}: Extra inputs are not permitted", param=key),
+            missing=RequestError("model: Field required", param="model"))
         max_tokens = body.get("max_tokens")
         if max_tokens is None:
             raise RequestError("max_tokens: Field required", param="max_tokens")

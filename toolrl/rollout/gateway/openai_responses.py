@@ -43,6 +43,8 @@ from toolrl.rollout.gateway.protocol import (
     named_tool_choice,
     new_id,
     number_field,
+    objects,
+    request_model,
     sse,
     string_tool_choice,
 )
@@ -79,16 +81,10 @@ class ResponsesRequest:
 
     @classmethod
     def parse(cls, body: Any) -> ResponsesRequest:
-        if not isinstance(body, Mapping):
-            raise RequestError("the request body must be a JSON object")
-        unknown = sorted(set(body) - set(_KNOWN))
-        if unknown:
-            raise RequestError(f"Unknown parameter: '{unknown[0]}'.", param=unknown[0],
-                               code="unknown_parameter")
-        model = body.get("model")
-        if not isinstance(model, str) or not model:
-            raise RequestError("Missing required parameter: 'model'.", param="model",
-                               code="missing_required_parameter")
+        model = request_model(body, _KNOWN, unknown=lambda key: RequestError(
+            f"Unknown parameter: '{key}'.", param=key, code="unknown_parameter"),
+            missing=RequestError("Missing required parameter: 'model'.", param="model",
+                                 code="missing_required_parameter"))
         _refuse_unsupported(body)
         instructions = body.get("instructions")
         if instructions is not None and not isinstance(instructions, str):
@@ -204,10 +200,7 @@ def _items(value: Any) -> list[dict[str, Any]]:
     if not isinstance(value, list):
         raise RequestError("input must be a string or an array of input items", param="input")
     out = []
-    for i, item in enumerate(value):
-        where = f"input[{i}]"
-        if not isinstance(item, Mapping):
-            raise RequestError(f"{where} must be an object", param=where)
+    for where, item in objects(value, "input"):
         kind = item.get("type", "message" if "role" in item else None)
         if kind == "message":
             role = item.get("role")

@@ -17,7 +17,7 @@ import abc
 import json
 import random
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -87,15 +87,9 @@ class ChatRequest:
 
     @classmethod
     def parse(cls, body: Any) -> ChatRequest:
-        if not isinstance(body, Mapping):
-            raise RequestError("the request body must be a JSON object")
-        unknown = sorted(set(body) - set(_KNOWN))
-        if unknown:
-            raise RequestError(f"Unrecognized request argument supplied: {unknown[0]}",
-                              param=unknown[0])
-        model = body.get("model")
-        if not isinstance(model, str) or not model:
-            raise RequestError("you must provide a model parameter", param="model")
+        model = request_model(body, _KNOWN, unknown=lambda key: RequestError(
+            f"Unrecognized request argument supplied: {key}", param=key),
+            missing=RequestError("you must provide a model parameter", param="model"))
         n = body.get("n", 1)
         if n is not None and (not is_int(n) or n != 1):
             raise RequestError(f"n={n!r} is not supported: the gateway samples one choice per "
@@ -132,6 +126,32 @@ class ChatRequest:
                                   param="stream_options")
             req.include_usage = bool(options.get("include_usage", False))
         return req
+
+
+def request_model(body: Any, known: Sequence[str], *, unknown: Callable[[str], RequestError],
+                  missing: RequestError) -> str:
+    """The ``model`` of a request body, a JSON object with no key outside ``known``; each API
+    refuses an unknown key (``unknown(key)``) and a missing model (``missing``) in its own
+    words."""
+    if not isinstance(body, Mapping):
+        raise RequestError("the request body must be a JSON object")
+    extra = sorted(set(body) - set(known))
+    if extra:
+        raise unknown(extra[0])
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise missing
+    return model
+
+
+def objects(items: Sequence[Any], name: str) -> Iterator[tuple[str, Mapping[str, Any]]]:
+    """``(where, item)`` for each item of the array ``name``, ``where`` its OpenAI-style path
+    (``input[2]``); an item that is not an object is refused."""
+    for i, item in enumerate(items):
+        where = f"{name}[{i}]"
+        if not isinstance(item, Mapping):
+            raise RequestError(f"{where} must be an object", param=where)
+        yield where, item
 
 
 def is_int(x: Any) -> bool:
@@ -194,10 +214,7 @@ def _messages(value: Any) -> list[dict[str, Any]]:
     if not isinstance(value, list) or not value:
         raise RequestError("messages must be a non-empty array", param="messages")
     out = []
-    for i, m in enumerate(value):
-        where = f"messages[{i}]"
-        if not isinstance(m, Mapping):
-            raise RequestError(f"{where} must be an object", param=where)
+    for where, m in objects(value, "messages"):
         role = m.get("role")
         if role not in ROLES:
             raise RequestError(f"Invalid value for '{where}.role': {role!r}; supported values "
