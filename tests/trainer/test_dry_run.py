@@ -237,3 +237,18 @@ def test_an_oracle_longer_than_the_rollout_cap_and_mixed_envs(tiny_model_dir):
                            "rollout.max_tokens_per_turn=128",
                            "rollout.engine.max_model_len=2048"), tasks=3)
     assert report.ok, report.problems  # Bank's budget: its prompt and its 6 longer turns
+
+
+def test_the_response_has_its_own_budget(tiny_model_dir):
+    """What follows the first prompt has max_total_tokens - max_prompt_tokens, whatever the
+    first prompt leaves unused: Bank's 6 oracle turns (~390 tokens after a prompt of at most
+    589) do not fit 256 of it, though the whole transcript fits max_total_tokens (this let
+    configs/function_calling_mixed.yaml cut every Bank episode)."""
+    base = ("rollout.max_turns=6", "rollout.max_tokens_per_turn=128",
+            "data.mixture=[{env: toolrl/Bank-v0, train_size: 2, val_size: 1}]",
+            "rollout.max_total_tokens=1024", "rollout.engine.max_model_len=1024")
+    report, _ = run(config(tiny_model_dir, *base, "rollout.max_prompt_tokens=768"), tasks=3)
+    assert any("after its first prompt" in p and "= 256" in p for p in report.problems), \
+        report.problems
+    report, _ = run(config(tiny_model_dir, *base, "rollout.max_prompt_tokens=600"), tasks=3)
+    assert report.ok, report.problems

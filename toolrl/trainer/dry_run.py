@@ -354,8 +354,34 @@ def _check_oracle(trajs: list[Trajectory], renderer: Any, rollout: RolloutConfig
                 f"rollout.max_total_tokens={rollout.max_total_tokens}: a model that acts like "
                 f"the oracle runs out of context; raise rollout.max_total_tokens")
             break
-        if getattr(renderer, "per_turn", False) and _per_turn_overflow(t, renderer, report):
+        if getattr(renderer, "per_turn", False):
+            if _per_turn_overflow(t, renderer, report):
+                break
+        elif _response_overflow(t, renderer, total, rollout, report):
             break
+
+
+def _response_overflow(t: Trajectory, renderer: Any, total: int, rollout: Any,
+                       report: DryRunReport) -> bool:
+    """What follows the first prompt (every turn and observation) has its own budget,
+    ``rollout.max_response_len`` = max_total_tokens - max_prompt_tokens: a first prompt shorter
+    than its budget does not lend the rest to the response."""
+    first = next((i for i, m in enumerate(t.messages) if m.get("role") == "assistant"), None)
+    if first is None:
+        return False
+    try:
+        prompt = len(renderer.render_prompt(t.messages[:first], t.tools))
+    except Exception:  # counted nowhere else: the template check reports it
+        return False
+    if total - prompt <= rollout.max_response_len:
+        return False
+    report.problems.append(
+        f"the oracle's episode of task {t.id!r} has about {total - prompt} tokens after its "
+        f"first prompt, more than the response's budget rollout.max_total_tokens - "
+        f"rollout.max_prompt_tokens = {rollout.max_response_len}: a model that acts like the "
+        f"oracle runs out of room before it ends (finish reason 'context'); raise "
+        f"rollout.max_total_tokens")
+    return True
 
 
 def _per_turn_overflow(t: Trajectory, renderer: Any, report: DryRunReport) -> bool:
