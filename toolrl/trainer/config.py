@@ -8,6 +8,7 @@ full path and the valid choices.
 from __future__ import annotations
 
 import os
+import re
 import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields, is_dataclass, replace
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from toolrl.algo import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
@@ -339,16 +340,67 @@ def load_config(path: str | os.PathLike | None = None, overrides: Sequence[str] 
     try:
         layers.append(OmegaConf.from_dotlist(list(overrides)))
         merged = OmegaConf.merge(schema, *layers)
-        cfg = OmegaConf.to_object(merged)
+        cfg = _build(merged)
     except (ConfigKeyError, ValidationError) as exc:
         raise ConfigError(_explain(exc)) from None
     except OmegaConfBaseException as exc:
         raise ConfigError(f"invalid config: {exc}") from None
-    except (TypeError, ValueError) as exc:  # a worker config's own validation
-        raise ConfigError(f"invalid config: {exc}") from None
     assert isinstance(cfg, ExperimentConfig)
     validate(cfg)
     return cfg
+
+
+def _build(node: Any, path: str = "") -> Any:
+    """``OmegaConf.to_object`` section by section, the deepest first, so that a section's own
+    check (a component config's ``__post_init__`` raising ValueError or TypeError) becomes a
+    `ConfigError` naming its key path (`keyed`). Returns the built root."""
+    if isinstance(node, ListConfig):
+        for i, child in enumerate(node):
+            if isinstance(child, (DictConfig, ListConfig)):
+                _build(child, f"{path}[{i}]")
+        return None
+    cls = OmegaConf.get_type(node)
+    for key in list(node.keys()):
+        if OmegaConf.is_missing(node, key):
+            continue
+        child = node[key]
+        if isinstance(child, (DictConfig, ListConfig)):
+            # a dataclass's field: a.b; a dict's entry (env_rewards['toolrl/Bank-v0']): a['k']
+            sub = f"{path}.{key}" if is_dataclass(cls) else f"{path}[{str(key)!r}]"
+            _build(child, sub.lstrip("."))
+    if not is_dataclass(cls):
+        return None
+    try:
+        return OmegaConf.to_object(node)
+    except OmegaConfBaseException:
+        raise
+    except (TypeError, ValueError) as exc:
+        if not path:
+            raise ConfigError(f"invalid config: {exc}") from None
+        raise ConfigError(keyed(path, cls, exc)) from None
+
+
+def keyed(path: str, cls: type, exc: BaseException) -> str:
+    """The message of a section's own check (``cls`` at ``path``, e.g. ``rollout``) as one line
+    that starts with the key path: the section's field the message names first
+    (``concurrency must be >= 1`` -> ``rollout.concurrency: must be >= 1``), or the section
+    itself. A message that already names a key under ``path`` stays as it is."""
+    text = str(exc).strip()
+    if text.startswith(f"{path}.") or f" {path}." in f" {text}":
+        return text
+    names = [f.name for f in fields(cls)] if is_dataclass(cls) else []
+    found = [(m.start(), -len(n), n) for n in names
+             for m in [re.search(rf"(?<![\w.]){re.escape(n)}(?!\w)", text)] if m]
+    if not found:
+        return f"{path}: {text}"
+    start, _, name = min(found)
+    key = f"{path}.{name}"
+    if start > 0:
+        return f"{key}: {text}"
+    rest = text[len(name):]
+    if rest.startswith(("=", "[", " (", ":")):
+        return key + rest
+    return f"{key}:{rest}" if rest.startswith(" ") else f"{key}: {text}"
 
 
 def to_dict(cfg: ExperimentConfig) -> dict[str, Any]:
@@ -454,6 +506,7 @@ def validate(cfg: ExperimentConfig) -> None:
             raise ConfigError(f"{key}.lr_schedule=cosine needs more optimizer steps "
                               f"({optimizer_steps(cfg, model)} in this run) than "
                               f"{key}.warmup_steps ({model.warmup_steps})")
+    _check_filled(cfg)
 
     if cfg.model.build_tiny_if_missing is None:
         cfg.model.build_tiny_if_missing = cfg.model.path == TINY_MODEL_PATH
@@ -553,6 +606,36 @@ def worker_rollout_config(cfg: ExperimentConfig, model: str | None = None) -> Ro
                      weight_transfer="ipc" if sync else "nccl", sleep_level=sleep).resolved()
     return replace(r, engine=engine, env_id=cfg.env.id, env_kwargs=dict(cfg.env.kwargs),
                    seed=cfg.seed)
+
+
+def worker_model_config(cfg: ExperimentConfig, key: Literal["actor", "critic"],
+                        model: str | None = None) -> Any:
+    """The ``actor:`` or ``critic:`` section as its workers get it: what the trainer fills
+    (`FILLED_BY_TRAINER`: the model, the seed, the optimizer steps of its LR schedule, the
+    response length; the actor's sampling temperature)."""
+    section = getattr(cfg, key)
+    changes: dict[str, Any] = dict(
+        model_path=model or cfg.model.path, total_steps=optimizer_steps(cfg, section),
+        updates_per_step=updates_per_step(cfg, section), seed=cfg.seed,
+        max_response_length=cfg.rollout.max_total_tokens)
+    if key == "actor":
+        changes["temperature"] = cfg.rollout.temperature
+    return replace(section, **changes)
+
+
+def _check_filled(cfg: ExperimentConfig) -> None:
+    """The component configs as the trainer fills them pass their own checks here, in the
+    validation pass, as `ConfigError`s naming the section, never later in a worker."""
+    built: dict[str, Callable[[], Any]] = {
+        "rollout": lambda: worker_rollout_config(cfg),
+        "actor": lambda: worker_model_config(cfg, "actor")}
+    if cfg.algorithm.name == "ppo":
+        built["critic"] = lambda: worker_model_config(cfg, "critic")
+    for key, build in built.items():
+        try:
+            build()
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(keyed(key, type(getattr(cfg, key)), exc)) from None
 
 
 def updates_per_step(cfg: ExperimentConfig, model: Any) -> int:

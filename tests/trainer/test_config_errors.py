@@ -1,0 +1,214 @@
+"""One validation pass: every config mistake comes out of `load_config` as one `ConfigError` line
+that names its key path, never as a bare ValueError of a component's ``__post_init__``.
+
+Two guards: every field a section's ``__post_init__`` checks has a bad value below that must
+come out keyed (file and overrides alike), so a new check without a case fails
+`test_every_checked_field_has_a_bad_value_case`; and a section method other than
+``__post_init__`` that raises (a check the pass would not run) must be one the pass reaches,
+named in `REACHED_BY_THE_PASS`, or `test_no_section_check_outside_the_pass` fails.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import textwrap
+import typing
+from dataclasses import fields, is_dataclass
+
+import pytest
+from omegaconf import OmegaConf
+
+from toolrl.trainer.config import ConfigError, ExperimentConfig, load_config, validate
+
+
+def sections(cls: type = ExperimentConfig, path: str = "") -> dict[str, type]:
+    """Key path -> dataclass of every section of the schema (``[]``: an item of a list or a
+    dict of sections)."""
+    out: dict[str, type] = {}
+    hints = typing.get_type_hints(cls)
+    for f in fields(cls):
+        hint, key = hints[f.name], f"{path}{f.name}"
+        if is_dataclass(hint):
+            out[key] = hint
+            out.update(sections(hint, f"{key}."))
+            continue
+        for arg in typing.get_args(hint):  # X | None, list[X], dict[str, X]
+            if is_dataclass(arg):
+                item = key if type(None) in typing.get_args(hint) else f"{key}[]"
+                out[item] = arg
+                out.update(sections(arg, f"{item}."))
+    return out
+
+
+def _methods(cls: type) -> dict[str, ast.AST]:
+    """Name -> parsed source of the methods (and properties) ``cls`` and its toolrl bases
+    define (dataclass-generated ones have no source and are skipped)."""
+    out: dict[str, ast.AST] = {}
+    for klass in reversed(cls.__mro__):
+        if not klass.__module__.startswith("toolrl"):
+            continue
+        for name, fn in vars(klass).items():
+            fn = fn.fget if isinstance(fn, property) else fn
+            if not inspect.isfunction(fn) or fn.__code__.co_filename.startswith("<"):
+                continue
+            try:
+                source = inspect.getsource(fn)
+            except OSError:  # made by a decorator (functools.cache, dataclass) from no file
+                continue
+            out[f"{klass.__name__}.{name}"] = ast.parse(textwrap.dedent(source))
+    return out
+
+
+def checked_fields(cls: type) -> set[str]:
+    """Fields a ``__post_init__`` of ``cls`` (or of a base) reads: ``self.x`` or ``"x"``."""
+    names = {f.name for f in fields(cls)}
+    out: set[str] = set()
+    for qualname, tree in _methods(cls).items():
+        if not qualname.endswith(".__post_init__"):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and \
+                    node.value.id == "self" and node.attr in names:
+                out.add(node.attr)
+            elif isinstance(node, ast.Constant) and node.value in names:
+                out.add(node.value)
+    return out
+
+
+# key -> (a bad value, the other overrides it needs). Each must come out of load_config as a
+# ConfigError whose one line names the key.
+BAD: dict[str, tuple[str, tuple[str, ...]]] = {
+    "rollout.concurrency": ("0", ()),
+    "rollout.max_prompt_tokens": ("0", ()),
+    "rollout.max_total_tokens": ("100000", ()),
+    "rollout.agent": ("my.agent:run", ("rollout.runner=my.runner:Run",)),
+    "rollout.runner": ("my.runner:Run", ("rollout.agent=my.agent:run",)),
+    "rollout.agent_timeout_s": ("0", ()),
+    "rollout.agent_client": ("cohere", ()),
+    "rollout.history_policy": ("forget", ()),
+    "rollout.family": ("no-such-family", ()),
+    "rollout.engine.backend": ("tpu", ()),
+    "rollout.engine.max_model_len": ("1", ()),
+    "rollout.engine.kv_cache_gib": ("0", ()),
+    "rollout.engine.weight_bucket_mb": ("0", ()),
+    "rollout.engine.weight_transfer": ("rdma", ()),
+    "rollout.engine.sleep_level": ("3", ()),
+    "rollout.engine.max_lora_rank": ("3", ()),
+    "rollout.engine.cpu_threads": ("0", ()),
+    "rollout.engine.tensor_parallel_size": ("2", ()),
+    "rollout.engine.logprobs_mode": ("raw_logits", ()),
+    **{f"{m}.{k}": v for m in ("actor", "critic") for k, v in {
+        "dtype": ("fp12", ()),
+        "param_dtype": ("fp12", ()),
+        "reduce_dtype": ("fp12", ()),
+        "lr_schedule": ("linear", ()),
+        "warmup_steps": ("-1", ()),
+        "lr": ("-1", ()),
+        "min_lr_ratio": ("2", ()),
+        "total_steps": ("-1", ()),
+        "updates_per_step": ("-1", ()),
+        "ppo_epochs": ("0", ()),
+        "ppo_mini_batch_size": ("0", ()),
+        "micro_batch_size": ("0", ()),
+        "max_tokens_per_micro_batch": ("0", ()),
+        "log_prob_micro_batch_size": ("0", ()),
+    }.items()},
+    "actor.temperature": ("0", ()),
+    "actor.logits_chunk_size": ("0", ()),
+    "critic.loss_agg_mode": ("sum", ()),
+    "actor.loss.loss_agg_mode": ("sum", ()),
+    "actor.loss.kl_loss_kind": ("k9", ()),
+    "actor.loss.clip_ratio_low": ("2", ()),
+    "actor.loss.clip_ratio_high": ("-1", ()),
+    "actor.loss.clip_ratio_c": ("0.5", ()),
+    "actor.loss.corrections": ("[{name: tis, cap: -1}]", ()),
+    "actor.loss.entropy_coeff": ("nan", ()),
+    "actor.loss.kl_loss_coef": ("-1", ()),
+    "actor.loss.log_ratio_clamp": ("0", ()),
+    "actor.loss.policy_loss": ("''", ()),
+    "actor.lora.rank": ("-1", ()),
+    "actor.lora.sync": ("push", ()),
+    "actor.lora.alpha": ("0", ("actor.lora.rank=8",)),
+    "actor.lora.dropout": ("1", ("actor.lora.rank=8",)),
+    "actor.lora.target_modules": ("[]", ("actor.lora.rank=8",)),
+    **{f"trainer.health.{k}": ("2", ()) for k in (
+        "max_error_fraction", "max_no_token_fraction", "max_context_fraction",
+        "max_reward_error_fraction")},
+}
+
+NOT_A_CHECK = {
+    "rollout.engine": "read by max_total_tokens' check (a case above)",
+    "rollout.engine.model": "str() of it; filled by the trainer (FILLED_BY_TRAINER)",
+    "actor.lora": "a mapping made a LoraConfig (its own fields are checked)",
+    "actor.loss": "a mapping made a PolicyLossConfig (its own fields are checked)",
+}
+
+REACHED_BY_THE_PASS = {
+    "LoraConfig.engine_rank": "LoraConfig.__post_init__ reads it (actor.lora.sync=adapter) "
+                              "and the pass builds the rollout config the trainer fills with it",
+}
+
+
+def test_every_checked_field_has_a_bad_value_case():
+    checked = {f"{path}.{name}" for path, cls in sections().items()
+               for name in checked_fields(cls)}
+    missing = sorted(checked - set(BAD) - set(NOT_A_CHECK))
+    assert not missing, f"fields a __post_init__ checks with no case in BAD: {missing}"
+    assert len(checked) > 60  # the walk found the sections' checks
+
+
+def test_no_section_check_outside_the_pass():
+    raising = {qualname for cls in set(sections().values())
+               for qualname, tree in _methods(cls).items()
+               if not qualname.endswith(".__post_init__")
+               and any(isinstance(node, ast.Raise) for node in ast.walk(tree))}
+    outside = sorted(raising - set(REACHED_BY_THE_PASS))
+    assert not outside, f"section methods that raise outside the validation pass: {outside}"
+
+
+def _assert_keyed(info: pytest.ExceptionInfo, key: str) -> None:
+    text = str(info.value)
+    assert "\n" not in text, text
+    assert text.startswith(key) or f"{key}=" in text or f"{key}:" in text or \
+        f"{key} " in text, f"{key}: {text}"
+
+
+@pytest.mark.parametrize("key", sorted(BAD))
+def test_a_bad_value_is_one_keyed_config_error_from_overrides(key):
+    value, others = BAD[key]
+    with pytest.raises(ConfigError) as info:
+        load_config(None, [f"{key}={value}", *others])
+    _assert_keyed(info, key)
+
+
+@pytest.mark.parametrize("key", sorted(BAD))
+def test_a_bad_value_is_one_keyed_config_error_from_a_file(key, tmp_path):
+    value, others = BAD[key]
+    path = tmp_path / "bad.yaml"
+    OmegaConf.save(OmegaConf.from_dotlist([f"{key}={value}", *others]), path)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    _assert_keyed(info, key)
+
+
+def test_a_section_check_reads_as_key_colon_problem():
+    with pytest.raises(ConfigError, match=r"^rollout\.concurrency: must be >= 1, got 0$"):
+        load_config(None, ["rollout.concurrency=0"])
+    with pytest.raises(ConfigError, match=r"^actor\.loss\.corrections\[0\]: correction 'tis': "
+                                          r"cap must be > 0"):
+        load_config(None, ["actor.loss.corrections=[{name: tis, cap: -1}]"])
+
+
+def test_validate_checks_the_configs_the_trainer_fills(monkeypatch):
+    """The rollout and actor configs as the workers get them are built in the pass: their
+    checks with the values the trainer fills come out keyed there, not in a worker."""
+    from toolrl.trainer import config
+
+    def refuse(cfg, model=None):
+        raise ValueError("max_lora_rank must be 0 or one of vLLM's [8, 16], got 3")
+
+    cfg = load_config(None)
+    monkeypatch.setattr(config, "worker_rollout_config", refuse)
+    with pytest.raises(ConfigError, match=r"^rollout: max_lora_rank must be 0"):
+        validate(cfg)
