@@ -60,13 +60,30 @@ def _methods(cls: type) -> dict[str, ast.AST]:
     return out
 
 
+def _post_init_methods(cls: type) -> dict[str, ast.AST]:
+    """The ``__post_init__``s of ``cls`` and its bases, and the methods they call
+    (``self.resolved()``), transitively."""
+    methods = _methods(cls)
+    names = {q.rpartition(".")[2]: q for q in methods}
+    todo = [q for q in methods if q.endswith(".__post_init__")]
+    out: dict[str, ast.AST] = {}
+    while todo:
+        qualname = todo.pop()
+        if qualname in out:
+            continue
+        out[qualname] = methods[qualname]
+        todo += [names[node.attr] for node in ast.walk(methods[qualname])
+                 if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                 and node.value.id == "self" and node.attr in names]
+    return out
+
+
 def checked_fields(cls: type) -> set[str]:
-    """Fields a ``__post_init__`` of ``cls`` (or of a base) reads: ``self.x`` or ``"x"``."""
+    """Fields a ``__post_init__`` of ``cls`` (or of a base, or a method they call) reads:
+    ``self.x`` or ``"x"``."""
     names = {f.name for f in fields(cls)}
     out: set[str] = set()
-    for qualname, tree in _methods(cls).items():
-        if not qualname.endswith(".__post_init__"):
-            continue
+    for tree in _post_init_methods(cls).values():
         for node in ast.walk(tree):
             if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and \
                     node.value.id == "self" and node.attr in names:
@@ -132,6 +149,12 @@ BAD: dict[str, tuple[str, tuple[str, ...]]] = {
     "actor.lora.alpha": ("0", ("actor.lora.rank=8",)),
     "actor.lora.dropout": ("1", ("actor.lora.rank=8",)),
     "actor.lora.target_modules": ("[]", ("actor.lora.rank=8",)),
+    "reward.rewards": ("[]", ()),
+    "reward.scale": ("nan", ()),
+    "reward.clip": ("[2, 1]", ()),
+    "reward.fallback": ("inf", ()),
+    "reward.pool_workers": ("0", ()),
+    "reward.max_concurrency": ("0", ()),
     **{f"trainer.health.{k}": ("2", ()) for k in (
         "max_error_fraction", "max_no_token_fraction", "max_context_fraction",
         "max_reward_error_fraction")},
@@ -145,15 +168,21 @@ NOT_A_CHECK = {
 }
 
 REACHED_BY_THE_PASS = {
+    "RewardSection.resolved": "RewardSection.__post_init__ runs it (the rules of a reward set)",
     "LoraConfig.engine_rank": "LoraConfig.__post_init__ reads it (actor.lora.sync=adapter) "
                               "and the pass builds the rollout config the trainer fills with it",
 }
 
 
 def test_every_checked_field_has_a_bad_value_case():
-    checked = {f"{path}.{name}" for path, cls in sections().items()
+    """A check belongs to its class: a section that sits at several paths (``reward`` and
+    each ``env_rewards`` entry) needs its cases at one of them."""
+    paths = sections()
+    covered = {(paths[key.rpartition(".")[0]], key.rpartition(".")[2])
+               for key in (*BAD, *NOT_A_CHECK)}
+    checked = {(cls, name): f"{path}.{name}" for path, cls in paths.items()
                for name in checked_fields(cls)}
-    missing = sorted(checked - set(BAD) - set(NOT_A_CHECK))
+    missing = sorted(key for owner, key in checked.items() if owner not in covered)
     assert not missing, f"fields a __post_init__ checks with no case in BAD: {missing}"
     assert len(checked) > 60  # the walk found the sections' checks
 
@@ -161,7 +190,7 @@ def test_every_checked_field_has_a_bad_value_case():
 def test_no_section_check_outside_the_pass():
     raising = {qualname for cls in set(sections().values())
                for qualname, tree in _methods(cls).items()
-               if not qualname.endswith(".__post_init__")
+               if qualname not in _post_init_methods(cls)
                and any(isinstance(node, ast.Raise) for node in ast.walk(tree))}
     outside = sorted(raising - set(REACHED_BY_THE_PASS))
     assert not outside, f"section methods that raise outside the validation pass: {outside}"
@@ -170,8 +199,8 @@ def test_no_section_check_outside_the_pass():
 def _assert_keyed(info: pytest.ExceptionInfo, key: str) -> None:
     text = str(info.value)
     assert "\n" not in text, text
-    assert text.startswith(key) or f"{key}=" in text or f"{key}:" in text or \
-        f"{key} " in text, f"{key}: {text}"
+    assert text.startswith(key) or any(f"{key}{end}" in text for end in "=: ") or \
+        f"{key!r}" in text or f'"{key}"' in text, f"{key}: {text}"
 
 
 @pytest.mark.parametrize("key", sorted(BAD))
@@ -212,3 +241,33 @@ def test_validate_checks_the_configs_the_trainer_fills(monkeypatch):
     monkeypatch.setattr(config, "worker_rollout_config", refuse)
     with pytest.raises(ConfigError, match=r"^rollout: max_lora_rank must be 0"):
         validate(cfg)
+
+
+# a reward set's component (an item of a list, in a mapping of sets) -> the key path named
+REWARD_ENTRIES = {
+    "reward.rewards=[{name: success}, {name: format, weight: x}]": "reward.rewards[1].weight",
+    "reward.rewards=[{name: success}, {name: format, wieght: 1}]": "reward.rewards[1].wieght",
+    "reward.rewards=[{name: success}, {name: success}]": "reward.rewards[1]",
+    "reward.rewards=[{name: success, weight: nan}]": "reward.rewards[0].weight",
+    "reward.rewards=[{name: success, timeout: 0}]": "reward.rewards[0].timeout",
+    "reward.rewards=[{name: ''}]": "reward.rewards[0].name",
+    "reward.rewards=[{name: success, alias: total}]": "reward.rewards[0].alias",
+    "reward.rewards=[{name: success, gate: {above: 1}}]": "reward.rewards[0].gate.reward",
+    "reward.rewards=[{name: success, gate: {reward: success}}]": "reward.rewards[0].gate.reward",
+    "env_rewards={toolrl/Bank-v0: {rewards: [{name: success, pool: maybe}]}}":
+        "env_rewards['toolrl/Bank-v0'].rewards[0].pool",
+    "env_rewards={toolrl/Bank-v0: {scale: 2}}": "env_rewards['toolrl/Bank-v0'].rewards",
+}
+
+
+@pytest.mark.parametrize("override", sorted(REWARD_ENTRIES))
+def test_a_reward_entry_mistake_names_its_place(override, tmp_path):
+    key = REWARD_ENTRIES[override]
+    with pytest.raises(ConfigError) as info:
+        load_config(None, [override])
+    _assert_keyed(info, key)
+    path = tmp_path / "bad.yaml"
+    OmegaConf.save(OmegaConf.from_dotlist([override]), path)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    _assert_keyed(info, key)

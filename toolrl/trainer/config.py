@@ -24,7 +24,7 @@ from toolrl.algo.kl import KLKind
 from toolrl.core.families import FAMILIES
 from toolrl.models.sizes import size_names
 from toolrl.models.source import ModelNotFoundError, locate_model, require_model
-from toolrl.reward import RewardConfig, RewardConfigError
+from toolrl.reward import RewardEntry, RewardSection
 from toolrl.rollout.worker import RolloutConfig
 from toolrl.trainer.async_buffer import StalePolicy
 from toolrl.trainer.failures import InfraFailureConfig
@@ -254,10 +254,11 @@ class ExperimentConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     actor: ActorConfig = field(default_factory=ActorConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)
-    # the reward set: components with weights, gates, clip and scale (toolrl.reward.RewardConfig)
-    reward: dict[str, Any] = field(default_factory=lambda: {
-        "rewards": [{"name": "success", "weight": 1.0}]})
-    env_rewards: dict[str, Any] = field(default_factory=dict)  # env id -> its own reward set
+    # the reward set: components with weights, gates, clip and scale (toolrl.reward)
+    reward: RewardSection = field(default_factory=lambda: RewardSection(
+        rewards=[RewardEntry(name="success", weight=1.0)]))
+    # env id -> its own reward set (keys as in reward), for the rows of that env
+    env_rewards: dict[str, RewardSection] = field(default_factory=dict)
     resources: ResourcesConfig = field(default_factory=ResourcesConfig)
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
@@ -342,8 +343,10 @@ def load_config(path: str | os.PathLike | None = None, overrides: Sequence[str] 
         merged = OmegaConf.merge(schema, *layers)
         cfg = _build(merged)
     except (ConfigKeyError, ValidationError) as exc:
-        raise ConfigError(_explain(exc)) from None
+        raise ConfigError(_explain(exc, layers)) from None
     except OmegaConfBaseException as exc:
+        raise ConfigError(f"invalid config: {exc}") from None
+    except TypeError as exc:  # OmegaConf merging a mapping onto a list (a.0.b=... overrides)
         raise ConfigError(f"invalid config: {exc}") from None
     assert isinstance(cfg, ExperimentConfig)
     validate(cfg)
@@ -489,11 +492,6 @@ def validate(cfg: ExperimentConfig) -> None:
             raise ConfigError(f"data.mixture[{i}] ({source.env}): give train_file or a "
                               f"train_size >= 1")
 
-    for env_id, reward_cfg in cfg.env_rewards.items():
-        try:
-            RewardConfig.from_config(reward_cfg)
-        except RewardConfigError as exc:
-            raise ConfigError(f"env_rewards[{env_id!r}]: {exc}") from None
     defaults = {"rollout": RolloutConfig(), "actor": ActorConfig(), "critic": CriticConfig()}
     for key, source in FILLED_BY_TRAINER.items():
         section, _, rest = key.partition(".")
@@ -666,25 +664,84 @@ def _get(cfg: Any, dotted: str) -> Any:
     return cfg
 
 
-def _explain(exc: ConfigKeyError | ValidationError) -> str:
+def _explain(exc: ConfigKeyError | ValidationError, layers: Sequence[Any] = ()) -> str:
     full_key = getattr(exc, "full_key", None) or "?"
+    owner = getattr(exc, "object_type", None)
+    top = full_key.split(".")[0].split("[")[0]
+    if top not in {f.name for f in fields(ExperimentConfig)} and is_dataclass(owner):
+        # inside a list item (data.mixture[i], reward.rewards[i]) OmegaConf loses the path
+        full_key = _locate(owner, getattr(exc, "key", None), layers) or full_key
     first = str(exc).splitlines()[0]
     if not first.endswith((".", "?", "!")):  # OmegaConf's "Did you mean ...?" ends one already
         first += "."
+    if getattr(exc, "key", None) is True:
+        first += " YAML 1.1 reads the key on (or yes) as true: write the key the schema names."
     if isinstance(exc, ConfigKeyError):
-        parent = full_key.rsplit(".", 1)[0] if "." in full_key else ""
-        owner = getattr(exc, "object_type", None)
-        if is_dataclass(owner) and owner is not ExperimentConfig and not parent:
-            # inside a list (data.mixture[i]) OmegaConf loses the path: name the owner
+        parent = full_key.rpartition(".")[0]
+        valid = _valid_keys(parent)
+        if not valid and is_dataclass(owner) and owner is not ExperimentConfig:
+            # a section in a list or a mapping (data.mixture[i], env_rewards[...]): its class
             return (f"unknown config key {full_key!r}. {first} Valid keys of "
                     f"{owner.__name__}: {sorted(f.name for f in fields(owner))}")
-        valid = _valid_keys(parent)
         return f"unknown config key {full_key!r}. {first} Valid keys" + \
             (f" under {parent!r}" if parent else "") + f": {valid}"
     if full_key in CHOICES:  # a Literal's value (the message validate gives a built config)
         value = str(exc).split("'")[1] if str(exc).count("'") >= 2 else str(exc)
         return f"{full_key}={value!r} is not valid; choose one of {list(CHOICES[full_key])}"
     return f"invalid value for {full_key!r}: {first}"
+
+
+def _locate(owner: type, key: Any, layers: Sequence[Any]) -> str | None:
+    """The key path, in what the user wrote (``layers``), of ``key`` of a section of type
+    ``owner``: where OmegaConf's error inside a list item names only the last key."""
+    def walk(node: Any, parts: tuple[Any, ...]) -> str | None:
+        if not isinstance(node, (DictConfig, ListConfig)):
+            return None
+        items = enumerate(node) if isinstance(node, ListConfig) else \
+            ((k, node._get_node(k)) for k in node)
+        for k, child in items:
+            if k == key and isinstance(node, DictConfig) and _schema_type(parts) is owner:
+                return _render((*parts, k))
+            found = walk(child, (*parts, k))
+            if found:
+                return found
+        return None
+
+    for layer in reversed(list(layers)):  # the last layer wins a merge: it raised
+        found = walk(layer, ())
+        if found:
+            return found
+    return None
+
+
+def _schema_type(parts: tuple[Any, ...]) -> Any:
+    """The schema's type at a path of keys and list indices (None when it has none)."""
+    node: Any = ExperimentConfig
+    for part in parts:
+        if is_dataclass(node) and isinstance(part, str):
+            node = typing.get_type_hints(node).get(part)
+        elif typing.get_origin(node) in (list, dict):
+            node = typing.get_args(node)[-1]
+        else:
+            return None
+        args = [a for a in typing.get_args(node) if a is not type(None)]
+        if typing.get_origin(node) not in (list, dict, Literal) and len(args) == 1:
+            node = args[0]  # X | None
+    return node
+
+
+def _render(parts: tuple[Any, ...]) -> str:
+    """``("env_rewards", "toolrl/Bank-v0", "rewards", 0, "weight")`` ->
+    ``env_rewards['toolrl/Bank-v0'].rewards[0].weight`` (as `keyed` writes key paths)."""
+    out = ""
+    for i, part in enumerate(parts):
+        if isinstance(part, int) and not isinstance(part, bool):  # a list index
+            out += f"[{part}]"
+        elif i and not is_dataclass(_schema_type(parts[:i])):
+            out += f"[{part!r}]"
+        else:
+            out += f".{part}" if out else part
+    return out
 
 
 def _valid_keys(parent: str) -> list[str]:

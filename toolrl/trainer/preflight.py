@@ -44,7 +44,7 @@ from toolrl.core.registration import env_entry_point, make_env, row_env
 from toolrl.data.check import check_rows as check_row_data  # not this module's check_rows
 from toolrl.models.source import ModelNotFoundError, require_model
 from toolrl.registry import RegistryError
-from toolrl.reward import RewardConfig, RewardConfigError, get_reward_spec
+from toolrl.reward import RewardSection, get_reward_spec
 from toolrl.rollout.chat import ChatRenderer, TemplateError, drops_tools, drops_tools_message
 from toolrl.rollout.worker import resolve_runner
 from toolrl.trainer.checkpoint import COMPLETE
@@ -235,13 +235,11 @@ def has_generator(creator: Any) -> bool:
 
 
 # --- rewards ---------------------------------------------------------------------------------
-def check_reward_section(section: Any, key: str) -> None:
-    """A ``reward:`` section (``key``: where it sits): keys, ids, kwargs names and types."""
-    try:
-        reward_cfg = RewardConfig.from_config(section)
-    except RewardConfigError as exc:
-        raise ConfigError(f"{key}: {exc}") from None
-    for i, c in enumerate(reward_cfg.components):
+def check_reward_section(section: RewardSection, key: str) -> None:
+    """A reward set's components (``key``: where it sits) name registered rewards, with kwargs
+    they take, of the types they annotate (its keys and values are the schema's, checked by
+    `validate`)."""
+    for i, c in enumerate(section.rewards):
         where = f"{key}.rewards[{i}]"
         try:
             spec = get_reward_spec(c.name)
