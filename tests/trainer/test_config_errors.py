@@ -271,3 +271,35 @@ def test_a_reward_entry_mistake_names_its_place(override, tmp_path):
     with pytest.raises(ConfigError) as info:
         load_config(path)
     _assert_keyed(info, key)
+
+
+def test_the_model_path_is_resolved_in_one_place():
+    """`resolve_model` is the one caller of `require_model` that reads the config; the others
+    resolve a command-line flag (``--model``, ``--tokenizer``), not a config key."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "toolrl"
+    flags = {"toolrl/cli.py", "toolrl/trainer/evaluate.py"}
+    callers = set()
+    for path in root.rglob("*.py"):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef):
+                for call in ast.walk(node):
+                    if isinstance(call, ast.Call) and getattr(call.func, "id", None) == \
+                            "require_model":
+                        callers.add(f"{path.relative_to(root.parent).as_posix()}:{node.name}")
+    ours = {c for c in callers if c.split(":")[0] not in flags}
+    assert ours == {"toolrl/trainer/config.py:resolve_model"}, ours
+
+
+def test_validate_checks_local_model_paths_and_asks_no_hub(tmp_path, monkeypatch):
+    from toolrl.models import source
+
+    monkeypatch.setattr(source, "hub_reachable", lambda: pytest.fail("asked the hub"))
+    with pytest.raises(ConfigError, match=r"^model\.path='\./no-such' does not exist"):
+        load_config(None, ["model.path=./no-such"])
+    with pytest.raises(ConfigError, match=r"^rollout\.engine\.tokenizer='\./nope' does not"):
+        load_config(None, ["rollout.engine.tokenizer=./nope"])
+    cfg = load_config(None, ["model.path=some-org/some-model"])  # a hub id: pre-flight's
+    assert cfg.model.build_tiny_if_missing is False

@@ -505,14 +505,40 @@ def validate(cfg: ExperimentConfig) -> None:
                               f"({optimizer_steps(cfg, model)} in this run) than "
                               f"{key}.warmup_steps ({model.warmup_steps})")
     _check_filled(cfg)
+    for key in MODEL_KEYS:  # local paths only: a hub id is pre-flight's (that may ask the hub)
+        resolve_model(cfg, key, ask_hub=False)
 
-    if cfg.model.build_tiny_if_missing is None:
-        cfg.model.build_tiny_if_missing = cfg.model.path == TINY_MODEL_PATH
-    if locate_model(cfg.model.path, cfg.model.build_tiny_if_missing).kind == "local":
-        try:  # (a hub id is checked by pre-flight: that may ask the hub)
-            require_model(cfg.model.path, cfg.model.build_tiny_if_missing)
-        except ModelNotFoundError as exc:
-            raise ConfigError(str(exc)) from None
+
+MODEL_KEYS = ("model.path", "rollout.engine.tokenizer")
+"""The keys that name a model (a local folder or a hub id), each checked by `resolve_model`."""
+
+
+def resolve_model(cfg: ExperimentConfig, key: str = "model.path", *, ask_hub: bool = True
+                  ) -> str | None:
+    """The one check of a model path (``model.path``, or ``rollout.engine.tokenizer``): where
+    it loads from, by `toolrl.models.source`'s rule: a local folder (or ``model.path`` the run
+    builds, ``model.build_tiny_if_missing``, whose default it settles), a hub id that answers,
+    or a cached hub id's snapshot folder. One `ConfigError` line naming ``key`` otherwise, in
+    seconds. None when ``key`` is unset, or names a hub id and ``ask_hub`` is false (the
+    validation pass asks no network). `validate`, pre-flight (`check_model`), the run context,
+    the memory plan and the dry run all resolve the model here."""
+    model = cfg.model
+    if model.build_tiny_if_missing is None:
+        model.build_tiny_if_missing = model.path == TINY_MODEL_PATH
+    if key == "model.path":
+        path, build = model.path, bool(model.build_tiny_if_missing)
+    elif key == "rollout.engine.tokenizer":
+        path, build = cfg.rollout.engine.tokenizer, False
+    else:
+        raise KeyError(f"{key} names no model; one of {MODEL_KEYS}")
+    if path is None:
+        return None
+    if not ask_hub and locate_model(path, build).kind == "hub":
+        return None
+    try:
+        return require_model(path, build, key=key)
+    except ModelNotFoundError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _check_corrections(cfg: ExperimentConfig) -> None:
