@@ -303,3 +303,28 @@ def test_validate_checks_local_model_paths_and_asks_no_hub(tmp_path, monkeypatch
         load_config(None, ["rollout.engine.tokenizer=./nope"])
     cfg = load_config(None, ["model.path=some-org/some-model"])  # a hub id: pre-flight's
     assert cfg.model.build_tiny_if_missing is False
+
+
+def test_a_reward_set_built_in_python_is_typed_by_validate():
+    from toolrl.reward import RewardSection
+
+    cfg = ExperimentConfig(reward=["success", {"name": "format", "weight": 0.1}])
+    validate(cfg)
+    assert isinstance(cfg.reward, RewardSection) and cfg.reward.rewards[1].weight == 0.1
+    bad = {"reward": {"rewards": [{"name": "success"}, {"name": "format", "weight": "x"}]}}
+    with pytest.raises(ConfigError, match=r"^reward\.rewards\[1\]\.weight must be a finite"):
+        validate(ExperimentConfig(**bad))
+    with pytest.raises(ConfigError, match=r"^reward: unknown key\(s\) 'scal'"):
+        validate(ExperimentConfig(reward={"rewards": ["success"], "scal": 1}))
+
+
+def test_preflight_does_not_check_the_schema_again():
+    """Pre-flight checks what only code, files and the machine can tell: it neither re-runs
+    the reward set's rules nor resolves a model path by itself."""
+    from pathlib import Path
+
+    source = (Path(__file__).resolve().parents[2] / "toolrl" / "trainer" /
+              "preflight.py").read_text(encoding="utf-8")
+    for name in ("RewardConfig", "from_config", "resolved(", "require_model", "locate_model",
+                 "validate("):
+        assert name not in source, name

@@ -286,23 +286,29 @@ class RewardConfig:
         be just its name) typed by the same schema; errors name the key and the valid ones."""
         if isinstance(cfg, RewardConfig):
             return cfg
-        if isinstance(cfg, RewardSection):
-            return cfg.resolved()
-        cfg = _plain(cfg)
-        if isinstance(cfg, list):
-            cfg = {"rewards": cfg}
-        if not isinstance(cfg, Mapping):
-            raise RewardConfigError(f"reward config must be a mapping or a list, got {cfg!r}")
-        items = cfg.get("rewards")
-        if isinstance(items, list):
-            items = [{"name": c} if isinstance(c, str) else c for c in items]
-            for i, item in enumerate(items):
-                gate = item.get("gate") if isinstance(item, Mapping) else None
-                if isinstance(gate, Mapping) and True in gate:
-                    raise RewardConfigError(f"rewards[{i}].gate: YAML read the key 'on' as "
-                                            f"true; name the gating component with 'reward:'")
-            cfg = {**cfg, "rewards": items}
-        return typed_section(cfg).resolved()
+        return as_section(cfg).resolved()
+
+
+def as_section(cfg: Any) -> RewardSection:
+    """A `RewardSection` from itself, or from a dict / OmegaConf node / list of components (a
+    component may be just its name), typed by the schema (`typed_section`)."""
+    if isinstance(cfg, RewardSection):
+        return cfg
+    cfg = _plain(cfg)
+    if isinstance(cfg, list):
+        cfg = {"rewards": cfg}
+    if not isinstance(cfg, Mapping):
+        raise RewardConfigError(f"reward config must be a mapping or a list, got {cfg!r}")
+    items = cfg.get("rewards")
+    if isinstance(items, list):
+        items = [{"name": c} if isinstance(c, str) else c for c in items]
+        for i, item in enumerate(items):
+            gate = item.get("gate") if isinstance(item, Mapping) else None
+            if isinstance(gate, Mapping) and True in gate:
+                raise RewardConfigError(f"rewards[{i}].gate: YAML read the key 'on' as "
+                                        f"true; name the gating component with 'reward:'")
+        cfg = {**cfg, "rewards": items}
+    return typed_section(cfg)
 
 
 def typed_section(data: Mapping[str, Any]) -> RewardSection:

@@ -24,7 +24,8 @@ from toolrl.algo.kl import KLKind
 from toolrl.core.families import FAMILIES
 from toolrl.models.sizes import size_names
 from toolrl.models.source import ModelNotFoundError, locate_model, require_model
-from toolrl.reward import RewardEntry, RewardSection
+from toolrl.reward import RewardConfigError, RewardEntry, RewardSection
+from toolrl.reward.compose import as_section
 from toolrl.rollout.worker import RolloutConfig
 from toolrl.trainer.async_buffer import StalePolicy
 from toolrl.trainer.failures import InfraFailureConfig
@@ -387,13 +388,15 @@ def keyed(path: str, cls: type, exc: BaseException) -> str:
     """The message of a section's own check (``cls`` at ``path``, e.g. ``rollout``) as one line
     that starts with the key path: the section's field the message names first
     (``concurrency must be >= 1`` -> ``rollout.concurrency: must be >= 1``), or the section
-    itself. A message that already names a key under ``path`` stays as it is."""
+    itself; fields named after its first ``; `` or ``: `` (a list of valid keys) do not count.
+    A message that already names a key under ``path`` stays as it is."""
     text = str(exc).strip()
     if text.startswith(f"{path}.") or f" {path}." in f" {text}":
         return text
     names = [f.name for f in fields(cls)] if is_dataclass(cls) else []
+    subject = re.split(r"[;:] ", text, maxsplit=1)[0]  # "unknown x; valid: a, b": not a, b
     found = [(m.start(), -len(n), n) for n in names
-             for m in [re.search(rf"(?<![\w.]){re.escape(n)}(?!\w)", text)] if m]
+             for m in [re.search(rf"(?<![\w.]){re.escape(n)}(?!\w)", subject)] if m]
     if not found:
         return f"{path}: {text}"
     start, _, name = min(found)
@@ -418,7 +421,11 @@ def save_config(cfg: ExperimentConfig, path: str | os.PathLike) -> None:
 
 
 def validate(cfg: ExperimentConfig) -> None:
-    """Checks the schema's types cannot express: choices, registry names, sizes."""
+    """Checks the schema's types cannot express: choices, registry names, sizes, the rules
+    between keys, the component configs as the trainer fills them, local model paths. With
+    `load_config`'s typing (and the sections' own checks, `keyed`) it is the one validation
+    pass: each mistake is one `ConfigError` line naming its key path."""
+    _type_reward_sets(cfg)
     for key, valid in CHOICES.items():
         value = _get(cfg, key)
         if value not in valid:
@@ -539,6 +546,22 @@ def resolve_model(cfg: ExperimentConfig, key: str = "model.path", *, ask_hub: bo
         return require_model(path, build, key=key)
     except ModelNotFoundError as exc:
         raise ConfigError(str(exc)) from None
+
+
+def _type_reward_sets(cfg: ExperimentConfig) -> None:
+    """Reward sets written as plain data in a config built in Python (``reward={...}``) are
+    typed here as `load_config` types them (`as_section`), their errors keyed alike."""
+    try:
+        if not isinstance(cfg.reward, RewardSection):
+            cfg.reward = as_section(cfg.reward)
+    except RewardConfigError as exc:
+        raise ConfigError(keyed("reward", RewardSection, exc)) from None
+    for env_id, section in list(cfg.env_rewards.items()):
+        try:
+            if not isinstance(section, RewardSection):
+                cfg.env_rewards[env_id] = as_section(section)
+        except RewardConfigError as exc:
+            raise ConfigError(keyed(f"env_rewards[{env_id!r}]", RewardSection, exc)) from None
 
 
 def _check_corrections(cfg: ExperimentConfig) -> None:
