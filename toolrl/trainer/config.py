@@ -2,7 +2,10 @@
 
 `load_config(path, overrides)` merges a YAML file and ``key=value`` overrides onto the schema
 with OmegaConf. An unknown key or a wrong type fails before any worker starts, with the key's
-full path and the valid choices.
+full path and the valid choices. The sections are then built deepest first (`_build`), so a
+component config's own check (its ``__post_init__``) fails as a `ConfigError` naming its key
+(`keyed`), and `validate` checks what the types cannot say: one validation pass, one line per
+mistake, never a bare ValueError.
 """
 
 from __future__ import annotations
