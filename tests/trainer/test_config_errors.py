@@ -105,6 +105,7 @@ BAD: dict[str, tuple[str, tuple[str, ...]]] = {
     "rollout.agent_client": ("cohere", ()),
     "rollout.history_policy": ("forget", ()),
     "rollout.family": ("no-such-family", ()),
+    "rollout.env_timeout_s": ("0", ()),  # EpisodeConfig's, derived in the workers
     "rollout.engine.backend": ("tpu", ()),
     "rollout.engine.max_model_len": ("1", ()),
     "rollout.engine.kv_cache_gib": ("0", ()),
@@ -185,6 +186,37 @@ def test_every_checked_field_has_a_bad_value_case():
     missing = sorted(key for owner, key in checked.items() if owner not in covered)
     assert not missing, f"fields a __post_init__ checks with no case in BAD: {missing}"
     assert len(checked) > 60  # the walk found the sections' checks
+
+
+DERIVED_BUILT_BY_THE_PASS = {
+    "RolloutConfig.episode_config -> EpisodeConfig":
+        "config._check_filled builds worker_rollout_config(cfg).episode_config()",
+}
+
+
+def test_every_config_a_section_derives_is_built_by_the_pass():
+    """A section method that constructs another checked config (a dataclass with a
+    ``__post_init__``, e.g. the episode loop's EpisodeConfig) moves checks into the workers
+    unless the pass builds it too (`DERIVED_BUILT_BY_THE_PASS`)."""
+    schema = set(sections().values())
+    derived = set()
+    for cls in schema:
+        for qualname, tree in _methods(cls).items():
+            owner = next(k for k in cls.__mro__ if k.__name__ == qualname.split(".")[0])
+            names = vars(inspect.getmodule(owner))
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+                    made = names.get(node.func.id)
+                    if is_dataclass(made) and made not in schema and \
+                            "__post_init__" in vars(made):
+                        derived.add(f"{qualname} -> {made.__name__}")
+    assert derived == set(DERIVED_BUILT_BY_THE_PASS), derived
+
+
+def test_a_value_the_trainer_fills_names_where_it_came_from():
+    with pytest.raises(ConfigError, match=r"^actor\.temperature \(set by the trainer from "
+                                          r"rollout\.temperature\): must be > 0"):
+        load_config(None, ["rollout.temperature=-1"])
 
 
 def test_no_section_check_outside_the_pass():

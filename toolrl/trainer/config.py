@@ -409,7 +409,9 @@ def keyed(path: str, cls: type, exc: BaseException) -> str:
     rest = text[len(name):]
     if rest.startswith(("=", "[", " (", ":")):
         return key + rest
-    return f"{key}:{rest}" if rest.startswith(" ") else f"{key}: {text}"
+    if rest.startswith((" must ", " is ", " needs ")):
+        return f"{key}:{rest}"
+    return f"{key}: {text}"
 
 
 def to_dict(cfg: ExperimentConfig) -> dict[str, Any]:
@@ -677,7 +679,8 @@ def _check_filled(cfg: ExperimentConfig) -> None:
     """The component configs as the trainer fills them pass their own checks here, in the
     validation pass, as `ConfigError`s naming the section, never later in a worker."""
     built: dict[str, Callable[[], Any]] = {
-        "rollout": lambda: worker_rollout_config(cfg),
+        # the episode loop's budget (EpisodeConfig) is derived from the section in the workers
+        "rollout": lambda: worker_rollout_config(cfg).episode_config(),
         "actor": lambda: worker_model_config(cfg, "actor")}
     if cfg.algorithm.name == "ppo":
         built["critic"] = lambda: worker_model_config(cfg, "critic")
@@ -685,7 +688,13 @@ def _check_filled(cfg: ExperimentConfig) -> None:
         try:
             build()
         except (TypeError, ValueError) as exc:
-            raise ConfigError(keyed(key, type(getattr(cfg, key)), exc)) from None
+            message = keyed(key, type(getattr(cfg, key)), exc)
+            filled = [k for k in FILLED_BY_TRAINER if re.match(rf"{re.escape(k)}\b", message)]
+            if filled:  # a value the trainer put there: name where it came from
+                key = max(filled, key=len)
+                message = message.replace(key, f"{key} (set by the trainer from "
+                                               f"{FILLED_BY_TRAINER[key]})", 1)
+            raise ConfigError(message) from None
 
 
 def updates_per_step(cfg: ExperimentConfig, model: Any) -> int:
