@@ -32,6 +32,14 @@ BAD = {
     "schedule_shorter_than_warmup": (
         "actor:\n  lr_schedule: cosine\n  warmup_steps: 40\ntrainer:\n  total_steps: 10\n",
         "actor.lr_schedule=cosine needs more optimizer steps (10 in this run)", "warmup_steps"),
+    "unknown_reward_key": ("reward:\n  rewards: [{{name: success}}]\n  scal: 2\n",
+                           "unknown config key 'reward.scal'", "scale"),
+    "reward_component_type": ("reward:\n  rewards:\n    - {{name: success}}\n"
+                              "    - {{name: format, weight: heavy}}\n",
+                              "invalid value for 'reward.rewards[1].weight'", "heavy"),
+    "reward_component_rule": ("reward:\n  rewards:\n    - {{name: success}}\n"
+                              "    - {{name: format, gate: {{reward: nope}}}}\n",
+                              "reward.rewards[1].gate.reward='nope'", "success"),
     "negative_stop_grace": ("trainer:\n  stop_grace_s: -1\n  output_dir: {missing}\n",
                             "trainer.stop_grace_s must be >= 0", "stop_grace_s"),
 }

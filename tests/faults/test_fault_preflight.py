@@ -62,8 +62,6 @@ BAD = {
                               "warm_start.env_kwargs.orakle", "oracle='plan'"),
     "unknown_reward": (["reward={rewards: [{name: sucess}]}"], "reward.rewards[0].name='sucess'",
                        "success"),
-    "unknown_reward_key": (["reward={rewards: [{name: success}], scal: 2}"],
-                           "unknown key(s) 'scal'", "scale"),
     "reward_kwarg_name": (["reward={rewards: [{name: test_preflight_typed, "
                            "kwargs: {limt: 3}}]}"], "reward.rewards[0].kwargs.limt",
                           "limit=3"),

@@ -49,5 +49,5 @@ def test_budgets_and_backend_are_checked_with_the_keys_named():
                        match=r"rollout.engine.backend='tpu' is not valid; choose one of "
                              r"\['cpu', 'gpu'\]"):
         load_config("configs/quickstart.yaml", ["rollout.engine.backend=tpu"])
-    with pytest.raises(ConfigError, match="concurrency must be >= 1"):
+    with pytest.raises(ConfigError, match=r"rollout\.concurrency: must be >= 1"):
         load_config("configs/quickstart.yaml", ["rollout.concurrency=0"])

@@ -90,7 +90,7 @@ def test_pipeline_engines_receive_over_nccl_and_never_sleep(rollout_config):
     with pytest.raises(ConfigError, match=r"sleep_level > 0 needs trainer\.mode=sync"):
         load_config(ROOT / "configs" / "quickstart_pipeline.yaml",
                     [*GPU, "rollout.engine.sleep_level=1"])
-    with pytest.raises(ConfigError, match="sleep_level must be 0, 1 or 2"):
+    with pytest.raises(ConfigError, match=r"rollout\.engine\.sleep_level: must be 0, 1 or 2"):
         load_config(QUICKSTART, ["rollout.engine.sleep_level=3"])
 
 
@@ -112,5 +112,5 @@ def test_the_engine_reports_the_log_probs_the_actor_recomputes(rollout_config):
     own = rollout_config(["rollout.temperature=0.7", "rollout.engine.logprobs_mode=raw_logprobs"])
     assert own[1].engine.logprobs_mode == "raw_logprobs"
     assert EngineConfig(model="m").resolved().logprobs_mode == "raw_logprobs"  # standalone
-    with pytest.raises(ConfigError, match="logprobs_mode must be one of"):
+    with pytest.raises(ConfigError, match=r"rollout\.engine\.logprobs_mode: must be one of"):
         load_config(QUICKSTART, ["rollout.engine.logprobs_mode=raw_logits"])

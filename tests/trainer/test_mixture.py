@@ -81,7 +81,7 @@ def test_success_by_and_config_keys(tmp_path):
     assert set(cfg.env_rewards) == {FC, BANK} and cfg.rollout.max_prompt_tokens == 768
     bad = {"data.mixture=[{train_size: 2}]": "data.mixture\\[0\\].env is required",
            "data.mixture=[{env: x, tran_size: 2}]": "Valid keys of MixtureSource",
-           "env_rewards={x: {rewardz: []}}": "env_rewards\\['x'\\]: reward config",
+           "env_rewards={x: {rewardz: []}}": "unknown config key 'env_rewards.x.rewardz'",
            "rollout.max_prompt_tokens=1024": "leave room for the response"}
     for override, message in bad.items():
         with pytest.raises(ConfigError, match=message):

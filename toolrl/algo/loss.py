@@ -210,8 +210,11 @@ class PolicyLossConfig:
                 f"clip_ratio_c (dual-clip) must be > 1 or None, got {self.clip_ratio_c}"
             )
         specs = [correction_config(c) for c in self.corrections]
-        for spec in specs:
-            resolve(spec)  # unknown name, a parameter it does not take, a bad value
+        for i, spec in enumerate(specs):
+            try:
+                resolve(spec)  # unknown name, a parameter it does not take, a bad value
+            except ValueError as exc:  # name the entry: the config pass keys it
+                raise ValueError(f"corrections[{i}]: {exc}") from None
         names = [s.name for s in specs]
         if len(set(names)) != len(names):
             raise ValueError(f"corrections lists one correction twice: {names}")

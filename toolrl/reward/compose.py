@@ -45,8 +45,9 @@ import multiprocessing
 import pickle
 import sys
 import traceback
+import typing
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any
 
 from toolrl.core.errors import describe_exception
@@ -54,9 +55,9 @@ from toolrl.core.trajectory import Trajectory
 from toolrl.registry import RegistryError
 from toolrl.reward.api import RewardError, RewardResult, RewardSpec, Score, get_reward_spec
 
-__all__ = ["BoundReward", "ComponentConfig", "ComposedReward", "Gate", "RewardBatch",
-           "RewardConfig", "RewardConfigError", "RewardFailure", "build_reward", "make_reward",
-           "to_result"]
+__all__ = ["BoundReward", "ComponentConfig", "ComposedReward", "Gate", "GateEntry",
+           "RewardBatch", "RewardConfig", "RewardConfigError", "RewardEntry", "RewardFailure",
+           "RewardSection", "build_reward", "make_reward", "to_result"]
 
 log = logging.getLogger(__name__)
 
@@ -170,10 +171,80 @@ def to_result(value: Any) -> RewardResult:
 # Composition from config
 # ---------------------------------------------------------------------------------------------
 
-_TOP_KEYS = ("rewards", "scale", "clip", "fallback", "pool_workers", "max_concurrency")
-_COMPONENT_KEYS = ("name", "alias", "weight", "kwargs", "gate", "fallback", "pool", "timeout")
-_GATE_KEYS = ("reward", "above")
 _RESERVED = ("total", "errors", "gate_open")
+
+
+@dataclass
+class GateEntry:
+    """A component's ``gate``: it pays only when the raw score of another component (``reward``)
+    is strictly greater than ``above``. The key is not ``on``, which YAML 1.1 reads as true."""
+
+    reward: str = ""  # the gating component's alias ("": no gate)
+    above: float = 0.0  # the gating component's raw score must be > this
+
+
+@dataclass
+class RewardEntry:
+    """One component of a reward set (an item of ``rewards:``), as a config writes it."""
+
+    name: str = ""  # a registered reward id (required; `toolrl rewards` lists them)
+    # its metric name, reward/<alias> (None: the name); two components of one reward need two
+    alias: str | None = None
+    weight: float = 1.0  # its weight in the sum
+    kwargs: dict[str, Any] = field(default_factory=dict)  # passed to the reward
+    gate: GateEntry = field(default_factory=GateEntry)  # pay only when another one scores
+    fallback: float | None = None  # score of a sample it fails on (None: the set's fallback)
+    pool: bool = False  # run in the process pool (CPU-heavy, module-level rewards)
+    timeout: float | None = None  # seconds per async or pooled call (None: no bound)
+
+
+@dataclass
+class RewardSection:
+    """A reward set as a config writes it (``reward:``, and each entry of ``env_rewards``):
+    components with weights and gates; the total is ``clip(scale * sum)``. Its types are the
+    schema's; `resolved` holds the rules the types cannot say and gives the `RewardConfig`."""
+
+    rewards: list[RewardEntry] = field(default_factory=list)  # the components, in order
+    scale: float = 1.0  # total = clip(scale * sum of weighted components)
+    clip: Any = None  # [min, max] or {min: .., max: ..}, either may be null; null: no clip
+    fallback: float = 0.0  # score of a component on a sample it failed on
+    pool_workers: int = 2  # processes for the components with pool: true
+    max_concurrency: int = 64  # concurrent calls of one async reward
+
+    def __post_init__(self) -> None:
+        self.resolved()  # a config pass keys its error: reward.rewards[1]: ...
+
+    def resolved(self) -> RewardConfig:
+        """The rules of a reward set that its types cannot say (a non-empty list, distinct
+        metric names, gates that name another component, finite numbers, a clip's shape and
+        order, positive counts and timeouts), and the `RewardConfig` it resolves to (aliases
+        filled in). Raises `RewardConfigError` naming the key (``rewards[1].weight``)."""
+        if not isinstance(self.rewards, list) or not self.rewards:
+            raise RewardConfigError("rewards: a reward set needs a non-empty list of "
+                                    f"components with keys {', '.join(_COMPONENT_KEYS)}")
+        comps = tuple(_component(i, item) for i, item in enumerate(self.rewards))
+        aliases = [c.alias for c in comps]
+        for i, alias in enumerate(aliases):
+            if alias in aliases[:i]:
+                raise RewardConfigError(
+                    f"rewards[{i}]: duplicate metric name {alias!r}; give the second one "
+                    f"another 'alias'")
+        for i, c in enumerate(comps):
+            if c.gate is not None and (c.gate.reward not in aliases
+                                       or c.gate.reward == c.alias):
+                others = ", ".join(a for a in aliases if a != c.alias) or "(none)"
+                raise RewardConfigError(f"rewards[{i}].gate.reward={c.gate.reward!r} ({c.alias})"
+                                        f" must name another component; components: {others}")
+        return RewardConfig(
+            components=comps, scale=_num(self.scale, "scale"), clip=_clip(self.clip),
+            fallback=_num(self.fallback, "fallback"),
+            pool_workers=_int(self.pool_workers, "pool_workers", minimum=1),
+            max_concurrency=_int(self.max_concurrency, "max_concurrency", minimum=1))
+
+
+_TOP_KEYS = tuple(f.name for f in fields(RewardSection))
+_COMPONENT_KEYS = tuple(f.name for f in fields(RewardEntry))
+_GATE_KEYS = tuple(f.name for f in fields(GateEntry))
 
 
 @dataclass(frozen=True)
@@ -186,7 +257,7 @@ class Gate:
 
 @dataclass(frozen=True)
 class ComponentConfig:
-    """One entry of ``rewards:``."""
+    """One component of a resolved reward set."""
 
     name: str
     alias: str
@@ -200,7 +271,7 @@ class ComponentConfig:
 
 @dataclass(frozen=True)
 class RewardConfig:
-    """The validated reward section of an experiment config (see the module docstring)."""
+    """A resolved reward set: what `ComposedReward` runs (see the module docstring)."""
 
     components: tuple[ComponentConfig, ...]
     scale: float = 1.0
@@ -211,37 +282,84 @@ class RewardConfig:
 
     @classmethod
     def from_config(cls, cfg: Any) -> RewardConfig:
-        """Validate a dict / OmegaConf node / list of components; errors list the valid keys."""
-        cfg = _plain(cfg)
-        if isinstance(cfg, list):
-            cfg = {"rewards": cfg}
-        if not isinstance(cfg, Mapping):
-            raise RewardConfigError(f"reward config must be a mapping or a list, got {cfg!r}")
-        _check_keys(cfg, _TOP_KEYS, "reward config")
-        items = cfg.get("rewards")
-        if not isinstance(items, list) or not items:
-            raise RewardConfigError("reward config needs 'rewards': a non-empty list of "
-                                    f"components with keys {', '.join(_COMPONENT_KEYS)}")
-        comps = tuple(_component(i, item) for i, item in enumerate(items))
-        aliases = [c.alias for c in comps]
-        for i, alias in enumerate(aliases):
-            if alias in aliases[:i]:
-                raise RewardConfigError(
-                    f"rewards[{i}]: duplicate metric name {alias!r}; give the second one "
-                    f"another 'alias'")
-        for i, c in enumerate(comps):
-            if c.gate is not None and (c.gate.reward not in aliases
-                                       or c.gate.reward == c.alias):
-                others = ", ".join(a for a in aliases if a != c.alias) or "(none)"
-                raise RewardConfigError(f"rewards[{i}] ({c.alias}): gate.reward="
-                                        f"{c.gate.reward!r} must name another component; "
-                                        f"components: {others}")
-        clip = _clip(cfg.get("clip"))
-        workers = _int(cfg.get("pool_workers", 2), "pool_workers", minimum=1)
-        concurrency = _int(cfg.get("max_concurrency", 64), "max_concurrency", minimum=1)
-        return cls(components=comps, scale=_num(cfg.get("scale", 1.0), "scale"), clip=clip,
-                   fallback=_num(cfg.get("fallback", 0.0), "fallback"),
-                   pool_workers=workers, max_concurrency=concurrency)
+        """A `RewardSection`, or a dict / OmegaConf node / list of components (a component may
+        be just its name) typed by the same schema; errors name the key and the valid ones."""
+        if isinstance(cfg, RewardConfig):
+            return cfg
+        return as_section(cfg).resolved()
+
+
+def as_section(cfg: Any) -> RewardSection:
+    """A `RewardSection` from itself, or from a dict / OmegaConf node / list of components (a
+    component may be just its name), typed by the schema (`typed_section`)."""
+    if isinstance(cfg, RewardSection):
+        return cfg
+    cfg = _plain(cfg)
+    if isinstance(cfg, list):
+        cfg = {"rewards": cfg}
+    if not isinstance(cfg, Mapping):
+        raise RewardConfigError(f"reward config must be a mapping or a list, got {cfg!r}")
+    items = cfg.get("rewards")
+    if isinstance(items, list):
+        items = [{"name": c} if isinstance(c, str) else c for c in items]
+        for i, item in enumerate(items):
+            gate = item.get("gate") if isinstance(item, Mapping) else None
+            if isinstance(gate, Mapping) and True in gate:
+                raise RewardConfigError(f"rewards[{i}].gate: YAML read the key 'on' as "
+                                        f"true; name the gating component with 'reward:'")
+        cfg = {**cfg, "rewards": items}
+    return typed_section(cfg)
+
+
+def typed_section(data: Mapping[str, Any]) -> RewardSection:
+    """``data`` typed by the `RewardSection` schema, as a config's ``reward:`` is: an unknown
+    key or a value of the wrong type is a `RewardConfigError` naming the key."""
+    # lazy: omegaconf (~100 ms) only where a reward set is written as plain data
+    from omegaconf import OmegaConf
+    from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
+
+    try:
+        section = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(RewardSection),
+                                                      dict(data)))
+    except ConfigKeyError as exc:
+        owner = getattr(exc, "object_type", None)
+        valid = [f.name for f in fields(owner)] if is_dataclass(owner) else list(_TOP_KEYS)
+        parent = _where(data, owner, exc.key).rpartition(".")[0]
+        where = f"{parent}: " if parent else ""
+        raise RewardConfigError(f"{where}unknown key(s) {exc.key!r}; valid keys: "
+                                f"{', '.join(valid)}") from None
+    except ValidationError as exc:
+        key = _where(data, getattr(exc, "object_type", None), exc.key)
+        raise RewardConfigError(f"{key} must be {_kind(exc)}, got "
+                                f"{getattr(exc, 'value', None)!r}") from None
+    except OmegaConfBaseException as exc:
+        raise RewardConfigError(f"reward config: {str(exc).splitlines()[0]}") from None
+    assert isinstance(section, RewardSection)
+    return section
+
+
+def _where(data: Mapping[str, Any], owner: Any, key: Any) -> str:
+    """The key path of ``key`` of a section of type ``owner`` in ``data`` (OmegaConf's error
+    inside a list item names only the last key)."""
+    items = data.get("rewards")
+    items = items if isinstance(items, list) else []
+    for i, item in enumerate(items):
+        gate = item.get("gate") if isinstance(item, Mapping) else None
+        if owner is RewardEntry and isinstance(item, Mapping) and key in item:
+            return f"rewards[{i}].{key}"
+        if owner is GateEntry and isinstance(gate, Mapping) and key in gate:
+            return f"rewards[{i}].gate.{key}"
+    return str(key)
+
+
+def _kind(exc: Any) -> str:
+    """What the schema wants at the key of a typing error."""
+    owner, key = getattr(exc, "object_type", None), getattr(exc, "key", None)
+    hint = typing.get_type_hints(owner).get(str(key)) if is_dataclass(owner) else None
+    args = set(typing.get_args(hint)) | {hint}
+    return "a finite number" if float in args else "an integer" if int in args else \
+        "true or false" if bool in args else "a string" if str in args else \
+        "a mapping" if typing.get_origin(hint) is dict or dict in args else f"a {hint}"
 
 
 def _plain(cfg: Any) -> Any:
@@ -251,13 +369,6 @@ def _plain(cfg: Any) -> Any:
     if omegaconf is not None and isinstance(cfg, (omegaconf.DictConfig, omegaconf.ListConfig)):
         return omegaconf.OmegaConf.to_container(cfg, resolve=True)
     return cfg
-
-
-def _check_keys(data: Mapping[str, Any], valid: Sequence[str], where: str) -> None:
-    unknown = [k for k in data if k not in valid]
-    if unknown:
-        raise RewardConfigError(f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; "
-                                f"valid keys: {', '.join(valid)}")
 
 
 def _num(value: Any, where: str) -> float:
@@ -273,10 +384,14 @@ def _int(value: Any, where: str, minimum: int) -> int:
 
 
 def _clip(value: Any) -> tuple[float | None, float | None] | None:
+    value = _plain(value)
     if value is None:
         return None
     if isinstance(value, Mapping):
-        _check_keys(value, ("min", "max"), "clip")
+        unknown = [k for k in value if k not in ("min", "max")]
+        if unknown:
+            raise RewardConfigError(f"clip: unknown key(s) {', '.join(map(repr, unknown))}; "
+                                    f"valid keys: min, max")
         lo, hi = value.get("min"), value.get("max")
     elif isinstance(value, (list, tuple)) and len(value) == 2:
         lo, hi = value
@@ -289,46 +404,27 @@ def _clip(value: Any) -> tuple[float | None, float | None] | None:
     return lo, hi
 
 
-def _component(i: int, item: Any) -> ComponentConfig:
+def _component(i: int, item: RewardEntry) -> ComponentConfig:
     where = f"rewards[{i}]"
-    if isinstance(item, str):
-        item = {"name": item}
-    if not isinstance(item, Mapping):
-        raise RewardConfigError(f"{where} must be a mapping with keys {', '.join(_COMPONENT_KEYS)}")
-    _check_keys(item, _COMPONENT_KEYS, where)
-    name = item.get("name")
-    if not isinstance(name, str) or not name:
-        raise RewardConfigError(f"{where}: 'name' (a registered reward id) is required")
-    alias = item.get("alias", name)
-    if not isinstance(alias, str) or not alias or "/" in alias or alias in _RESERVED:
-        raise RewardConfigError(f"{where}: alias {alias!r} must be a non-empty name without '/' "
+    if not item.name:
+        raise RewardConfigError(f"{where}.name: a registered reward id is required")
+    alias = item.name if item.alias is None else item.alias
+    if not alias or "/" in alias or alias in _RESERVED:
+        raise RewardConfigError(f"{where}.alias={alias!r} must be a non-empty name without '/' "
                                 f"and not one of {', '.join(_RESERVED)}")
-    kwargs = item.get("kwargs") or {}
-    if not isinstance(kwargs, Mapping):
-        raise RewardConfigError(f"{where} ({alias}): kwargs must be a mapping, got {kwargs!r}")
-    gate = item.get("gate")
-    if gate is not None:
-        if isinstance(gate, Mapping) and True in gate:
-            raise RewardConfigError(f"{where}.gate: YAML read the key 'on' as true; name the "
-                                    f"gating component with 'reward:'")
-        if not isinstance(gate, Mapping) or "reward" not in gate:
-            raise RewardConfigError(f"{where} ({alias}): gate must be {{reward: <component>, "
-                                    f"above: <number>}}, got {gate!r}")
-        _check_keys(gate, _GATE_KEYS, f"{where}.gate")
-        gate = Gate(reward=str(gate["reward"]),
-                    above=_num(gate.get("above", 0.0), f"{where}.gate.above"))
-    fallback = item.get("fallback")
-    timeout = item.get("timeout")
-    if timeout is not None and _num(timeout, f"{where}.timeout") <= 0:
-        raise RewardConfigError(f"{where}.timeout must be > 0, got {timeout!r}")
-    pool = item.get("pool", False)
-    if not isinstance(pool, bool):
-        raise RewardConfigError(f"{where}.pool must be true or false, got {pool!r}")
+    gate = None
+    if item.gate.reward:
+        gate = Gate(reward=item.gate.reward, above=_num(item.gate.above, f"{where}.gate.above"))
+    elif item.gate.above != 0.0:
+        raise RewardConfigError(f"{where}.gate.reward: gate.above={item.gate.above} needs the "
+                                f"gating component's alias in gate.reward")
+    if item.timeout is not None and _num(item.timeout, f"{where}.timeout") <= 0:
+        raise RewardConfigError(f"{where}.timeout must be > 0, got {item.timeout!r}")
     return ComponentConfig(
-        name=name, alias=alias, weight=_num(item.get("weight", 1.0), f"{where}.weight"),
-        kwargs=dict(kwargs), gate=gate,
-        fallback=None if fallback is None else _num(fallback, f"{where}.fallback"),
-        pool=pool, timeout=None if timeout is None else float(timeout))
+        name=item.name, alias=alias, weight=_num(item.weight, f"{where}.weight"),
+        kwargs=dict(_plain(item.kwargs) or {}), gate=gate,
+        fallback=None if item.fallback is None else _num(item.fallback, f"{where}.fallback"),
+        pool=item.pool, timeout=None if item.timeout is None else float(item.timeout))
 
 
 @dataclass(frozen=True)
@@ -588,9 +684,9 @@ class ComposedReward:
 
 
 def build_reward(cfg: Any) -> ComposedReward:
-    """A `ComposedReward` from a config dict, OmegaConf node, list of components or RewardConfig."""
-    config = cfg if isinstance(cfg, RewardConfig) else RewardConfig.from_config(cfg)
-    return ComposedReward(config)
+    """A `ComposedReward` from a `RewardSection`, a config dict, OmegaConf node, list of
+    components or a `RewardConfig`."""
+    return ComposedReward(RewardConfig.from_config(cfg))
 
 
 # ---------------------------------------------------------------------------------------------

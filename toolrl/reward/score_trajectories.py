@@ -22,7 +22,7 @@ from rich.table import Table
 from toolrl.core.jsonl import json_objects
 from toolrl.core.registration import env_of
 from toolrl.core.trajectory import Trajectory
-from toolrl.reward.compose import build_reward
+from toolrl.reward.compose import RewardSection, build_reward
 
 __all__ = ["ScoreSummary", "read_trajectories", "score_trajectories", "summary_table"]
 
@@ -57,7 +57,7 @@ class ScoreSummary:
 
 
 def score_trajectories(items: Sequence[tuple[Trajectory, float | None]],
-                       reward: Mapping[str, Any] | Sequence[Any],
+                       reward: RewardSection | Mapping[str, Any] | Sequence[Any],
                        output: str | os.PathLike | None = None, *,
                        per_env: Mapping[str, Any] | None = None,
                        default_env: str | None = None) -> ScoreSummary:

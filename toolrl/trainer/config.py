@@ -2,12 +2,16 @@
 
 `load_config(path, overrides)` merges a YAML file and ``key=value`` overrides onto the schema
 with OmegaConf. An unknown key or a wrong type fails before any worker starts, with the key's
-full path and the valid choices.
+full path and the valid choices. The sections are then built deepest first (`_build`), so a
+component config's own check (its ``__post_init__``) fails as a `ConfigError` naming its key
+(`keyed`), and `validate` checks what the types cannot say: one validation pass, one line per
+mistake, never a bare ValueError.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields, is_dataclass, replace
@@ -15,7 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from toolrl.algo import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
@@ -23,7 +27,8 @@ from toolrl.algo.kl import KLKind
 from toolrl.core.families import FAMILIES
 from toolrl.models.sizes import size_names
 from toolrl.models.source import ModelNotFoundError, locate_model, require_model
-from toolrl.reward import RewardConfig, RewardConfigError
+from toolrl.reward import RewardConfigError, RewardEntry, RewardSection
+from toolrl.reward.compose import as_section
 from toolrl.rollout.worker import RolloutConfig
 from toolrl.trainer.async_buffer import StalePolicy
 from toolrl.trainer.failures import InfraFailureConfig
@@ -220,7 +225,7 @@ class TrainerConfig:
     # infra-failed episodes are refilled or dropped, never trained on (trainer/failures.py)
     infra_failures: InfraFailureConfig = field(default_factory=InfraFailureConfig)
     # after each weight push, engine and actor score a fixed probe (sync/canary.py)
-    # auto: stop for fp32 engines, warn for bf16 / fp16 (toolrl/sync/canary.py)
+    # auto: stop for fp32 engines, warn for bf16 / fp16 (toolrl/weights/canary.py)
     sync_canary: Literal["auto", "stop", "warn", "off"] = "auto"
     # bound on the dtype's statistic (fp32: max |log-prob diff|; bf16: mean); None: by dtype
     sync_canary_tolerance: float | None = None
@@ -253,10 +258,11 @@ class ExperimentConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     actor: ActorConfig = field(default_factory=ActorConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)
-    # the reward set: components with weights, gates, clip and scale (toolrl.reward.RewardConfig)
-    reward: dict[str, Any] = field(default_factory=lambda: {
-        "rewards": [{"name": "success", "weight": 1.0}]})
-    env_rewards: dict[str, Any] = field(default_factory=dict)  # env id -> its own reward set
+    # the reward set: components with weights, gates, clip and scale (toolrl.reward)
+    reward: RewardSection = field(default_factory=lambda: RewardSection(
+        rewards=[RewardEntry(name="success", weight=1.0)]))
+    # env id -> its own reward set (keys as in reward), for the rows of that env
+    env_rewards: dict[str, RewardSection] = field(default_factory=dict)
     resources: ResourcesConfig = field(default_factory=ResourcesConfig)
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
@@ -339,16 +345,73 @@ def load_config(path: str | os.PathLike | None = None, overrides: Sequence[str] 
     try:
         layers.append(OmegaConf.from_dotlist(list(overrides)))
         merged = OmegaConf.merge(schema, *layers)
-        cfg = OmegaConf.to_object(merged)
+        cfg = _build(merged)
     except (ConfigKeyError, ValidationError) as exc:
-        raise ConfigError(_explain(exc)) from None
+        raise ConfigError(_explain(exc, layers)) from None
     except OmegaConfBaseException as exc:
         raise ConfigError(f"invalid config: {exc}") from None
-    except (TypeError, ValueError) as exc:  # a worker config's own validation
+    except TypeError as exc:  # OmegaConf merging a mapping onto a list (a.0.b=... overrides)
         raise ConfigError(f"invalid config: {exc}") from None
     assert isinstance(cfg, ExperimentConfig)
     validate(cfg)
     return cfg
+
+
+def _build(node: Any, path: str = "") -> Any:
+    """``OmegaConf.to_object`` section by section, the deepest first, so that a section's own
+    check (a component config's ``__post_init__`` raising ValueError or TypeError) becomes a
+    `ConfigError` naming its key path (`keyed`). Returns the built root."""
+    if isinstance(node, ListConfig):
+        for i, child in enumerate(node):
+            if isinstance(child, (DictConfig, ListConfig)):
+                _build(child, f"{path}[{i}]")
+        return None
+    cls = OmegaConf.get_type(node)
+    for key in list(node.keys()):
+        if OmegaConf.is_missing(node, key):
+            continue
+        child = node[key]
+        if isinstance(child, (DictConfig, ListConfig)):
+            # a dataclass's field: a.b; a dict's entry (env_rewards['toolrl/Bank-v0']): a['k']
+            sub = f"{path}.{key}" if is_dataclass(cls) else f"{path}[{str(key)!r}]"
+            _build(child, sub.lstrip("."))
+    if not is_dataclass(cls):
+        return None
+    try:
+        return OmegaConf.to_object(node)
+    except OmegaConfBaseException:
+        raise
+    except (TypeError, ValueError) as exc:
+        if not path:
+            raise ConfigError(f"invalid config: {exc}") from None
+        raise ConfigError(keyed(path, cls, exc)) from None
+
+
+def keyed(path: str, cls: type, exc: BaseException) -> str:
+    """The message of a section's own check (``cls`` at ``path``, e.g. ``rollout``) as one line
+    that starts with the key path: the section's field the message names first
+    (``concurrency must be >= 1`` -> ``rollout.concurrency: must be >= 1``), or the section
+    itself; fields named after its first ``; `` or ``: `` (a list of valid keys) do not count.
+    A message that already names a key under ``path`` stays as it is."""
+    text = str(exc).strip()
+    if text.startswith(f"{path}.") or f" {path}." in f" {text}":
+        return text
+    names = [f.name for f in fields(cls)] if is_dataclass(cls) else []
+    subject = re.split(r"[;:] ", text, maxsplit=1)[0]  # "unknown x; valid: a, b": not a, b
+    found = [(m.start(), -len(n), n) for n in names
+             for m in [re.search(rf"(?<![\w.]){re.escape(n)}(?!\w)", subject)] if m]
+    if not found:
+        return f"{path}: {text}"
+    start, _, name = min(found)
+    key = f"{path}.{name}"
+    if start > 0:
+        return f"{key}: {text}"
+    rest = text[len(name):]
+    if rest.startswith(("=", "[", " (", ":")):
+        return key + rest
+    if rest.startswith((" must ", " is ", " needs ")):
+        return f"{key}:{rest}"
+    return f"{key}: {text}"
 
 
 def to_dict(cfg: ExperimentConfig) -> dict[str, Any]:
@@ -363,7 +426,11 @@ def save_config(cfg: ExperimentConfig, path: str | os.PathLike) -> None:
 
 
 def validate(cfg: ExperimentConfig) -> None:
-    """Checks the schema's types cannot express: choices, registry names, sizes."""
+    """Checks the schema's types cannot express: choices, registry names, sizes, the rules
+    between keys, the component configs as the trainer fills them, local model paths. With
+    `load_config`'s typing (and the sections' own checks, `keyed`) it is the one validation
+    pass: each mistake is one `ConfigError` line naming its key path."""
+    _type_reward_sets(cfg)
     for key, valid in CHOICES.items():
         value = _get(cfg, key)
         if value not in valid:
@@ -437,11 +504,6 @@ def validate(cfg: ExperimentConfig) -> None:
             raise ConfigError(f"data.mixture[{i}] ({source.env}): give train_file or a "
                               f"train_size >= 1")
 
-    for env_id, reward_cfg in cfg.env_rewards.items():
-        try:
-            RewardConfig.from_config(reward_cfg)
-        except RewardConfigError as exc:
-            raise ConfigError(f"env_rewards[{env_id!r}]: {exc}") from None
     defaults = {"rollout": RolloutConfig(), "actor": ActorConfig(), "critic": CriticConfig()}
     for key, source in FILLED_BY_TRAINER.items():
         section, _, rest = key.partition(".")
@@ -454,14 +516,57 @@ def validate(cfg: ExperimentConfig) -> None:
             raise ConfigError(f"{key}.lr_schedule=cosine needs more optimizer steps "
                               f"({optimizer_steps(cfg, model)} in this run) than "
                               f"{key}.warmup_steps ({model.warmup_steps})")
+    _check_filled(cfg)
+    for key in MODEL_KEYS:  # local paths only: a hub id is pre-flight's (that may ask the hub)
+        resolve_model(cfg, key, ask_hub=False)
 
-    if cfg.model.build_tiny_if_missing is None:
-        cfg.model.build_tiny_if_missing = cfg.model.path == TINY_MODEL_PATH
-    if locate_model(cfg.model.path, cfg.model.build_tiny_if_missing).kind == "local":
-        try:  # (a hub id is checked by pre-flight: that may ask the hub)
-            require_model(cfg.model.path, cfg.model.build_tiny_if_missing)
-        except ModelNotFoundError as exc:
-            raise ConfigError(str(exc)) from None
+
+MODEL_KEYS = ("model.path", "rollout.engine.tokenizer")
+"""The keys that name a model (a local folder or a hub id), each checked by `resolve_model`."""
+
+
+def resolve_model(cfg: ExperimentConfig, key: str = "model.path", *, ask_hub: bool = True
+                  ) -> str | None:
+    """The one check of a model path (``model.path``, or ``rollout.engine.tokenizer``): where
+    it loads from, by `toolrl.models.source`'s rule: a local folder (or ``model.path`` the run
+    builds, ``model.build_tiny_if_missing``, whose default it settles), a hub id that answers,
+    or a cached hub id's snapshot folder. One `ConfigError` line naming ``key`` otherwise, in
+    seconds. None when ``key`` is unset, or names a hub id and ``ask_hub`` is false (the
+    validation pass asks no network). `validate`, pre-flight (`check_model`), the run context,
+    the memory plan and the dry run all resolve the model here."""
+    model = cfg.model
+    if model.build_tiny_if_missing is None:
+        model.build_tiny_if_missing = model.path == TINY_MODEL_PATH
+    if key == "model.path":
+        path, build = model.path, bool(model.build_tiny_if_missing)
+    elif key == "rollout.engine.tokenizer":
+        path, build = cfg.rollout.engine.tokenizer, False
+    else:
+        raise KeyError(f"{key} names no model; one of {MODEL_KEYS}")
+    if path is None:
+        return None
+    if not ask_hub and locate_model(path, build).kind == "hub":
+        return None
+    try:
+        return require_model(path, build, key=key)
+    except ModelNotFoundError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _type_reward_sets(cfg: ExperimentConfig) -> None:
+    """Reward sets written as plain data in a config built in Python (``reward={...}``) are
+    typed here as `load_config` types them (`as_section`), their errors keyed alike."""
+    try:
+        if not isinstance(cfg.reward, RewardSection):
+            cfg.reward = as_section(cfg.reward)
+    except RewardConfigError as exc:
+        raise ConfigError(keyed("reward", RewardSection, exc)) from None
+    for env_id, section in list(cfg.env_rewards.items()):
+        try:
+            if not isinstance(section, RewardSection):
+                cfg.env_rewards[env_id] = as_section(section)
+        except RewardConfigError as exc:
+            raise ConfigError(keyed(f"env_rewards[{env_id!r}]", RewardSection, exc)) from None
 
 
 def _check_corrections(cfg: ExperimentConfig) -> None:
@@ -555,6 +660,43 @@ def worker_rollout_config(cfg: ExperimentConfig, model: str | None = None) -> Ro
                    seed=cfg.seed)
 
 
+def worker_model_config(cfg: ExperimentConfig, key: Literal["actor", "critic"],
+                        model: str | None = None) -> Any:
+    """The ``actor:`` or ``critic:`` section as its workers get it: what the trainer fills
+    (`FILLED_BY_TRAINER`: the model, the seed, the optimizer steps of its LR schedule, the
+    response length; the actor's sampling temperature)."""
+    section = getattr(cfg, key)
+    changes: dict[str, Any] = dict(
+        model_path=model or cfg.model.path, total_steps=optimizer_steps(cfg, section),
+        updates_per_step=updates_per_step(cfg, section), seed=cfg.seed,
+        max_response_length=cfg.rollout.max_total_tokens)
+    if key == "actor":
+        changes["temperature"] = cfg.rollout.temperature
+    return replace(section, **changes)
+
+
+def _check_filled(cfg: ExperimentConfig) -> None:
+    """The component configs as the trainer fills them pass their own checks here, in the
+    validation pass, as `ConfigError`s naming the section, never later in a worker."""
+    built: dict[str, Callable[[], Any]] = {
+        # the episode loop's budget (EpisodeConfig) is derived from the section in the workers
+        "rollout": lambda: worker_rollout_config(cfg).episode_config(),
+        "actor": lambda: worker_model_config(cfg, "actor")}
+    if cfg.algorithm.name == "ppo":
+        built["critic"] = lambda: worker_model_config(cfg, "critic")
+    for key, build in built.items():
+        try:
+            build()
+        except (TypeError, ValueError) as exc:
+            message = keyed(key, type(getattr(cfg, key)), exc)
+            filled = [k for k in FILLED_BY_TRAINER if re.match(rf"{re.escape(k)}\b", message)]
+            if filled:  # a value the trainer put there: name where it came from
+                key = max(filled, key=len)
+                message = message.replace(key, f"{key} (set by the trainer from "
+                                               f"{FILLED_BY_TRAINER[key]})", 1)
+            raise ConfigError(message) from None
+
+
 def updates_per_step(cfg: ExperimentConfig, model: Any) -> int:
     """Optimizer steps a trainer step plans for a trained model: PPO epochs x mini-batches of
     one sample per episode (a step whose batch differs still moves the LR schedule by this
@@ -583,25 +725,84 @@ def _get(cfg: Any, dotted: str) -> Any:
     return cfg
 
 
-def _explain(exc: ConfigKeyError | ValidationError) -> str:
+def _explain(exc: ConfigKeyError | ValidationError, layers: Sequence[Any] = ()) -> str:
     full_key = getattr(exc, "full_key", None) or "?"
+    owner = getattr(exc, "object_type", None)
+    top = full_key.split(".")[0].split("[")[0]
+    if top not in {f.name for f in fields(ExperimentConfig)} and is_dataclass(owner):
+        # inside a list item (data.mixture[i], reward.rewards[i]) OmegaConf loses the path
+        full_key = _locate(owner, getattr(exc, "key", None), layers) or full_key
     first = str(exc).splitlines()[0]
     if not first.endswith((".", "?", "!")):  # OmegaConf's "Did you mean ...?" ends one already
         first += "."
+    if getattr(exc, "key", None) is True:
+        first += " YAML 1.1 reads the key on (or yes) as true: write the key the schema names."
     if isinstance(exc, ConfigKeyError):
-        parent = full_key.rsplit(".", 1)[0] if "." in full_key else ""
-        owner = getattr(exc, "object_type", None)
-        if is_dataclass(owner) and owner is not ExperimentConfig and not parent:
-            # inside a list (data.mixture[i]) OmegaConf loses the path: name the owner
+        parent = full_key.rpartition(".")[0]
+        valid = _valid_keys(parent)
+        if not valid and is_dataclass(owner) and owner is not ExperimentConfig:
+            # a section in a list or a mapping (data.mixture[i], env_rewards[...]): its class
             return (f"unknown config key {full_key!r}. {first} Valid keys of "
                     f"{owner.__name__}: {sorted(f.name for f in fields(owner))}")
-        valid = _valid_keys(parent)
         return f"unknown config key {full_key!r}. {first} Valid keys" + \
             (f" under {parent!r}" if parent else "") + f": {valid}"
     if full_key in CHOICES:  # a Literal's value (the message validate gives a built config)
         value = str(exc).split("'")[1] if str(exc).count("'") >= 2 else str(exc)
         return f"{full_key}={value!r} is not valid; choose one of {list(CHOICES[full_key])}"
     return f"invalid value for {full_key!r}: {first}"
+
+
+def _locate(owner: type, key: Any, layers: Sequence[Any]) -> str | None:
+    """The key path, in what the user wrote (``layers``), of ``key`` of a section of type
+    ``owner``: where OmegaConf's error inside a list item names only the last key."""
+    def walk(node: Any, parts: tuple[Any, ...]) -> str | None:
+        if not isinstance(node, (DictConfig, ListConfig)):
+            return None
+        items = enumerate(node) if isinstance(node, ListConfig) else \
+            ((k, node._get_node(k)) for k in node)
+        for k, child in items:
+            if k == key and isinstance(node, DictConfig) and _schema_type(parts) is owner:
+                return _render((*parts, k))
+            found = walk(child, (*parts, k))
+            if found:
+                return found
+        return None
+
+    for layer in reversed(list(layers)):  # the last layer wins a merge: it raised
+        found = walk(layer, ())
+        if found:
+            return found
+    return None
+
+
+def _schema_type(parts: tuple[Any, ...]) -> Any:
+    """The schema's type at a path of keys and list indices (None when it has none)."""
+    node: Any = ExperimentConfig
+    for part in parts:
+        if is_dataclass(node) and isinstance(part, str):
+            node = typing.get_type_hints(node).get(part)
+        elif typing.get_origin(node) in (list, dict):
+            node = typing.get_args(node)[-1]
+        else:
+            return None
+        args = [a for a in typing.get_args(node) if a is not type(None)]
+        if typing.get_origin(node) not in (list, dict, Literal) and len(args) == 1:
+            node = args[0]  # X | None
+    return node
+
+
+def _render(parts: tuple[Any, ...]) -> str:
+    """``("env_rewards", "toolrl/Bank-v0", "rewards", 0, "weight")`` ->
+    ``env_rewards['toolrl/Bank-v0'].rewards[0].weight`` (as `keyed` writes key paths)."""
+    out = ""
+    for i, part in enumerate(parts):
+        if isinstance(part, int) and not isinstance(part, bool):  # a list index
+            out += f"[{part}]"
+        elif i and not is_dataclass(_schema_type(parts[:i])):
+            out += f"[{part!r}]"
+        else:
+            out += f".{part}" if out else part
+    return out
 
 
 def _valid_keys(parent: str) -> list[str]:

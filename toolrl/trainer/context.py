@@ -25,11 +25,15 @@ from toolrl.core.registration import env_class, env_of
 from toolrl.core.trajectory import Trajectory
 from toolrl.data import load_rows
 from toolrl.models.families import family_tokenizer
-from toolrl.models.source import ModelNotFoundError, locate_model, require_model
 from toolrl.models.tiny import build_tiny_model, needs_build
 from toolrl.rollout.gateway.agent import is_episode_lead
 from toolrl.rollout.worker import RolloutConfig, RolloutWorker, make_rollout_input
-from toolrl.trainer.config import ConfigError, ExperimentConfig, worker_rollout_config
+from toolrl.trainer.config import (
+    ConfigError,
+    ExperimentConfig,
+    resolve_model,
+    worker_rollout_config,
+)
 from toolrl.trainer.failures import RolloutFailedError, describe
 from toolrl.trainer.mixture import RewardSets, mixture_rows
 from toolrl.trainer.preflight import check_config, check_rows
@@ -61,32 +65,29 @@ class RunContext:
 
     def base_model(self) -> str:
         """The configured checkpoint: a local folder (a tiny one built there when missing and
-        allowed), a hub id, or a cached hub id's snapshot folder (`require_model`)."""
+        allowed), a hub id, or a cached hub id's snapshot folder (`resolve_model`)."""
         cfg = self.cfg
-        source = locate_model(cfg.model.path, cfg.model.build_tiny_if_missing)
+        path = resolve_model(cfg)  # the one check (a path the run builds: itself)
+        assert path is not None
         if cfg.model.build_tiny_if_missing:
             try:
-                build = needs_build(source.path, cfg.model.tiny_size,  # missing, or older
+                build = needs_build(path, cfg.model.tiny_size,  # missing, or older
                                     cfg.model.tiny_tokenizer, cfg.model.tiny_vocab)
             except ValueError as exc:  # a tiny build of another size: never replaced
                 raise ConfigError(str(exc)) from None
             if build:
                 self.console.log(f"building a {cfg.model.tiny_size} model (random weights) at "
-                                 f"{source.path}")
+                                 f"{path}")
                 texts = None
                 if cfg.model.tiny_vocab == "task" and cfg.model.tiny_tokenizer != "tiny":
                     texts = task_vocab_texts(cfg, *self.load_tasks())
                     self.console.log(f"model.tiny_vocab=task: the tokens of {len(texts)} texts "
                                      f"of the task")
 
-                build_tiny_model(Path(source.path).expanduser(), seed=cfg.seed,
+                build_tiny_model(Path(path).expanduser(), seed=cfg.seed,
                                  size=cfg.model.tiny_size, tokenizer=cfg.model.tiny_tokenizer,
                                  vocab_texts=texts, load_tokenizer=family_tokenizer)
-                return source.path
-        try:
-            return require_model(cfg.model.path, cfg.model.build_tiny_if_missing)
-        except ModelNotFoundError as exc:
-            raise ConfigError(str(exc)) from None
+        return path
 
     def load_tasks(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """Train and val rows: ``env.id``'s (files or generator), then ``data.mixture``'s."""

@@ -32,14 +32,18 @@ from toolrl.core.registration import env_of, make_env, row_env
 from toolrl.core.trajectory import Trajectory
 from toolrl.data.check import check_rows
 from toolrl.models.families import family_tokenizer
-from toolrl.models.source import require_model
 from toolrl.models.tiny import build_tokenizer, needs_build
 from toolrl.registry import RegistryError
 from toolrl.reward import ComposedReward, RewardBatch, RewardConfigError
 from toolrl.rollout.chat import ChatRenderer, TemplateError, tool_coverage
 from toolrl.rollout.conformance import template_report
 from toolrl.rollout.worker import RolloutConfig
-from toolrl.trainer.config import ConfigError, ExperimentConfig, worker_rollout_config
+from toolrl.trainer.config import (
+    ConfigError,
+    ExperimentConfig,
+    resolve_model,
+    worker_rollout_config,
+)
 from toolrl.trainer.context import RunContext
 from toolrl.trainer.mixture import RewardSets
 from toolrl.trainer.policies import BAD_POLICIES, Policy
@@ -212,14 +216,14 @@ def _builds(cfg: ExperimentConfig) -> bool:
 
 def _tokenizer(cfg: ExperimentConfig, rollout: RolloutConfig) -> Any:
     if rollout.engine.tokenizer is not None:
-        path = require_model(rollout.engine.tokenizer, key="rollout.engine.tokenizer")
+        path = resolve_model(cfg, "rollout.engine.tokenizer")
     elif cfg.model.build_tiny_if_missing and _builds(cfg):
         if cfg.model.tiny_tokenizer != "tiny":  # a family's real tokenizer (cached)
 
             return family_tokenizer(cfg.model.tiny_tokenizer)
         return build_tokenizer(seed=cfg.seed)  # the tokenizer of the model the run would build
     else:
-        path = require_model(cfg.model.path, cfg.model.build_tiny_if_missing)
+        path = resolve_model(cfg)
     return AutoTokenizer.from_pretrained(path)
 
 

@@ -42,9 +42,14 @@ import psutil
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from toolrl.models.source import ModelNotFoundError, locate_model, require_model
+from toolrl.models.source import locate_model
 from toolrl.models.tiny import REAL_SHAPES, shape_config, tiny_config
-from toolrl.trainer.config import ConfigError, ExperimentConfig, worker_rollout_config
+from toolrl.trainer.config import (
+    ConfigError,
+    ExperimentConfig,
+    resolve_model,
+    worker_rollout_config,
+)
 from toolrl.workers.host_memory import can_trim
 
 GiB = float(1 << 30)
@@ -502,9 +507,8 @@ def model_shape(cfg: ExperimentConfig) -> ModelShape | None:
     if source.kind != "hub":
         return None
     try:  # a cached hub id (or a reachable hub): never minutes of retries offline
-        return ModelShape.from_hf_config(AutoConfig.from_pretrained(
-            require_model(cfg.model.path)))
-    except (ModelNotFoundError, OSError, ValueError):
+        return ModelShape.from_hf_config(AutoConfig.from_pretrained(resolve_model(cfg)))
+    except (ConfigError, OSError, ValueError):
         return None
 
 

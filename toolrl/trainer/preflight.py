@@ -1,12 +1,16 @@
 """Pre-flight checks: every mistake an experiment can show before a directory is written or a
 worker starts, each one `ConfigError` whose one line names the key path and the valid choices.
+What the schema says (keys, types, values, the rules between keys, local model paths) is
+`toolrl.trainer.config.validate`'s, checked once when the config loads; pre-flight checks what
+only the code, the files and the machine can tell.
 
 - `check_config`: the env ids (``env.id``, ``data.mixture[i].env``, ``env_rewards`` keys), the
   kwargs each env takes (``env.kwargs``, ``data.task_kwargs``, ``warm_start.env_kwargs`` /
   ``task_kwargs``, ``data.mixture[i].env_kwargs`` / ``task_kwargs``) against its constructor's
-  and ``make_tasks``' signatures, and the reward sections (``reward``, ``env_rewards[...]``):
-  ids, keys, and kwargs against each reward's signature and type annotations; then
-  (`check_loop`) the trackers, the episode runner and the checkpoint to resume from.
+  and ``make_tasks``' signatures, and the reward sets (``reward``, ``env_rewards[...]``): their
+  ids, and kwargs against each reward's signature and type annotations; the task files; then
+  (`check_loop`) the trackers, the episode runner and the checkpoint to resume from; the
+  devices; the model (`check_model`: a hub id answers or is cached, `resolve_model`).
 - `check_rows`: the env (and ``env_kwargs``) that task rows from files name.
 - `check_task_rows` (what train, eval and the dry run call; `fit_prompt_budget` loads the
   tokenizer for it): every row through `toolrl.data.check_rows` (tools, gold answers), then its
@@ -42,13 +46,12 @@ from pydantic import TypeAdapter, ValidationError
 from toolrl.core.env import ToolEnv
 from toolrl.core.registration import env_entry_point, make_env, row_env
 from toolrl.data.check import check_rows as check_row_data  # not this module's check_rows
-from toolrl.models.source import ModelNotFoundError, require_model
 from toolrl.registry import RegistryError
-from toolrl.reward import RewardConfig, RewardConfigError, get_reward_spec
+from toolrl.reward import RewardSection, get_reward_spec
 from toolrl.rollout.chat import ChatRenderer, TemplateError, drops_tools, drops_tools_message
 from toolrl.rollout.worker import resolve_runner
 from toolrl.trainer.checkpoint import COMPLETE
-from toolrl.trainer.config import ConfigError, ExperimentConfig
+from toolrl.trainer.config import ConfigError, ExperimentConfig, resolve_model
 from toolrl.trainer.tracking import TRACKERS
 
 __all__ = [
@@ -235,13 +238,11 @@ def has_generator(creator: Any) -> bool:
 
 
 # --- rewards ---------------------------------------------------------------------------------
-def check_reward_section(section: Any, key: str) -> None:
-    """A ``reward:`` section (``key``: where it sits): keys, ids, kwargs names and types."""
-    try:
-        reward_cfg = RewardConfig.from_config(section)
-    except RewardConfigError as exc:
-        raise ConfigError(f"{key}: {exc}") from None
-    for i, c in enumerate(reward_cfg.components):
+def check_reward_section(section: RewardSection, key: str) -> None:
+    """A reward set's components (``key``: where it sits) name registered rewards, with kwargs
+    they take, of the types they annotate (its keys and values are the schema's, checked by
+    `validate`)."""
+    for i, c in enumerate(section.rewards):
         where = f"{key}.rewards[{i}]"
         try:
             spec = get_reward_spec(c.name)
@@ -337,15 +338,14 @@ def check_devices(cfg: ExperimentConfig) -> None:
 
 
 def check_model(cfg: ExperimentConfig) -> str:
-    """``model.path`` (and ``rollout.engine.tokenizer``) can be loaded: a local folder, one the
-    run builds, a cached hub id or a reachable hub. Returns where the model loads from; one
-    `ConfigError` line naming the key otherwise, in seconds, never after hub retries."""
-    try:
-        if cfg.rollout.engine.tokenizer is not None:
-            require_model(cfg.rollout.engine.tokenizer, key="rollout.engine.tokenizer")
-        return require_model(cfg.model.path, cfg.model.build_tiny_if_missing)
-    except ModelNotFoundError as exc:
-        raise ConfigError(str(exc)) from None
+    """``model.path`` (and ``rollout.engine.tokenizer``) can be loaded (`resolve_model`, which
+    now may ask the hub): a local folder, one the run builds, a cached hub id or a reachable
+    hub. Returns where the model loads from; one `ConfigError` line naming the key otherwise,
+    in seconds, never after hub retries."""
+    resolve_model(cfg, "rollout.engine.tokenizer")
+    path = resolve_model(cfg)
+    assert path is not None
+    return path
 
 
 def check_loop(cfg: ExperimentConfig) -> None:

@@ -11,7 +11,6 @@ on one machine the weights go from the actor to the engine in-process.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 from collections.abc import Mapping, Sequence
@@ -45,11 +44,10 @@ from toolrl.trainer import checkpoint as ckpt
 from toolrl.trainer.async_mode import AsyncSchedule
 from toolrl.trainer.config import (
     ExperimentConfig,
-    optimizer_steps,
     save_config,
     to_dict,
-    updates_per_step,
     validates_after,
+    worker_model_config,
 )
 from toolrl.trainer.context import RunContext
 from toolrl.trainer.failures import RetryCount, RolloutFailedError, describe, settle
@@ -120,20 +118,12 @@ class Trainer(RunContext):
         """Every role of the run: actor (+ reference, critic) and the rollout workers."""
         cfg = self.cfg
         init_ray(num_cpus=cfg.resources.ray_num_cpus, address=cfg.resources.ray_address)
-        actor_cfg = _replace(cfg.actor, model_path=self.model_path,
-                             total_steps=optimizer_steps(cfg, cfg.actor),
-                             updates_per_step=updates_per_step(cfg, cfg.actor), seed=cfg.seed,
-                             temperature=cfg.rollout.temperature,
-                             max_response_length=cfg.rollout.max_total_tokens)
+        actor_cfg = worker_model_config(cfg, "actor", self.model_path)
         roles: dict[str, RoleSpec] = {"actor": RoleSpec.of(ActorWorker, actor_cfg)}
         if cfg.reference_worker:
             roles["ref"] = RoleSpec.of(RefWorker, actor_cfg)
         if cfg.algorithm.name == "ppo":
-            critic_cfg = _replace(cfg.critic, model_path=self.model_path,
-                                  total_steps=optimizer_steps(cfg, cfg.critic),
-                                  updates_per_step=updates_per_step(cfg, cfg.critic),
-                                  seed=cfg.seed,
-                                  max_response_length=cfg.rollout.max_total_tokens)
+            critic_cfg = worker_model_config(cfg, "critic", self.model_path)
             roles["critic"] = RoleSpec.of(CriticWorker, critic_cfg)
         roles["rollout"] = RoleSpec.of(RolloutWorker, self.rollout_config())
         self.schedule.spawn_roles(roles)
@@ -622,10 +612,6 @@ def _truncate_metrics(path: Path, step: int) -> None:
     tmp = path.with_suffix(".jsonl.tmp")
     tmp.write_text("".join(line + "\n" for line in keep))
     tmp.replace(path)
-
-
-def _replace(obj: Any, **changes: Any) -> Any:
-    return dataclasses.replace(obj, **changes)
 
 
 def _plain(cfg: ExperimentConfig) -> dict[str, Any]:

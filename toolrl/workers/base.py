@@ -130,7 +130,10 @@ class FSDPConfig:
 
     def __post_init__(self) -> None:
         for name in ("dtype", "param_dtype", "reduce_dtype"):
-            torch_dtype(getattr(self, name))  # raises with the valid names
+            try:
+                torch_dtype(getattr(self, name))
+            except ValueError as exc:  # name the field: the config pass keys it
+                raise ValueError(f"{name}: {exc}") from None
         if self.lr_schedule not in LR_SCHEDULES:
             raise ValueError(f"unknown lr_schedule {self.lr_schedule!r}; choose one of "
                              f"{list(LR_SCHEDULES)}")
@@ -148,8 +151,12 @@ class FSDPConfig:
                 raise ValueError(f"{name} must be >= 1 or None, got {value}")
         if self.updates_per_step < 0:
             raise ValueError(f"updates_per_step must be >= 0, got {self.updates_per_step}")
-        if self.warmup_steps < 0 or self.lr < 0 or not 0.0 <= self.min_lr_ratio <= 1.0:
-            raise ValueError("need warmup_steps >= 0, lr >= 0 and 0 <= min_lr_ratio <= 1")
+        if self.warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
+        if self.lr < 0:
+            raise ValueError(f"lr must be >= 0, got {self.lr}")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ValueError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
 
 
 @dataclass(frozen=True)

@@ -233,8 +233,18 @@ def yaml_value(value: Any) -> str:
         return "(section)"
     if isinstance(value, tuple):
         value = list(value)
+    if isinstance(value, list):  # e.g. reward.rewards' [{name: success, weight: 1.0}]
+        value = [_written(item) if dataclasses.is_dataclass(item) else item for item in value]
     text = yaml.safe_dump(value, default_flow_style=True, width=10_000).strip()
     return text.removesuffix("\n...").removesuffix(" ...").strip()
+
+
+def _written(item: Any) -> dict[str, Any]:
+    """A list item's config as a config file writes it: the keys that differ from its
+    defaults (a default-constructed item's)."""
+    default = _construct(type(item))
+    return {f.name: getattr(item, f.name) for f in dataclasses.fields(item)
+            if getattr(item, f.name) != getattr(default, f.name)}
 
 
 def _cell(text: str) -> str:
@@ -278,8 +288,9 @@ def render() -> str:
         "(`toolrl train --config FILE actor.lr=1e-5 trainer.total_steps=10`). An unknown key or "
         "a wrong type fails before any worker starts, with its full path and the valid keys.",
         "",
-        "The `reward` and `env_rewards` sections are reward sets, validated by "
-        "`toolrl.reward.RewardConfig`: their keys are in the "
+        "The `reward` section and each entry of `env_rewards` are reward sets "
+        "(`toolrl.reward.RewardSection`, typed like the rest; the rules their types cannot say "
+        "are `RewardSection.resolved`'s); how they score is in the "
         "[reward config reference](../guides/own-reward.md#reward-config-reference).",
         "",
     ]
