@@ -78,7 +78,7 @@ def test_success_by_and_config_keys(tmp_path):
         f"val/success/{FC}": 0.5, f"val/success/{BANK}": 1.0, f"val/success/{CALC}": 1.0}
     cfg = load_config("configs/function_calling_mixed.yaml")
     assert [s.env for s in cfg.data.mixture] == [BANK, CALC]
-    assert set(cfg.env_rewards) == {FC, BANK} and cfg.rollout.max_prompt_tokens == 768
+    assert set(cfg.env_rewards) == {FC, BANK} and cfg.rollout.max_prompt_tokens == 640
     bad = {"data.mixture=[{train_size: 2}]": "data.mixture\\[0\\].env is required",
            "data.mixture=[{env: x, tran_size: 2}]": "Valid keys of MixtureSource",
            "env_rewards={x: {rewardz: []}}": "unknown config key 'env_rewards.x.rewardz'",
