@@ -82,7 +82,7 @@ def test_success_by_and_config_keys(tmp_path):
     bad = {"data.mixture=[{train_size: 2}]": "data.mixture\\[0\\].env is required",
            "data.mixture=[{env: x, tran_size: 2}]": "Valid keys of MixtureSource",
            "env_rewards={x: {rewardz: []}}": "unknown config key 'env_rewards.x.rewardz'",
-           "rollout.max_prompt_tokens=1024": "leave room for the response"}
+           "rollout.max_prompt_tokens=1152": "leave room for the response"}
     for override, message in bad.items():
         with pytest.raises(ConfigError, match=message):
             load_config("configs/function_calling_mixed.yaml", [override])
