@@ -286,3 +286,19 @@ def test_the_reward_is_compared_over_the_oracles_uncut_episodes():
     assert problems({0, 1}) == []
     assert "oracle 0.000 on average and the no_call policy 0.500 (over the 2 of 3 tasks whose " \
         "oracle episode was not cut)" in problems({1, 2})[0]
+
+
+def test_without_a_tokenizer_episodes_are_played_as_text(tiny_model_dir, monkeypatch):
+    """No tokenizer (no local model, no hub): no budgets to count in, so the episodes are
+    text-level ones under the turn cap (toolrl.run_episode), and a note says so."""
+    import toolrl.trainer.dry_run as module
+
+    def offline(*args: Any, **kwargs: Any) -> Any:
+        raise OSError("offline")
+
+    monkeypatch.setattr(module, "_tokenizer", offline)
+    report, _ = run(config(tiny_model_dir), tasks=2)
+    assert report.ok, report.problems
+    assert any("played as text" in n for n in report.notes), report.notes
+    oracle = next(s for s in report.policies if s.policy == "oracle")
+    assert oracle.finish == {"terminated": 2} and oracle.reward_total == 1.0
