@@ -220,10 +220,13 @@ def test_cli_exit_status(tiny_model_dir, capsys):
 
 def test_an_oracle_longer_than_the_rollout_cap_and_mixed_envs(tiny_model_dir):
     """Rows of every env of a mixture are sampled; Bank's oracle needs 6 turns, more than a
-    rollout.max_turns of 4; its state-based reward sees the final state."""
-    cfg = config(tiny_model_dir, "rollout.max_turns=4", "data.mixture=[{env: toolrl/Bank-v0, "
-                 "train_size: 2, val_size: 1}]", "env_rewards={toolrl/Bank-v0: {rewards: "
-                 "[{name: exec_state}]}}")
+    rollout.max_turns of 4 (in a token budget that holds Bank's prompts and turns: the dry run
+    plays the rollout's own loop); its state-based reward sees the final state."""
+    mixture = ("data.mixture=[{env: toolrl/Bank-v0, train_size: 2, val_size: 1}]",)
+    budget = ("rollout.max_prompt_tokens=768", "rollout.max_total_tokens=1536",
+              "rollout.max_tokens_per_turn=128", "rollout.engine.max_model_len=2048")
+    cfg = config(tiny_model_dir, "rollout.max_turns=4", *mixture, *budget,
+                 "env_rewards={toolrl/Bank-v0: {rewards: [{name: exec_state}]}}")
     report, _ = run(cfg, tasks=3)
     assert [p.env for p in report.prompts] == ["toolrl/Calculator-v0", "toolrl/Bank-v0",
                                                "toolrl/Calculator-v0"]
@@ -231,11 +234,7 @@ def test_an_oracle_longer_than_the_rollout_cap_and_mixed_envs(tiny_model_dir):
     assert oracle.finish == {"terminated": 2, "max_turns": 1} and not oracle.reward_errors
     assert "toolrl/Bank-v0/exec_state" in oracle.rewards
     assert any("needs more than rollout.max_turns=4 turns" in p for p in report.problems)
-    report, _ = run(config(tiny_model_dir, "rollout.max_turns=6", "data.mixture=[{env: "
-                           "toolrl/Bank-v0, train_size: 2, val_size: 1}]",
-                           "rollout.max_prompt_tokens=768", "rollout.max_total_tokens=1536",
-                           "rollout.max_tokens_per_turn=128",
-                           "rollout.engine.max_model_len=2048"), tasks=3)
+    report, _ = run(config(tiny_model_dir, "rollout.max_turns=6", *mixture, *budget), tasks=3)
     assert report.ok, report.problems  # Bank's budget: its prompt and its 6 longer turns
 
 
@@ -243,7 +242,8 @@ def test_the_response_has_its_own_budget(tiny_model_dir):
     """What follows the first prompt has max_total_tokens - max_prompt_tokens, whatever the
     first prompt leaves unused: Bank's 6 oracle turns (~390 tokens after a prompt of at most
     589) do not fit 256 of it, though the whole transcript fits max_total_tokens (this let
-    configs/function_calling_mixed.yaml cut every Bank episode)."""
+    configs/function_calling_mixed.yaml cut every Bank episode). The rollout's own loop, which
+    the dry run plays, cuts the oracle's episode there (finish reason 'context')."""
     base = ("rollout.max_turns=6", "rollout.max_tokens_per_turn=128",
             "data.mixture=[{env: toolrl/Bank-v0, train_size: 2, val_size: 1}]",
             "rollout.max_total_tokens=1024", "rollout.engine.max_model_len=1024")
@@ -252,3 +252,53 @@ def test_the_response_has_its_own_budget(tiny_model_dir):
         report.problems
     report, _ = run(config(tiny_model_dir, *base, "rollout.max_prompt_tokens=600"), tasks=3)
     assert report.ok, report.problems
+
+
+def test_an_oracle_turn_over_the_turn_cap_is_a_problem_naming_the_key(tiny_model_dir):
+    """The rollout's loop cuts an oracle turn longer than max_tokens_per_turn (finish reason
+    'length' on the turn); the problem names the key, and what the cut turns make go wrong
+    (tool errors, a failed or unfinished episode, a reward that cannot tell the oracle from a
+    bad policy) is not reported as problems of its own."""
+    report, _ = run(config(tiny_model_dir, "rollout.max_tokens_per_turn=6"), tasks=2)
+    assert len(report.problems) == 1, report.problems
+    assert "rollout.max_tokens_per_turn=6" in report.problems[0]
+    assert "'length'" in report.problems[0]
+
+
+def test_the_reward_is_compared_over_the_oracles_uncut_episodes():
+    """A cut oracle episode scores low however good the reward is: the oracle is compared
+    with the bad policies over the other tasks only, and not at all when every one was cut."""
+    from toolrl.trainer.dry_run import DryRunReport, PolicySummary, _check_episodes
+
+    def summary(policy: str, scores: dict[int, float]) -> PolicySummary:
+        return PolicySummary(policy, len(scores), 0.0, {}, [], 0,
+                             sum(scores.values()) / len(scores), {}, {}, scores)
+
+    def problems(uncut: set[int]) -> list[str]:
+        report = DryRunReport(3, 0, 512, 1024, policies=[
+            summary("oracle", {0: 1.0, 1: 0.0, 2: 0.0}), summary("no_call", {0: 0.0, 1: 0.5,
+                                                                             2: 0.5})])
+        _check_episodes(report, uncut)
+        return report.problems
+
+    assert problems({0}) == [] and problems(set()) == []
+    assert len(problems({0, 1, 2})) == 1 and "over the" not in problems({0, 1, 2})[0]
+    assert problems({0, 1}) == []
+    assert "oracle 0.000 on average and the no_call policy 0.500 (over the 2 of 3 tasks whose " \
+        "oracle episode was not cut)" in problems({1, 2})[0]
+
+
+def test_without_a_tokenizer_episodes_are_played_as_text(tiny_model_dir, monkeypatch):
+    """No tokenizer (no local model, no hub): no budgets to count in, so the episodes are
+    text-level ones under the turn cap (toolrl.run_episode), and a note says so."""
+    import toolrl.trainer.dry_run as module
+
+    def offline(*args: Any, **kwargs: Any) -> Any:
+        raise OSError("offline")
+
+    monkeypatch.setattr(module, "_tokenizer", offline)
+    report, _ = run(config(tiny_model_dir), tasks=2)
+    assert report.ok, report.problems
+    assert any("played as text" in n for n in report.notes), report.notes
+    oracle = next(s for s in report.policies if s.policy == "oracle")
+    assert oracle.finish == {"terminated": 2} and oracle.reward_total == 1.0

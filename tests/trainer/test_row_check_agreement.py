@@ -160,7 +160,7 @@ def test_an_oracle_failure_names_the_checkers_reason():
     traj.finish("terminated", {"success": False}, {"valid": False, "error":
                 "plan_route: Invalid value for parameter 'optimize_route'"})
     report = DryRunReport(1, 0, 512, 640)
-    _check_oracle([traj], None, RolloutConfig(), report)
+    _check_oracle([traj], RolloutConfig(), report)
     assert report.problems == [
         "the oracle failed 1 of 1 tasks that it ended itself (task 'bool': plan_route: Invalid "
         "value for parameter 'optimize_route'): check that row's ground truth, or the env's "
@@ -178,6 +178,6 @@ def test_oracle_tool_errors_are_a_problem():
         "type": "wrong_type", "message": "argument 'optimize_route' must be boolean"}]))
     traj.finish("terminated", {"success": True})
     report = DryRunReport(1, 0, 512, 640)
-    _check_oracle([traj], None, RolloutConfig(), report)
+    _check_oracle([traj], RolloutConfig(), report)
     assert len(report.problems) == 1 and "the oracle made tool errors in 1 of 1 tasks (task " \
         "'bool': wrong_type: argument 'optimize_route' must be boolean)" in report.problems[0]

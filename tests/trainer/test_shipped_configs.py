@@ -24,7 +24,9 @@ OWN_TEST = {"toolrl_paper.yaml", "tau2_mock.yaml", "real_fc.yaml"}
 TASKS = {"tau2_airline.yaml": 3, "bfcl_multi_turn.yaml": 4}
 # bfcl_multi_turn.yaml: the composite set runs on BFCL's long-context backends, whose outputs
 # make some oracle transcripts longer than SmolLM2's window (benchmarks/results/
-# bfcl_multi_turn.md): the dry run says so, and says nothing else
+# bfcl_multi_turn.md): the dry run says so (the rollout's loop cuts the oracle's episode:
+# "... runs out of context after N turns ..."), and says nothing else (its reward comparison
+# leaves out the oracle's cut episodes, which score 0 however good the reward is)
 KNOWN = {"bfcl_multi_turn.yaml": "runs out of context"}
 
 

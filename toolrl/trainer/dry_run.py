@@ -5,12 +5,15 @@ check of every row (`toolrl.trainer.preflight.check_task_rows`: tools, gold answ
 rendered with their tools by the model's chat template against the rollout's prompt budget), so
 it refuses exactly what ``toolrl train`` refuses, with the same counts. Then it plays a few
 distinct rows (never one twice) with the env's oracle and with a few bad policies (no call, an
-unknown tool, a call without arguments, random arguments, random text), scores every episode with
-the configured rewards and prints per-reward scores, finish reasons and errors. What would make
-the run train on nothing (rows the check refuses, an oracle that cannot succeed, does not end or
-makes tool errors, env or reward exceptions, a reward that pays the oracle no more than a bad
-policy) is listed as a problem with the key to change; `dry_run` returns them (the command exits
-1 when there are any).
+unknown tool, a call without arguments, random arguments, random text) through the rollout's own
+episode loop (`toolrl.rollout.scripted.ScriptedRunner`: the policy writes each turn in place of
+the engine, the loop applies the run's token budgets, turn cap and per-turn prompts and gives the
+finish reasons training would see), scores every episode with the configured rewards and prints
+per-reward scores, finish reasons and errors. What would make the run train on nothing (rows the
+check refuses, an oracle that cannot succeed, does not end, makes tool errors or is cut by the
+budget, env or reward exceptions, a reward that pays the oracle no more than a bad policy) is
+listed as a problem with the key to change; `dry_run` returns them (the command exits 1 when
+there are any).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from toolrl.registry import RegistryError
 from toolrl.reward import ComposedReward, RewardBatch, RewardConfigError
 from toolrl.rollout.chat import ChatRenderer, TemplateError, tool_coverage
 from toolrl.rollout.conformance import template_report
+from toolrl.rollout.scripted import ScriptedPolicy, ScriptedRunner
 from toolrl.rollout.worker import RolloutConfig
 from toolrl.trainer.config import (
     ConfigError,
@@ -75,6 +79,7 @@ class PolicySummary:
     reward_total: float
     rewards: dict[str, float]  # component alias (or env/alias) -> mean raw score
     reward_errors: dict[str, list[str]]  # component -> the messages of its failures
+    scores: dict[int, float] = field(default_factory=dict)  # sampled row index -> total
 
 
 @dataclass
@@ -122,16 +127,19 @@ def dry_run(cfg: ExperimentConfig, *, tasks: int = 4, console: Console | None = 
             report.problems.append(str(exc))
         rows = _sample(_fit(train, cfg), _fit(val, cfg), tasks, cfg.env.id)
         first_prompt = _count_prompts(cfg, rows, renderer, rollout, report)
-        episodes = {name: _play_all(cfg, rows, policy, rollout)
+        if renderer is None:
+            report.notes.append("episodes played as text, without the rollout's token "
+                                "budgets (no tokenizer)")
+        episodes = {name: _play_all(cfg, rows, policy, rollout, renderer)
                     for name, policy in {"oracle": _oracle, **BAD_POLICIES}.items()}
         if not episodes["oracle"]:
             report.notes.append(f"{cfg.env.id} has no oracle (oracle_action): only the bad "
                                 f"policies were played")
-        for name, trajs in episodes.items():
-            if trajs:
-                report.policies.append(_summarize(name, trajs, run.reward, cfg.env.id))
-        _check_oracle(episodes["oracle"], renderer, rollout, report)
-        _check_episodes(report)
+        for name, played in episodes.items():
+            if played:
+                report.policies.append(_summarize(name, played, run.reward, cfg.env.id))
+        _check_oracle([t for _, t in episodes["oracle"]], rollout, report)
+        _check_episodes(report, uncut={i for i, t in episodes["oracle"] if not _cut(t)})
     finally:
         run.close()
     _print(cfg, report, first_prompt, console)
@@ -252,36 +260,47 @@ def _count_prompts(cfg: ExperimentConfig, rows: list[dict[str, Any]], renderer: 
 
 
 def _play_all(cfg: ExperimentConfig, rows: list[dict[str, Any]], policy: Policy,
-              rollout: RolloutConfig) -> list[Trajectory]:
+              rollout: RolloutConfig, renderer: ChatRenderer | None
+              ) -> list[tuple[int, Trajectory]]:
+    """Each row's episode with its index in ``rows`` (a row the oracle cannot play: none)."""
     out = []
     for i, row in enumerate(rows):
         env_id, kwargs = row_env(row, cfg.env.id, cfg.env.kwargs)
         rng = random.Random(f"{cfg.seed}:{i}")
         try:
-            traj = asyncio.run(_play(env_id, kwargs, row, policy, cfg.seed + i,
-                                     rollout.max_turns, rng))
+            traj = asyncio.run(_play(env_id, kwargs, row, lambda e, messages, rng=rng: policy(
+                e, messages, rng), cfg.seed + i, rollout, renderer))
         except OracleUnavailable:
             continue
-        out.append(traj)
+        out.append((i, traj))
     return out
 
 
-async def _play(env_id: str, kwargs: dict[str, Any], row: dict[str, Any], policy: Policy,
-                seed: int, max_turns: int, rng: random.Random) -> Trajectory:
-    """One text-level episode under the rollout's turn cap, ended as the rollout ends it (an
-    exception of the env ends it with ``error``, never the dry run)."""
+async def _play(env_id: str, kwargs: dict[str, Any], row: dict[str, Any],
+                policy: ScriptedPolicy, seed: int, rollout: RolloutConfig,
+                renderer: ChatRenderer | None) -> Trajectory:
+    """One episode of the rollout's own loop (`ScriptedRunner`: the first prompt's and the
+    response's budgets, the turn cap, per-turn prompts, env errors and timeouts, finish
+    reasons), the policy writing the turns. Only when no tokenizer can be loaded (no budgets
+    to count in) is it a text-level episode under the turn cap (`toolrl.run_episode`, env
+    exceptions recorded as finish reason ``error``, as the rollout ends them)."""
     env = make_env(env_id, **kwargs)
     try:
-        return await run_episode(env, lambda e, messages: policy(e, messages, rng), row=row,
-                                 seed=seed, max_steps=max_turns, record_errors=True)
+        if renderer is None:
+            return await run_episode(env, policy, row=row, seed=seed,
+                                     max_steps=rollout.max_turns, record_errors=True)
+        runner = ScriptedRunner(policy, renderer, rollout.episode_config(),
+                                max_model_len=rollout.engine.max_model_len)
+        return await runner.run(env, row, seed=seed)
     finally:
         env.close()
 
 
-def _summarize(name: str, trajs: list[Trajectory], rewards: RewardSets, default_env: str
-               ) -> PolicySummary:
+def _summarize(name: str, played: list[tuple[int, Trajectory]], rewards: RewardSets,
+               default_env: str) -> PolicySummary:
+    trajs = [t for _, t in played]
     envs = [env_of(t.row, default_env) for t in trajs]
-    totals: list[float] = []
+    totals: dict[int, float] = {}
     means: dict[str, list[float]] = {}
     failures: dict[str, list[str]] = {}
     groups: dict[str | None, list[int]] = {}
@@ -291,7 +310,7 @@ def _summarize(name: str, trajs: list[Trajectory], rewards: RewardSets, default_
         fn: ComposedReward = rewards.default if env is None else rewards.per_env[env]
         batch: RewardBatch = fn.score([trajs[i] for i in indices])
         prefix = "" if env is None else f"{env}/"
-        totals += batch.scores
+        totals.update(zip(indices, batch.scores, strict=True))
         for alias, values in batch.components.items():
             if "/" not in alias:
                 means.setdefault(prefix + alias, []).extend(v for v in values if v is not None)
@@ -302,16 +321,20 @@ def _summarize(name: str, trajs: list[Trajectory], rewards: RewardSets, default_
         finish=dict(Counter(t.finish_reason for t in trajs)),
         env_errors=[f"task {t.id!r}: {t.error}" for t in trajs if t.finish_reason == "error"],
         tool_errors=sum(len(t.errors) for t in trajs),
-        reward_total=sum(totals) / len(totals),
-        rewards={k: sum(v) / len(v) for k, v in means.items() if v}, reward_errors=failures)
+        reward_total=sum(totals.values()) / len(totals),
+        rewards={k: sum(v) / len(v) for k, v in means.items() if v}, reward_errors=failures,
+        scores={played[i][0]: score for i, score in totals.items()})
 
 
-def _check_oracle(trajs: list[Trajectory], renderer: Any, rollout: RolloutConfig,
-                  report: DryRunReport) -> None:
-    """The oracle must succeed, end by itself within the turn cap, and fit the token budget."""
+def _check_oracle(trajs: list[Trajectory], rollout: RolloutConfig, report: DryRunReport
+                  ) -> None:
+    """The oracle must succeed, end by itself within the turn cap, and fit the token budget
+    (its episodes are the rollout's own: cut turns and episodes say it)."""
     if not trajs:
         return
-    failed = [t for t in trajs if not t.success and t.finish_reason == "terminated"]
+    # what a turn cut by rollout.max_tokens_per_turn makes go wrong is that cut's problem
+    whole = [t for t in trajs if not _turn_cut(t)]
+    failed = [t for t in whole if not t.success and t.finish_reason == "terminated"]
     if failed:
         why = (failed[0].final_state or {}).get("error") if isinstance(
             failed[0].final_state, Mapping) else None
@@ -319,14 +342,14 @@ def _check_oracle(trajs: list[Trajectory], renderer: Any, rollout: RolloutConfig
             f"the oracle failed {len(failed)} of {len(trajs)} tasks that it ended itself (task "
             f"{failed[0].id!r}" + (f": {why}" if why else "") + "): check that row's ground "
             "truth, or the env's evaluate() and oracle_action()")
-    erring = [t for t in trajs if t.errors]
+    erring = [t for t in whole if t.errors]
     if erring:
         first = erring[0].errors[0]
         report.problems.append(
             f"the oracle made tool errors in {len(erring)} of {len(trajs)} tasks (task "
             f"{erring[0].id!r}: {first.get('type')}: {first.get('message')}): a model that "
             f"acts like the oracle is told it is wrong; check that row's ground truth")
-    capped = [t for t in trajs if t.finish_reason == "max_turns"]
+    capped = [t for t in whole if t.finish_reason == "max_turns"]
     if capped:
         report.problems.append(
             f"the oracle's episode of task {capped[0].id!r} needs more than rollout.max_turns="
@@ -338,78 +361,53 @@ def _check_oracle(trajs: list[Trajectory], renderer: Any, rollout: RolloutConfig
             f"the env cut the oracle's episode of task {cut[0].id!r} at its max_turns "
             f"({len(cut[0].turns)} turns) instead of ending it: does on_turn return "
             f"Turn(terminated=True) once the task is done?")
-    if renderer is None:
+    long_turn = next((t for t in trajs if _turn_cut(t)), None)
+    if long_turn is not None:
+        report.problems.append(
+            f"an oracle turn of task {long_turn.id!r} is longer than "
+            f"rollout.max_tokens_per_turn={rollout.max_tokens_per_turn}: a model that acts "
+            f"like the oracle is cut off (finish reason 'length'); raise "
+            f"rollout.max_tokens_per_turn")
+    # an episode cut at its first prompt is a row the row check counted already; one whose
+    # turns were cut (then retried) is the turn cap's problem, said above
+    short = next((t for t in trajs if t.finish_reason in ("context", "length") and t.turns
+                  and not _turn_cut(t)), None)
+    if short is None:
         return
-    for t in trajs:
-        action = max((len(renderer.encode(turn.action)) for turn in t.turns), default=0)
-        if action > rollout.max_tokens_per_turn:
-            report.problems.append(
-                f"an oracle turn of task {t.id!r} has {action} tokens, more than "
-                f"rollout.max_tokens_per_turn={rollout.max_tokens_per_turn}: a model that "
-                f"acts like the oracle is cut off (finish reason 'length')")
-            break
-        try:
-            total = len(renderer.encode(renderer.render_text(t.messages, t.tools)))
-        except Exception:  # the template cannot render this transcript: counted nowhere else
-            continue
-        if total > rollout.max_total_tokens:
-            report.problems.append(
-                f"the oracle's transcript of task {t.id!r} has about {total} tokens, more than "
-                f"rollout.max_total_tokens={rollout.max_total_tokens}: a model that acts like "
-                f"the oracle runs out of context; raise rollout.max_total_tokens")
-            break
-        if getattr(renderer, "per_turn", False):
-            if _per_turn_overflow(t, renderer, report):
-                break
-        elif _response_overflow(t, renderer, total, rollout, report):
-            break
-
-
-def _response_overflow(t: Trajectory, renderer: Any, total: int, rollout: Any,
-                       report: DryRunReport) -> bool:
-    """What follows the first prompt (every turn and observation) has its own budget,
-    ``rollout.max_response_len`` = max_total_tokens - max_prompt_tokens: a first prompt shorter
-    than its budget does not lend the rest to the response."""
-    first = next((i for i, m in enumerate(t.messages) if m.get("role") == "assistant"), None)
-    if first is None:
-        return False
-    try:
-        prompt = len(renderer.render_prompt(t.messages[:first], t.tools))
-    except Exception:  # counted nowhere else: the template check reports it
-        return False
-    if total - prompt <= rollout.max_response_len:
-        return False
+    if (short.error or "").startswith("per_turn:"):
+        report.problems.append(
+            f"rollout.history_policy=per_turn prompts each turn with the rendered history: "
+            f"the oracle's episode of task {short.id!r} ends after {len(short.turns)} turns "
+            f"({short.error}), so every such episode ends there (finish reason 'context'); "
+            f"raise rollout.max_prompt_tokens={rollout.max_prompt_len}")
+        return
     report.problems.append(
-        f"the oracle's episode of task {t.id!r} has about {total - prompt} tokens after its "
-        f"first prompt, more than the response's budget rollout.max_total_tokens - "
-        f"rollout.max_prompt_tokens = {rollout.max_response_len}: a model that acts like the "
-        f"oracle runs out of room before it ends (finish reason 'context'); raise "
+        f"the oracle's episode of task {short.id!r} runs out of context after "
+        f"{len(short.turns)} turns: its turns and observations after its first prompt need "
+        f"more than the response's budget rollout.max_total_tokens - "
+        f"rollout.max_prompt_tokens = {rollout.max_response_len}, so a model that acts like "
+        f"the oracle is cut off there (finish reason {short.finish_reason!r}); raise "
         f"rollout.max_total_tokens")
-    return True
 
 
-def _per_turn_overflow(t: Trajectory, renderer: Any, report: DryRunReport) -> bool:
-    """``per_turn`` prompts every turn with the template's rendering of the history: a later
-    turn's prompt past the prompt budget ends the episode there (finish reason 'context')."""
-    starts = [i for i, m in enumerate(t.messages) if m.get("role") == "assistant"]
-    for k, i in enumerate(starts[1:], start=2):
-        try:
-            tokens = len(renderer.render_prompt(t.messages[:i], t.tools))
-        except Exception:  # counted nowhere else: the template check reports it
-            return False
-        if tokens > report.max_prompt_tokens:
-            report.problems.append(
-                f"rollout.history_policy=per_turn prompts each turn with the rendered history: "
-                f"turn {k} of the oracle's episode of task {t.id!r} has a {tokens}-token "
-                f"prompt, more than rollout.max_prompt_tokens={report.max_prompt_tokens}, so "
-                f"every such episode ends before that turn (finish reason 'context'); raise "
-                f"rollout.max_prompt_tokens")
-            return True
-    return False
+def _turn_cut(traj: Trajectory) -> bool:
+    """Whether ``rollout.max_tokens_per_turn`` cut one of the episode's turns (finish reason
+    'length' on a turn the env then got; not the last turn of an episode whose budget ran out
+    in it: finish reason 'length' on the episode)."""
+    turns = traj.turns[:-1] if traj.finish_reason == "length" else traj.turns
+    return any(turn.finish_reason == "length" for turn in turns)
 
 
-def _check_episodes(report: DryRunReport) -> None:
-    """Env exceptions, reward exceptions, and a reward that does not tell good from bad."""
+def _cut(traj: Trajectory) -> bool:
+    """Whether the rollout's budgets or turn cap stopped the episode or cut one of its turns
+    (the problems `_check_oracle` reports): its reward says nothing of the reward's design."""
+    return traj.finish_reason in ("context", "length", "max_turns") or _turn_cut(traj)
+
+
+def _check_episodes(report: DryRunReport, uncut: set[int]) -> None:
+    """Env exceptions, reward exceptions, and a reward that does not tell good from bad:
+    compared over the rows whose oracle episode was not cut (``uncut``: the rows' indices;
+    a cut one scores low however good the reward is, and is a problem of its own)."""
     for s in report.policies:
         if s.env_errors:
             report.problems.append(
@@ -421,13 +419,21 @@ def _check_episodes(report: DryRunReport) -> None:
                 f"episodes (scored with the fallback): {messages[0].splitlines()[0]}")
     oracle = next((s for s in report.policies if s.policy == "oracle"), None)
     bad = [s for s in report.policies if s.policy != "oracle"]
-    if oracle is not None and bad:
-        best = max(bad, key=lambda s: s.reward_total)
-        if oracle.reward_total <= best.reward_total:
-            report.problems.append(
-                f"the configured reward pays the oracle {oracle.reward_total:.3f} on average "
-                f"and the {best.policy} policy {best.reward_total:.3f}: it does not tell a "
-                f"correct episode from a bad one; check the reward section")
+    if oracle is None or not bad or not uncut:
+        return
+
+    def mean(s: PolicySummary) -> float:
+        scores = [v for i, v in s.scores.items() if i in uncut]
+        return sum(scores) / len(scores) if scores else float("-inf")
+
+    best = max(bad, key=mean)
+    if mean(oracle) <= mean(best):
+        over = "" if len(uncut) == oracle.episodes else \
+            f" (over the {len(uncut)} of {oracle.episodes} tasks whose oracle episode was not cut)"
+        report.problems.append(
+            f"the configured reward pays the oracle {mean(oracle):.3f} on average and the "
+            f"{best.policy} policy {mean(best):.3f}{over}: it does not tell a correct episode "
+            f"from a bad one; check the reward section")
 
 
 def _print(cfg: ExperimentConfig, report: DryRunReport, first_prompt: str,
