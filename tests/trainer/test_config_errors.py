@@ -97,6 +97,9 @@ def checked_fields(cls: type) -> set[str]:
 # ConfigError whose one line names the key.
 BAD: dict[str, tuple[str, tuple[str, ...]]] = {
     "rollout.concurrency": ("0", ()),
+    "rollout.top_p": ("0", ()),
+    "rollout.top_k": ("-2", ()),
+    "rollout.val_temperature": ("-1", ()),
     "rollout.max_prompt_tokens": ("0", ()),
     "rollout.max_total_tokens": ("100000", ()),
     "rollout.agent": ("my.agent:run", ("rollout.runner=my.runner:Run",)),

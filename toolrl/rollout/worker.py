@@ -158,6 +158,12 @@ class RolloutConfig:
     def __post_init__(self) -> None:
         if self.concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < -1:
+            raise ValueError(f"top_k must be >= 1, or -1 or 0 (off), got {self.top_k}")
+        if self.val_temperature < 0:
+            raise ValueError(f"val_temperature must be >= 0, got {self.val_temperature}")
         prompt = self.max_prompt_tokens
         if prompt is not None and not 1 <= prompt < self.max_total_tokens:
             raise ValueError(f"max_prompt_tokens ({prompt}) must be >= 1 and leave room for "
