@@ -363,3 +363,19 @@ def test_preflight_does_not_check_the_schema_again():
     for name in ("RewardConfig", "from_config", "resolved(", "require_model", "locate_model",
                  "validate("):
         assert name not in source, name
+
+
+def test_an_override_into_a_list_item_is_applied_or_one_keyed_error():
+    """``reward.rewards.0.weight=2`` (or ``[0]``) sets that item's key; as a dotlist layer it
+    was a mapping merged onto the list ('Cannot merge incompatible container types')."""
+    quickstart = "configs/quickstart.yaml"
+    for key in ("reward.rewards.0.weight", "reward.rewards[0].weight"):
+        assert load_config(quickstart, [f"{key}=0.5"]).reward.rewards[0].weight == 0.5
+    bad = {"reward.rewards.0.weight=x": r"^reward\.rewards\.0\.weight='x': .*Float",
+           "reward.rewards.0.nme=1": r"^reward\.rewards\.0\.nme='1': .*'nme'",
+           "reward.rewards.3.weight=1": r"^reward\.rewards\.3\.weight='1': reward\.rewards has "
+                                        r"1 entry \(set the whole list to add one\)$"}
+    for override, message in bad.items():
+        with pytest.raises(ConfigError, match=message) as info:
+            load_config(quickstart, [override])
+        assert "\n" not in str(info.value)

@@ -342,9 +342,14 @@ def load_config(path: str | os.PathLike | None = None, overrides: Sequence[str] 
             layers.append(OmegaConf.load(path))
         except yaml.YAMLError as exc:
             raise ConfigError(f"config file {path}: {_yaml_problem(exc)}") from None
+    # an override into a list item (reward.rewards.0.weight=2, or [0]) is set on the merged
+    # list: as a dotlist layer it would be a mapping merged onto the list
+    into_list = [o for o in overrides if _LIST_INDEX.search(o.partition("=")[0])]
     try:
-        layers.append(OmegaConf.from_dotlist(list(overrides)))
+        layers.append(OmegaConf.from_dotlist([o for o in overrides if o not in into_list]))
         merged = OmegaConf.merge(schema, *layers)
+        for override in into_list:
+            _set_in_list(merged, override)
         cfg = _build(merged)
     except (ConfigKeyError, ValidationError) as exc:
         raise ConfigError(_explain(exc, layers)) from None
@@ -355,6 +360,30 @@ def load_config(path: str | os.PathLike | None = None, overrides: Sequence[str] 
     assert isinstance(cfg, ExperimentConfig)
     validate(cfg)
     return cfg
+
+
+_LIST_INDEX = re.compile(r"(?:^|\.)\d+(?:\.|$)|\[\d+\]")
+
+
+def _set_in_list(merged: DictConfig, override: str) -> None:
+    """Apply one ``key=value`` override whose key indexes a list (``a.0.b``, ``a[0].b``) to the
+    merged config, the value parsed as a dotlist value is."""
+    key, _, value = override.partition("=")
+    parsed = OmegaConf.from_dotlist([f"value={value}"])["value"]
+    parts = [p for p in re.split(r"[.\[\]]", key) if p]
+    for i, part in enumerate(parts[1:], start=1):
+        if not part.isdigit():
+            continue
+        at = OmegaConf.select(merged, ".".join(parts[:i]), default=None)
+        if isinstance(at, ListConfig) and int(part) >= len(at):
+            raise ConfigError(f"{key}={value!r}: {'.'.join(parts[:i])} has {len(at)} "
+                              f"entr{'y' if len(at) == 1 else 'ies'} (set the whole list to "
+                              f"add one)")
+    try:
+        OmegaConf.update(merged, key, parsed, merge=True)
+    except (OmegaConfBaseException, IndexError, KeyError, TypeError, ValueError) as exc:
+        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ConfigError(f"{key}={value!r}: {message}") from None
 
 
 def _build(node: Any, path: str = "") -> Any:
