@@ -11,7 +11,7 @@ rewards and the examples import only from ``toolrl`` (as a third-party plugin do
   `tool` / `Tool`, `ToolFailure`, `SubmitAnswer` / `submit_tool` (episodes that end with a
   ``submit(answer)`` call),
   `register_env`, `make_env`, `env_ids`, the wrappers, `run_episode`, `check_tool_env` and
-  `tasks_by_kind` (a task generator's rows, kind by kind);
+  `tasks_by_kind` / `make_tasks_by_kind` (a task generator's rows, kind by kind);
 - what an episode is: `Trajectory` (the one record of a finished episode, what a reward
   receives) with its `TurnRecord` per assistant turn, `ToolOutput`, `ParseResult`, `ToolCall`;
 - rewards: the `reward` decorator, `RewardResult`, `RewardError`, the `RewardFn` protocol;
@@ -43,8 +43,8 @@ __getattr__, _, _lazy = lazy_loader.attach(__name__, submodules=["data"], submod
     "core.background": ["BackgroundLoop"],
     "core.checks": ["check_tool_env"],
     "core.env": ["ChatModel", "OracleUnavailable", "SubmitAnswer", "ToolEnv", "Turn",
-                 "oracle_policy", "resolve_astep", "run_episode", "submit_tool",
-                 "tasks_by_kind"],
+                 "make_tasks_by_kind", "oracle_policy", "resolve_astep", "run_episode",
+                 "submit_tool", "tasks_by_kind"],
     "core.mcp_client": ["MCPConnection", "close_mcp_connections", "shared_mcp_connection"],
     "core.parse": ["ToolCallFormat", "get_format"],
     "core.registration": ["env_ids", "make_env", "register_env"],

@@ -28,7 +28,7 @@ from urllib.parse import quote
 import httpx
 from toolrl.envs.http_api.service import CATALOG, CATEGORIES, ThreadedServer
 
-from toolrl import Tool, ToolCall, ToolEnv, ToolFailure, tasks_by_kind
+from toolrl import Tool, ToolCall, ToolEnv, ToolFailure, make_tasks_by_kind
 
 SYSTEM_PROMPT = ("You are a shopping assistant with access to a store API. Use the tools to do "
                  "what the user asks, then confirm briefly.")
@@ -148,11 +148,7 @@ class HttpApiEnv(ToolEnv):
         self._http: httpx.AsyncClient | None = None
         self._http_loop: asyncio.AbstractEventLoop | None = None
 
-    @classmethod
-    def make_tasks(cls, n: int, seed: int = 0, split: str = "train",
-                   kinds: list[str] | None = None, **kwargs: Any) -> list[dict[str, Any]]:
-        return tasks_by_kind(make_task, kinds or cls.KINDS, n, seed=seed, split=split,
-                             name="http_api", prefix="http")
+    make_tasks = make_tasks_by_kind(make_task, name="http_api", prefix="http")
 
     def setup(self, row: dict[str, Any]) -> None:
         self.session = uuid.uuid4().hex

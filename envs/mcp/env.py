@@ -29,9 +29,9 @@ from toolrl import (
     Tool,
     ToolCall,
     ToolFailure,
+    make_tasks_by_kind,
     shared_mcp_connection,
     submit_tool,
-    tasks_by_kind,
 )
 
 SERVER_SCRIPT = Path(__file__).with_name("server.py")
@@ -113,11 +113,7 @@ class MCPEnv(SubmitAnswer):
         self._conn: MCPConnection | None = None
         self._remote: list[Tool] = []
 
-    @classmethod
-    def make_tasks(cls, n: int, seed: int = 0, split: str = "train",
-                   kinds: list[str] | None = None, **kwargs: Any) -> list[dict[str, Any]]:
-        return tasks_by_kind(make_task, kinds or cls.KINDS, n, seed=seed, split=split,
-                             name="mcp", prefix="mcp")
+    make_tasks = make_tasks_by_kind(make_task, name="mcp", prefix="mcp")
 
     # --- connection ------------------------------------------------------------------------
     @property

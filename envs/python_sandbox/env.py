@@ -23,7 +23,7 @@ from toolrl.envs.python_sandbox.sandbox import (
 )
 from toolrl.envs.python_sandbox.sandbox import run_python as run_sandboxed
 
-from toolrl import SubmitAnswer, ToolCall, ToolFailure, submit_tool, tasks_by_kind, tool
+from toolrl import SubmitAnswer, ToolCall, ToolFailure, make_tasks_by_kind, submit_tool, tool
 
 SYSTEM_PROMPT = "Use run_python to compute the answer (print it), then call submit with it."
 
@@ -105,11 +105,7 @@ class PythonSandboxEnv(SubmitAnswer):
         super().__init__(**kwargs)
         self.limits = limits if isinstance(limits, Limits) else Limits(**(limits or {}))
 
-    @classmethod
-    def make_tasks(cls, n: int, seed: int = 0, split: str = "train",
-                   kinds: list[str] | None = None, **kwargs: Any) -> list[dict[str, Any]]:
-        return tasks_by_kind(make_task, kinds or cls.KINDS, n, seed=seed, split=split,
-                             name="python_sandbox", prefix="py")
+    make_tasks = make_tasks_by_kind(make_task, name="python_sandbox", prefix="py")
 
     def setup(self, row: dict[str, Any]) -> None:
         if "ground_truth" not in row:

@@ -19,6 +19,7 @@ import pytest
 from toolrl import cli
 from toolrl.reward import REWARDS, reward
 from toolrl.trainer.config import ConfigError, load_config
+from toolrl.trainer.context import RunContext
 from toolrl.trainer.preflight import (
     apply_prompt_budget,
     check_config,
@@ -57,6 +58,10 @@ BAD = {
                          "difficulty=1"),
     "task_kwargs_type": (["data.task_kwargs.difficulty=two"], "data.task_kwargs.difficulty",
                          "int"),
+    # a generator of kinds (toolrl.make_tasks_by_kind) takes `kinds` alone: it once took and
+    # ignored any **kwargs
+    "kind_task_kwargs_typo": (["env.id=toolrl/HttpApi-v0", "data.task_kwargs.kind=[budget]"],
+                              "data.task_kwargs.kind", "kinds=None"),
     "env_kwargs_typo": (["env.kwargs.max_turn=2"], "env.kwargs.max_turn", "max_turns"),
     "warm_start_env_kwargs": (["warm_start.enabled=true", "warm_start.env_kwargs.orakle=x"],
                               "warm_start.env_kwargs.orakle", "oracle='plan'"),
@@ -213,3 +218,13 @@ def test_over_budget_rows_are_filtered_on_request(tiny_model_dir):
     cfg.data.overlong_prompts = "refuse"
     with pytest.raises(ConfigError, match=f"{budget.dropped} of 24 train rows"):
         apply_prompt_budget(rows, lengths, cfg, "train rows")
+
+
+def test_a_task_kind_the_generator_refuses_is_one_config_error(tiny_model_dir):
+    """A value ``make_tasks`` refuses (here a kind HttpApi does not have) names the key that
+    set it, in one line, instead of a ValueError from inside the generator."""
+    cfg = load_config(None, [f"model.path={tiny_model_dir}", "env.id=toolrl/HttpApi-v0",
+                             "data.task_kwargs={kinds: [cheapest, nope]}"])
+    with pytest.raises(ConfigError, match=r"^data\.task_kwargs=.*HttpApi-v0's make_tasks: "
+                                          r"kinds: \['nope'\] are not .*'by_name'\]$"):
+        RunContext(cfg).load_tasks()

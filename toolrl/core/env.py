@@ -521,6 +521,26 @@ def tasks_by_kind(make_task: Callable[[random.Random, str], dict[str, Any]],
             for i in range(n)]
 
 
+def make_tasks_by_kind(make_task: Callable[[random.Random, str], dict[str, Any]], *,
+                       name: str, prefix: str) -> classmethod:
+    """A `ToolEnv.make_tasks` of rows in the class's ``KINDS`` (`tasks_by_kind`):
+    ``make_tasks = toolrl.make_tasks_by_kind(make_task, name="my_env", prefix="my")``. It takes
+    ``kinds`` (some of ``KINDS``) and nothing else, so a mistyped ``data.task_kwargs`` key is
+    refused, not ignored."""
+
+    def make_tasks(cls: type, n: int, seed: int = 0, split: str = "train",
+                   kinds: Sequence[str] | None = None) -> list[dict[str, Any]]:
+        unknown = sorted(set(kinds or ()) - set(cls.KINDS))
+        if unknown:
+            raise ValueError(f"kinds: {unknown} are not {cls.__name__}'s; choose from "
+                             f"{list(cls.KINDS)}")
+        return tasks_by_kind(make_task, kinds or cls.KINDS, n, seed=seed, split=split,
+                             name=name, prefix=prefix)
+
+    make_tasks.__doc__ = f"``n`` rows of the {name} task kinds (`toolrl.tasks_by_kind`)."
+    return classmethod(make_tasks)
+
+
 def oracle_policy(env: gym.Env, messages: list[Message]) -> str:
     """The env's scripted policy (``env.unwrapped.oracle_action()``)."""
     return env.unwrapped.oracle_action()

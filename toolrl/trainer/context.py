@@ -93,10 +93,18 @@ class RunContext:
         """Train and val rows: ``env.id``'s (files or generator), then ``data.mixture``'s."""
         data = self.cfg.data
         env_cls = env_class(self.cfg.env.id) if not (data.train_file and data.val_file) else None
-        train = load_rows(data.train_file) if data.train_file else env_cls.make_tasks(
-            data.train_size, seed=self.cfg.seed, split="train", **data.task_kwargs)
-        val = load_rows(data.val_file) if data.val_file else env_cls.make_tasks(
-            data.val_size, seed=self.cfg.seed, split="val", **data.task_kwargs)
+
+        def generated(size: int, split: str) -> list[dict[str, Any]]:
+            try:
+                return env_cls.make_tasks(size, seed=self.cfg.seed, split=split,
+                                          **data.task_kwargs)
+            except ValueError as exc:  # a value the generator refuses: the key that set it
+                raise ConfigError(f"data.task_kwargs={dict(data.task_kwargs)}: "
+                                  f"{self.cfg.env.id}'s make_tasks: {exc}") from None
+
+        train = load_rows(data.train_file) if data.train_file else generated(data.train_size,
+                                                                             "train")
+        val = load_rows(data.val_file) if data.val_file else generated(data.val_size, "val")
         more_train, more_val = mixture_rows(data.mixture, self.cfg.seed, env_class)
         for rows, where in ((train, "data.train_file" if data.train_file else "train rows"),
                             (val, "data.val_file" if data.val_file else "val rows"),
