@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import sys
 from pathlib import Path
 from typing import Any
@@ -41,10 +42,10 @@ def make_agent(turns: int, max_tokens: int, api: str = "chat"):
     import toolrl
     from toolrl.core.env import resolve_astep
 
-    chain: dict[int, tuple[str, int]] = {}  # id(history): (last response id, items it holds)
-
-    async def ask(client: Any, system: str, history: list[Any], tools: list[Any]) -> str:
-        """One call; appends the reply to ``history``, returns its text."""
+    async def ask(client: Any, system: str, history: list[Any], tools: list[Any],
+                  chain: dict[str, Any]) -> str:
+        """One call; appends the reply to ``history``, returns its text. ``chain`` is the
+        episode's own: the last response's id and how many items of ``history`` it holds."""
         if api == "chat":
             r = await client.chat.completions.create(
                 model="policy", messages=history, tools=tools, max_tokens=max_tokens,
@@ -53,7 +54,7 @@ def make_agent(turns: int, max_tokens: int, api: str = "chat"):
             history.append(msg.model_dump(exclude_none=True))
             return msg.content or ""
         if api.startswith("responses"):
-            previous, held = chain.get(id(history), (None, 0))
+            previous, held = chain.get("previous"), chain.get("held", 0)
             chained = api == "responses-chained" and previous is not None
             r = await client.responses.create(
                 model="policy", instructions=system or None, max_output_tokens=max_tokens,
@@ -61,7 +62,7 @@ def make_agent(turns: int, max_tokens: int, api: str = "chat"):
                 tools=[{"type": "function", **t["function"]} for t in tools], tool_choice="none",
                 **({"previous_response_id": previous} if chained else {}))
             history += r.output  # the output items as they came (OpenAI's guides do so)
-            chain[id(history)] = (r.id, len(history))
+            chain.update(previous=r.id, held=len(history))
             return r.output_text
         m = await client.messages.create(
             model="policy", **({"system": system} if system else {}), messages=history,
@@ -92,8 +93,9 @@ def make_agent(turns: int, max_tokens: int, api: str = "chat"):
             history = list(messages) if api == "chat" else [
                 {"role": m["role"], "content": m["content"]} for m in messages
                 if m["role"] != "system"]
+            chain: dict[str, Any] = {}
             for _ in range(turns):
-                text = await ask(client, system, history, info["tools"])
+                text = await ask(client, system, history, info["tools"], chain)
                 obs, _, terminated, truncated, _ = await resolve_astep(env)(text)
                 history += results(obs)
                 if terminated or truncated:
@@ -113,11 +115,44 @@ ROUTES = [
      "Chat Completions over HTTP (openai client -> loopback -> uvicorn -> Gateway)"),
     ("responses", "responses", "inprocess", "openai",
      "Responses API, whole input each call, in-process (openai client -> transport -> Gateway)"),
+    ("responses-plain", "responses", "inprocess", "openai",
+     "Responses API, whole input each call, the openai SDK's request transform replaced by a "
+     "plain dump (diagnostic: the route without the client's transform)"),
     ("responses-chained", "responses-chained", "inprocess", "openai",
      "Responses API, previous_response_id, in-process (openai client -> transport -> Gateway)"),
     ("messages", "messages", "inprocess", "anthropic",
      "Messages API, in-process (anthropic client -> transport -> Gateway -> engine)"),
 ]
+
+
+@contextlib.contextmanager
+def plain_responses_transform():
+    """The openai SDK's request transform for ``responses.create`` replaced by a plain dump
+    (pydantic items dumped, omitted values dropped): the same JSON body for the items an agent
+    sends here, without the SDK walking every item through the union of item types. A
+    diagnostic that splits the agent's client cost from the route's; nothing ships it."""
+    import openai.resources.responses.responses as module
+    import pydantic
+    from openai._utils import is_given
+
+    def plain(data: Any) -> Any:
+        if isinstance(data, pydantic.BaseModel):
+            return data.model_dump(exclude_unset=True, mode="json")
+        if isinstance(data, dict):
+            return {k: plain(v) for k, v in data.items() if is_given(v)}
+        if isinstance(data, (list, tuple)):
+            return [plain(v) for v in data]
+        return data
+
+    async def transform(data: Any, expected_type: Any) -> Any:
+        return plain(data)
+
+    original = module.async_maybe_transform
+    module.async_maybe_transform = transform
+    try:
+        yield
+    finally:
+        module.async_maybe_transform = original
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -175,8 +210,10 @@ def main(argv: list[str] | None = None) -> int:
 
         def gateway(route: str):
             def run() -> None:
-                got[route] = engine.run_on_loop(runners[route].run_all(
-                    rows, [0] * len(rows), 0.0))
+                with (plain_responses_transform() if route == "responses-plain"
+                      else contextlib.nullcontext()):
+                    got[route] = engine.run_on_loop(runners[route].run_all(
+                        rows, [0] * len(rows), 0.0))
             return run
 
         from vllm.utils.gc_utils import freeze_gc_heap
@@ -219,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
                          "yes" if same else "NO"))
     ip, hp = summary["chat"], summary["chat-http"]
     rs, rc, ms = summary["responses"], summary["responses-chained"], summary["messages"]
+    rp = summary["responses-plain"]
     failed = sum(x["failed"] for x in summary.values())
     machine = benchlib.machine_label()
     text = "\n".join([
@@ -240,14 +278,18 @@ def main(argv: list[str] | None = None) -> int:
         f"`AgentRunner`'s default; each repetition against the env run before it: "
         f"{ip['spread']}); **Responses API {rs['ratio']:.2f}x** with the whole input each "
         f"call ({rs['spread']}), {rc['ratio']:.2f}x chained by previous_response_id "
-        f"({rc['spread']}); **Messages API {ms['ratio']:.2f}x** ({ms['spread']}); Chat "
+        f"({rc['spread']}), and {rp['ratio']:.2f}x with the whole input when the openai SDK's "
+        f"request transform is replaced by a plain dump ({rp['spread']}; a diagnostic: the "
+        f"same body and tokens, so the difference to {rs['ratio']:.2f}x is the agent's "
+        f"client, not the route); **Messages API {ms['ratio']:.2f}x** ({ms['spread']}); Chat "
         f"Completions over HTTP on loopback "
         f"{hp['ratio']:.2f}x ({hp['spread']}); {ip['calls']} model calls per path; "
         f"infra-failed agent episodes: {failed}.",
         "",
         f"Each turn of all {args.episodes} episodes costs {ip['per_round_ms']:.0f} ms more "
         f"through Chat Completions, {rs['per_round_ms']:.0f} ms through the Responses API "
-        f"({rc['per_round_ms']:.0f} ms chained) and {ms['per_round_ms']:.0f} ms through the "
+        f"({rc['per_round_ms']:.0f} ms chained, {rp['per_round_ms']:.0f} ms without the SDK's "
+        f"transform) and {ms['per_round_ms']:.0f} ms through the "
         f"Messages API in-process, and "
         f"{hp['per_round_ms']:.0f} ms more over HTTP, than the env path "
         "((gateway wall - env wall) / turns): the agent's client (building and "

@@ -212,10 +212,17 @@ def assemble(outcomes: list[Outcome], machine: str, total_s: float | None,
         path = benchlib.RESULTS_DIR / f"{bench.name}.md"
         sections.append((bench, path.read_text() if path.exists() else None))
     lines = ["# toolrl benchmarks", ""]
+    kinds = sorted({m.group(1) for _, text in sections if text
+                    for m in re.finditer(r"^Machine: (\S+ family \d+ model \d+ \[[^\]]*\])",
+                                         text, re.M)})
+    where = (f"Machine: {machine}. Absolute times are from this machine"
+             if len(kinds) <= 1 and all(machine.startswith(k) for k in kinds) else
+             f"Assembled on {machine}; the sections were measured on {len(kinds)} CPU kinds "
+             f"({'; '.join(kinds)}), each naming its own, so compare absolute times only "
+             "within a section")
     lines.append(f"Written by `make bench` (`.venv/bin/python benchmarks/run_all.py"
-                 f"{' --quick' if quick else ''}`). Machine: {machine}. Absolute times are "
-                 "from this machine; the comparisons are ratios measured within one run, "
-                 "with the compared sides alternating.")
+                 f"{' --quick' if quick else ''}`). {where}; the comparisons are ratios "
+                 "measured within one run, with the compared sides alternating.")
     if total_s is not None:
         lines.append(f"\nTotal wall time: {total_s / 60:.1f} min.")
     summary = []
