@@ -15,14 +15,18 @@ Phases, each a ``toolrl`` command whose progress shows as it runs, each timed:
    NESTFUL's in the warm start (``sft_train.jsonl``, ``sft_val.jsonl``), the other half are
    RL's (``rl_train.jsonl``; ``rl_combined.jsonl`` adds two-call rows made of pairs of them,
    ``rl_unfit.jsonl`` also no-call rows whose tools do not fit the question);
-2. ``eval_base``: `toolrl eval` of the imported model on the BFCL rows;
+2. ``machine``: the machine's identity and bare matmul rate in float32 and bfloat16, measured
+   before the heavy phases, alone (``machine.json``: the compute account's denominators;
+   redone every run, ~5 s);
+   ``eval_base``: `toolrl eval` of the imported model on the BFCL rows;
 3. ``train``: `toolrl train --config configs/real_fc.yaml` (the warm start, then GRPO);
 4. ``eval_warm_start`` and ``eval_rl``: the warm-started and the final checkpoint on BFCL;
 5. with ``--sft-comparison``, ``sft_more`` and ``eval_sft_more``: the warm start trained for
    the RL steps' wall time on the gold calls of RL's rows instead (what RL is set beside);
 6. ``report``: BFCL's accuracy per category and its Non-Live, Live (held-out rows) and Overall
    columns for the three (four) checkpoints (``report.md``, ``bfcl.png``) with the wall time
-   of every phase.
+   of every phase, and where the compute went (`compute_account`: tokens, FLOP per token,
+   achieved FLOP/s and its share of the bare matmul rate, per phase).
 
     .venv/bin/python recipes/real_fc.py [--only data] [--bfcl-limit N] [--seed S]
         [--sft-comparison]
@@ -598,6 +602,89 @@ def sft_more(out: Path, overrides: list[str]) -> None:
         {"base_model": str(start), "rl_seconds": seconds, **metrics}, indent=2))
 
 
+def machine_phase(out: Path) -> None:
+    """The machine's identity and its bare matmul rate in float32 and bfloat16
+    (`toolrl.machine.matmul_rate`), measured before the other phases start, so alone on the
+    machine: the denominators of the report's compute account (``machine.json``)."""
+    from toolrl.machine import matmul_rate, this_machine
+
+    machine = this_machine()
+    rates = {dtype: matmul_rate(dtype) for dtype in ("float32", "bfloat16")}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "machine.json").write_text(json.dumps(
+        {"machine": machine.to_dict(), "label": machine.label(), "matmul_flop_per_s": rates},
+        indent=2))
+    print(f"{machine.label()}: bare 2048^3 matmul " + ", ".join(
+        f"{rate / 1e9:.0f} GFLOP/s in {dtype}" for dtype, rate in rates.items()), flush=True)
+
+
+class Account(NamedTuple):
+    """One phase's compute: tokens it processed, FLOP per token, seconds, and the dtype its
+    matmuls ran in."""
+
+    phase: str
+    tokens: float
+    flop: float
+    seconds: float
+    dtype: str
+
+
+def compute_account(out: Path) -> list[Account]:
+    """Each phase's compute from what its command recorded: the warm start's and the SFT
+    control's ``warm_start_metrics.json`` (training steps only, held-out checks excluded), the
+    RL run's ``perf/*`` metrics summed over its steps (update, log-prob passes, rollout) and
+    each evaluation's ``results.json`` ``perf``. Training runs in float32 on CPU; the
+    engine in ``rollout.engine.dtype``."""
+    rows: list[Account] = []
+    engine_dtype = "float32"
+    if (out / "config.yaml").exists():
+        import yaml
+
+        engine = yaml.safe_load((out / "config.yaml").read_text())["rollout"]["engine"]
+        engine_dtype = "bfloat16" if engine.get("dtype") == "bfloat16" else "float32"
+    for name, label in (("warm_start", "warm start"), ("sft_more", "SFT control")):
+        path = out / name / "warm_start_metrics.json"
+        m = json.loads(path.read_text()) if path.exists() else {}
+        if m.get("warm_start/train_s"):
+            rows.append(Account(label, m["warm_start/tokens"], m["warm_start/flop_per_token"]
+                                * m["warm_start/tokens"], m["warm_start/train_s"], "float32"))
+    if (out / "metrics.jsonl").exists():
+        steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()
+                 if line.strip()]
+        for key, timing, label, dtype in (
+                ("update", "update", "RL update", "float32"),
+                ("log_prob", "log_probs", "RL log-prob passes", "float32"),
+                ("rollout", "rollout", "RL rollout", engine_dtype)):
+            done = [r for r in steps if f"perf/{key}_flop_per_s" in r]
+            if done:
+                seconds = sum(r[f"timing/{timing}_s"] for r in done)
+                rows.append(Account(label, sum(r[f"perf/{key}_tokens"] for r in done),
+                                    sum(r[f"perf/{key}_flop_per_s"] * r[f"timing/{timing}_s"]
+                                        for r in done), seconds, dtype))
+    for label, name in CHECKPOINTS:
+        path = out / name / "results.json"
+        perf = json.loads(path.read_text()).get("perf", {}) if path.exists() else {}
+        if perf.get("flop_per_s"):
+            rows.append(Account(f"eval ({label})", perf["tokens"],
+                                perf["flop_per_s"] * perf["seconds"], perf["seconds"],
+                                engine_dtype))
+    return rows
+
+
+def account_table(rows: Sequence[Account], rates: Mapping[str, float]) -> list[str]:
+    """The markdown lines of the compute account: per phase its tokens, FLOP per token,
+    seconds, achieved GFLOP/s and the share of the bare matmul rate in its dtype."""
+    lines = ["| phase | tokens | GFLOP per token | seconds | achieved GFLOP/s | dtype | "
+             "share of the bare matmul rate |", "|---|---:|---:|---:|---:|---|---:|"]
+    for r in rows:
+        achieved = r.flop / r.seconds
+        rate = rates.get(r.dtype)
+        share = f"{achieved / rate:.2f}" if rate else "not measured"
+        lines.append(f"| {r.phase} | {r.tokens:,.0f} | {r.flop / max(r.tokens, 1) / 1e9:.3f} | "
+                     f"{r.seconds:.0f} | {achieved / 1e9:.1f} | {r.dtype} | {share} |")
+    return lines
+
+
 def report(out: Path, times: dict[str, str]) -> str:
     """The markdown table (per category and BFCL's non-live average) and ``bfcl.png`` of this
     run's checkpoints (``report.md`` beside them), with ``times`` (phase -> its wall time, as
@@ -608,6 +695,21 @@ def report(out: Path, times: dict[str, str]) -> str:
         if path.exists():
             results[label] = json.loads(path.read_text())["bfcl"]
     text = render(results, times, out / "bfcl.png")
+    rows = compute_account(out)
+    if rows:
+        machine = json.loads((out / "machine.json").read_text()) \
+            if (out / "machine.json").exists() else {}
+        rates = machine.get("matmul_flop_per_s", {})
+        text += "\n".join([
+            "", "Where the compute went (`compute_account`): tokens each phase processed, "
+            "FLOP per token by Kaplan et al.'s count (6 N and attention for training, 2 N for "
+            "the forward-only passes; rollout and evaluation count every token once, so they "
+            "are lower bounds), the achieved rate, and its share of the machine's bare "
+            "2048^3 matmul rate in the same dtype, measured alone before the phases ran"
+            + (f" ({machine['label']}: " + ", ".join(
+                f"{v / 1e9:.0f} GFLOP/s {k}" for k, v in rates.items()) + ")"
+               if machine else " (not measured in this run: no machine.json)") + ".", "",
+            *account_table(rows, rates), ""])
     (out / "report.md").write_text(text)
     return text
 
@@ -764,7 +866,11 @@ def recipe_phases(out: Path, overrides: list[str]) -> list[Phase]:
                 f"goes on from its last snapshot or checkpoint")
 
     steps = config_value("trainer.total_steps", overrides)
-    return [evaluation("eval_base", MODEL),
+    return [Phase("machine", machine_phase, (out,), None, None, lambda: (
+                "the machine's identity and bare matmul rate (float32, bfloat16), measured "
+                "before the other phases, alone (redone every run: a resumed run may be on "
+                "another machine)")),
+            evaluation("eval_base", MODEL),
             Phase("train", run, ("train", "--config", str(CONFIG), *overrides),
                   out / "final_hf" / "config.json", out, training,
                   grpo_steps=steps if isinstance(steps, int) else None),

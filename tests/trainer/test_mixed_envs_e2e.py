@@ -101,6 +101,10 @@ def test_mixed_run_logs_per_env_metrics_and_eval_writes_bfcl_table(
         assert line["score"] == pytest.approx(line["saved_reward"], abs=1e-6)
     results = json.loads((out / "results.json").read_text())
     assert results["num_tasks"] == 5 + 2 + 2
+    # the compute account: every saved episode's tokens, over the evaluation's wall time
+    assert results["perf"]["tokens"] == sum(d["prompt_tokens"] + d["response_tokens"]
+                                            for d in saved)
+    assert results["perf"]["seconds"] > 0 and results["perf"]["flop_per_s"] > 0
     assert set(results["per_env"]) == ENVS and results["per_env"][FC]["n"] == 5
     assert set(results["per_category"]) >= {"simple_python", "live_simple", "irrelevance"}
     bfcl = results["bfcl"]

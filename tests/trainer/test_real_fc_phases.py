@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-RUN = ["data", "eval_base", "train", "eval_warm_start", "eval_rl"]
+RUN = ["data", "machine", "eval_base", "train", "eval_warm_start", "eval_rl"]
 
 
 def _load():
@@ -44,6 +44,11 @@ def recipe(tmp_path, monkeypatch):
         real_fc.DATA.mkdir(parents=True, exist_ok=True)
         (real_fc.DATA / "bfcl.jsonl").write_text('{"id": "a"}\n{"id": "b"}\n')
 
+    def machine_phase(dest):
+        step("machine")
+        dest.mkdir(parents=True, exist_ok=True)
+        (dest / "machine.json").write_text("{}")
+
     def evaluate(model, dest, overrides):
         step(dest.name)
         dest.mkdir(parents=True, exist_ok=True)
@@ -66,7 +71,8 @@ def recipe(tmp_path, monkeypatch):
         real_fc.times.append(dict(times))
         return "report"
 
-    for name, fake in (("data_phase", data_phase), ("evaluate", evaluate), ("run", run),
+    for name, fake in (("data_phase", data_phase), ("machine_phase", machine_phase),
+                       ("evaluate", evaluate), ("run", run),
                        ("sft_more", sft_more), ("report", report)):
         monkeypatch.setattr(real_fc, name, fake)
     real_fc.out = out
@@ -98,17 +104,18 @@ def test_a_rerun_skips_recorded_phases_and_reports_their_times(recipe, capsys):
     recipe.calls.clear()
     capsys.readouterr()
     assert recipe.main(["--out", str(recipe.out)]) == 0
-    assert recipe.calls == ["data"]  # redone every run: every --out shares data/real_fc
+    # redone every run: every --out shares data/real_fc; a resumed run measures its machine
+    assert recipe.calls == ["data", "machine"]
     out = capsys.readouterr().out
     when = first["eval_rl"]["finished"][:16].replace("T", " ")
     assert f"=== real_fc: eval_rl: finished in an earlier run ({when}, " in out
     times = recipe.times[-1]
     assert times["eval_rl"] == f"{first['eval_rl']['seconds'] / 60:.1f} min (an earlier run, " \
                                f"{when})"
-    assert "earlier" not in times["data"]
+    assert "earlier" not in times["data"] and "earlier" not in times["machine"]
     again = _phases(recipe.out)["phases"]
-    assert {k: v for k, v in again.items() if k != "data"} == \
-        {k: v for k, v in first.items() if k != "data"}
+    assert {k: v for k, v in again.items() if k not in ("data", "machine")} == \
+        {k: v for k, v in first.items() if k not in ("data", "machine")}
 
 
 def test_an_interrupted_run_keeps_what_finished_and_the_rerun_does_the_rest(recipe, capsys):
@@ -116,12 +123,12 @@ def test_an_interrupted_run_keeps_what_finished_and_the_rerun_does_the_rest(reci
     with pytest.raises(KeyboardInterrupt):
         recipe.main(["--out", str(recipe.out)])
     record = _phases(recipe.out)
-    assert list(record["phases"]) == ["data", "eval_base", "train"]
+    assert list(record["phases"]) == ["data", "machine", "eval_base", "train"]
     assert list(record["unfinished"]) == ["eval_warm_start"]
     assert "=== real_fc: eval_warm_start stopped after " in capsys.readouterr().out
     recipe.fail, recipe.calls[:] = None, []
     assert recipe.main(["--out", str(recipe.out)]) == 0
-    assert recipe.calls == ["data", "eval_warm_start", "eval_rl"]
+    assert recipe.calls == ["data", "machine", "eval_warm_start", "eval_rl"]
     record = _phases(recipe.out)
     assert list(record["phases"]) == RUN and record["unfinished"] == {}
     assert record["phases"]["eval_warm_start"]["attempts"] == 2
@@ -153,10 +160,11 @@ def test_outputs_made_before_phases_json_are_still_skipped(recipe, capsys):
     (recipe.out / "eval_base" / "results.json").write_text("{}")
     (recipe.out / "final_hf" / "config.json").write_text("{}")
     assert recipe.main(["--out", str(recipe.out), "--seed", "1"]) == 0
-    assert recipe.calls == ["data", "eval_warm_start", "eval_rl"]
+    assert recipe.calls == ["data", "machine", "eval_warm_start", "eval_rl"]
     assert "eval_base: " in capsys.readouterr().out
     assert recipe.times[-1]["train"] == "not recorded (an earlier run)"
-    assert list(_phases(recipe.out)["phases"]) == ["data", "eval_warm_start", "eval_rl"]
+    assert list(_phases(recipe.out)["phases"]) == ["data", "machine", "eval_warm_start",
+                                                   "eval_rl"]
 
 
 def test_the_sft_comparison_phases_are_recorded_too(recipe):
@@ -240,3 +248,40 @@ def test_ctrl_c_waits_for_the_command_to_stop(recipe, monkeypatch, capsys):
                           "print('checkpoint written')")
     out = capsys.readouterr().out
     assert "waiting for `toolrl -c` to stop" in out and "checkpoint written" in out
+
+
+def test_the_report_accounts_for_each_phases_compute(tmp_path):
+    """`compute_account` reads what each command recorded (the warm start's metrics, the RL
+    run's perf/* per step, each evaluation's perf) and the report sets each phase's rate beside
+    the bare matmul rate of its dtype."""
+    real_fc = _load()
+    out = tmp_path / "out"
+    (out / "warm_start").mkdir(parents=True)
+    (out / "warm_start" / "warm_start_metrics.json").write_text(json.dumps({
+        "warm_start/tokens": 1000.0, "warm_start/flop_per_token": 6e9,
+        "warm_start/train_s": 100.0}))
+    steps = [{"step": 0}, *({"step": k, "timing/update_s": 10.0, "perf/update_tokens": 400.0,
+                             "perf/update_flop_per_s": 3e11, "timing/rollout_s": 5.0,
+                             "perf/rollout_tokens": 100.0, "perf/rollout_flop_per_s": 4e10}
+                            for k in (1, 2))]
+    (out / "metrics.jsonl").write_text("".join(json.dumps(s) + "\n" for s in steps))
+    (out / "config.yaml").write_text("rollout: {engine: {dtype: bfloat16}}\n")
+    (out / "eval_rl").mkdir()
+    (out / "eval_rl" / "results.json").write_text(json.dumps(
+        {"bfcl": {"per_category": {}}, "perf": {"tokens": 50.0, "seconds": 2.0,
+                                                "flop_per_s": 1e10}}))
+    rows = {r.phase: r for r in real_fc.compute_account(out)}
+    assert list(rows) == ["warm start", "RL update", "RL rollout", "eval (RL)"]
+    assert rows["warm start"] == real_fc.Account("warm start", 1000.0, 6e12, 100.0, "float32")
+    assert rows["RL update"] == real_fc.Account("RL update", 800.0, 6e12, 20.0, "float32")
+    assert rows["RL rollout"].dtype == rows["eval (RL)"].dtype == "bfloat16"
+    assert rows["eval (RL)"].flop == 2e10
+    table = real_fc.account_table(list(rows.values()), {"float32": 1.2e11})
+    assert "| warm start | 1,000 | 6.000 | 100 | 60.0 | float32 | 0.50 |" in table
+    assert "| RL update | 800 | 7.500 | 20 | 300.0 | float32 | 2.50 |" in table
+    assert table[-1].endswith("| bfloat16 | not measured |")
+    (out / "machine.json").write_text(json.dumps(
+        {"label": "a CPU", "matmul_flop_per_s": {"float32": 1.2e11, "bfloat16": 6e10}}))
+    text = real_fc.report(out, {})
+    assert "(a CPU: 120 GFLOP/s float32, 60 GFLOP/s bfloat16)" in text
+    assert "| eval (RL) | 50 | 0.400 | 2 | 10.0 | bfloat16 | 0.17 |" in text

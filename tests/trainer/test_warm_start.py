@@ -83,6 +83,14 @@ def test_sft_lowers_the_loss_and_writes_a_loadable_checkpoint(tiny_model_dir, to
                   warmup_steps=5)
     assert metrics["warm_start/loss_last"] < 0.5 * metrics["warm_start/loss_first"]
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "ws")
+    # the compute account: 6 N per token (forward and backward) plus attention's share
+    params = sum(p.numel() for p in model.parameters())
+    assert 6 * params < metrics["warm_start/flop_per_token"] < 7 * params
+    assert metrics["warm_start/tokens"] > 30 * 4 and 0 < metrics["warm_start/train_s"] <= \
+        metrics["warm_start/seconds"]
+    assert metrics["warm_start/flop_per_s"] == pytest.approx(
+        metrics["warm_start/flop_per_token"] * metrics["warm_start/tokens"]
+        / metrics["warm_start/train_s"])
     assert model.config.hidden_size == AutoModelForCausalLM.from_pretrained(
         tiny_model_dir).config.hidden_size
     assert AutoTokenizer.from_pretrained(tmp_path / "ws").chat_template == tokenizer.chat_template
@@ -326,7 +334,8 @@ def test_an_interrupted_warm_start_resumes_to_the_same_checkpoint(tiny_model_dir
     resumed = sft(tiny_model_dir, transcripts[2:], tmp_path / "cut", **kwargs)
     assert not (tmp_path / "cut" / ".resume").exists()  # dropped once done
     for key in ("warm_start/steps", "warm_start/loss_first", "warm_start/loss_last",
-                "warm_start/val_curve", "warm_start/best_step", "warm_start/val_loss_best"):
+                "warm_start/val_curve", "warm_start/best_step", "warm_start/val_loss_best",
+                "warm_start/tokens", "warm_start/flop_per_token"):
         assert resumed[key] == whole[key], key
     a = load_file(tmp_path / "whole" / "model.safetensors")
     b = load_file(tmp_path / "cut" / "model.safetensors")

@@ -43,6 +43,7 @@ from toolrl.data.contamination import check_contamination
 from toolrl.data.loader import load_rows
 from toolrl.models.source import ModelNotFoundError, require_model
 from toolrl.registry import RegistryError
+from toolrl.trainer.compute import ModelShape, model_shape
 from toolrl.trainer.config import ConfigError, ExperimentConfig
 from toolrl.trainer.context import RunContext
 from toolrl.trainer.mixture import mixture_rows
@@ -79,12 +80,16 @@ def run_evaluation(cfg: ExperimentConfig, model: str, output_dir: str | os.PathL
         _, val_rows = run.load_tasks()
         _, val_rows = fit_prompt_budget([], val_rows, cfg, run.model_path, log=console.log)
         run.start_rollout()
+        start = time.monotonic()
         trajs, scores = _play(run, val_rows, trials, console)
+        seconds = time.monotonic() - start
+        shape = model_shape(run.model_path)
     finally:
         run.close()
     results = summarize(trajs, scores, cfg.env.id, training=training,
                         training_note=training_note)
-    results = {"model": model, "env": cfg.env.id, "trials": trials, **results}
+    results = {"model": model, "env": cfg.env.id, "trials": trials, **results,
+               "perf": eval_account(shape, trajs, seconds)}
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(results, indent=2))
@@ -101,6 +106,21 @@ def run_evaluation(cfg: ExperimentConfig, model: str, output_dir: str | os.PathL
                       f"failed for infrastructure reasons {results['infra_failed_by_kind']}: "
                       f"left out of success and reward[/]")
     return results
+
+
+def eval_account(shape: ModelShape | None, trajs: list[Trajectory], seconds: float
+                 ) -> dict[str, float]:
+    """The evaluation's compute account: its wall time (the engine's start not counted), the
+    tokens of its episodes (prompts and responses, each through the engine at least once) and,
+    where the model's shape is known, the forward FLOP/s they make (a lower bound, as
+    `toolrl.trainer.compute.rollout_account`)."""
+    tokens = sum(t.prompt_tokens + t.response_tokens for t in trajs)
+    out = {"seconds": seconds, "tokens": float(tokens)}
+    if shape is not None and tokens and seconds > 0:
+        lengths = [t.prompt_tokens + t.response_tokens for t in trajs]
+        context = sum(n * (n + 1) / 2 for n in lengths) / tokens  # causal, as batch_tokens
+        out["flop_per_s"] = shape.flop_per_token(context, training=False) * tokens / seconds
+    return out
 
 
 def _play(run: RunContext, rows: list[dict[str, Any]], trials: int, console: Console

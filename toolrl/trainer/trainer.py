@@ -42,6 +42,7 @@ from toolrl.rollout.gateway.agent import (
 from toolrl.rollout.worker import RolloutWorker, rollout_metrics
 from toolrl.trainer import checkpoint as ckpt
 from toolrl.trainer.async_mode import AsyncSchedule
+from toolrl.trainer.compute import model_shape, rollout_account, step_account
 from toolrl.trainer.config import (
     ExperimentConfig,
     save_config,
@@ -98,6 +99,7 @@ class Trainer(RunContext):
         torch.manual_seed(cfg.seed)
         self.model_path = warm_started(cfg, base, self.run_dir, self.console) \
             if cfg.warm_start.enabled else base
+        self.shape = model_shape(self.model_path)  # perf/* metrics (toolrl.trainer.compute)
         self.loader = TaskLoader(self.train_rows, cfg.data.batch_size, seed=cfg.seed,
                                  shuffle=cfg.data.shuffle)
         self.start_workers()
@@ -189,12 +191,18 @@ class Trainer(RunContext):
         if train is not None:
             metrics, more = self.train_on(train, timing)
             adv_metrics.update(more)
+            critic = "critic" in self.handles  # same body: its update and values count too
+            metrics.update(step_account(
+                self.shape, train, timing, epochs=self.cfg.actor.ppo_epochs * (1 + critic),
+                log_prob_passes=int(self.needs_old_log_probs) + critic + int(
+                    "ref" in self.handles or self.cfg.needs_reference)))
         for key in ("log_prob_diff_abs_mean", "log_prob_diff_abs_max"):  # on-policy steps
             if f"actor/{key}" in metrics:
                 metrics[f"rollout/{key}"] = metrics.pop(f"actor/{key}")
         metrics.update(reward_metrics)
         metrics.update(adv_metrics)
         metrics.update(rollout_metrics(batch))
+        metrics.update(rollout_account(self.shape, batch, timing.get("rollout")))
         warning = None if self._warned_uncorrected else uncorrected_warning(metrics, self.cfg)
         if warning is not None:
             self._warned_uncorrected = True

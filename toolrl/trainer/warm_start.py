@@ -44,6 +44,7 @@ from toolrl.models.compact import REAL_DIR, VOCAB_FILE
 from toolrl.models.families import family_tokenizer
 from toolrl.rollout.chat import ChatRenderer
 from toolrl.rollout.episode import MAX_TURNS
+from toolrl.trainer.compute import ModelShape
 from toolrl.trainer.config import ConfigError, ExperimentConfig
 from toolrl.trainer.policies import BAD_POLICIES
 from toolrl.workers.host_memory import release_memory
@@ -517,6 +518,7 @@ def _train(model_path: str | Path, transcripts: Sequence[Transcript], out_dir: P
     enable_scoring(model)
     losses: list[float] = []
     tokens, first, before = 0, 0, 0.0
+    attended, train_s = 0.0, 0.0  # the compute account: positions attended, time in steps
     state = snapshot.load(console) if snapshot is not None else None
     if state is not None:
         model.load_state_dict(state["model"])
@@ -526,6 +528,7 @@ def _train(model_path: str | Path, transcripts: Sequence[Transcript], out_dir: P
         torch.set_rng_state(state["torch_rng"])
         losses, tokens, first, before = (state["losses"], state["tokens"], state["step"],
                                          state["seconds"])
+        attended, train_s = state.get("attended", 0.0), state.get("train_s", 0.0)
         if held is not None:
             held.curve, held.best, held.best_step, held.since_best = state["held"]
     elif held is not None:
@@ -540,6 +543,7 @@ def _train(model_path: str | Path, transcripts: Sequence[Transcript], out_dir: P
     with progress:
         task = progress.add_task("sft", total=steps, loss="-", completed=first)
         for step in range(first, steps):
+            began = time.perf_counter()
             batch = shared_prefix_batch(
                 [transcripts[rng.randrange(len(transcripts))] for _ in range(batch_size)], pad,
                 own_prompts=model.config.vocab_size > LARGE_VOCAB)
@@ -551,8 +555,12 @@ def _train(model_path: str | Path, transcripts: Sequence[Transcript], out_dir: P
             opt.step()
             sched.step()
             losses.append(float(loss.detach()))
-            tokens += int(batch[ATTENTION_MASK][:, batch[PROMPTS].shape[1]:].sum()) + \
-                int(batch[ATTENTION_MASK][0, :batch[PROMPTS].shape[1]].sum())
+            train_s += time.perf_counter() - began
+            prompt = int(batch[ATTENTION_MASK][0, :batch[PROMPTS].shape[1]].sum())
+            answers = batch[ATTENTION_MASK][:, batch[PROMPTS].shape[1]:].sum(-1).double()
+            tokens += prompt + int(answers.sum())
+            attended += prompt * (prompt + 1) / 2 + float(  # causal: position p sees p + 1
+                (answers * prompt + answers * (answers + 1) / 2).sum())
             progress.update(task, advance=1, loss=f"{losses[-1]:.3f}")
             recent = sum(losses[-stop_window:]) / min(len(losses), stop_window)
             done = stop_loss is not None and len(losses) >= stop_window and recent <= stop_loss
@@ -585,7 +593,8 @@ def _train(model_path: str | Path, transcripts: Sequence[Transcript], out_dir: P
                     "model": model.state_dict(), "optimizer": opt.state_dict(),
                     "schedule": sched.state_dict(), "rng": rng.getstate(),
                     "torch_rng": torch.get_rng_state(), "losses": losses, "tokens": tokens,
-                    "step": step + 1, "seconds": time.perf_counter() - start,
+                    "attended": attended, "train_s": train_s, "step": step + 1,
+                    "seconds": time.perf_counter() - start,
                     "held": None if held is None else (held.curve, held.best, held.best_step,
                                                        held.since_best)})
     elapsed = time.perf_counter() - start
@@ -598,7 +607,13 @@ def _train(model_path: str | Path, transcripts: Sequence[Transcript], out_dir: P
     copy_vocab(model_path, out_dir)
     if snapshot is not None:
         snapshot.drop()
+    shape = ModelShape(sum(p.numel() for p in model.parameters()),
+                       model.config.num_hidden_layers, model.config.hidden_size)
+    per_token = shape.flop_per_token(attended / max(tokens, 1), training=True)
     return {"warm_start/loss_first": losses[0], "warm_start/loss_last": losses[-1],
             "warm_start/steps": float(len(losses)), "warm_start/tokens_per_s": tokens / elapsed,
+            "warm_start/tokens": float(tokens), "warm_start/train_s": train_s,
+            "warm_start/flop_per_token": per_token,
+            "warm_start/flop_per_s": per_token * tokens / train_s if train_s else 0.0,
             "warm_start/seconds": elapsed, "warm_start/transcripts": float(len(transcripts)),
             "warm_start/stopped": stopped, **(held.metrics() if held is not None else {})}
