@@ -11,31 +11,38 @@ from toolrl import batch as B
 from toolrl.trainer.compute import ModelShape, batch_tokens, model_shape, step_account
 
 
-def _batch(lengths: list[int], width: int = 6) -> TensorDict:
-    mask = torch.zeros(len(lengths), width, dtype=torch.long)
-    for i, n in enumerate(lengths):
-        mask[i, width - n:] = 1  # left-padded, as prompts are
-    return TensorDict({B.ATTENTION_MASK: mask}, batch_size=[len(lengths)])
+def _batch(prompts: list[list[int]], answers: list[int], width: int = 4) -> TensorDict:
+    """Rows with these prompts (left-padded to ``width``) and this many response tokens."""
+    n, length = len(prompts), max(answers)
+    ids = torch.zeros(n, width, dtype=torch.long)
+    mask = torch.zeros(n, width + length, dtype=torch.long)
+    for i, (prompt, answer) in enumerate(zip(prompts, answers, strict=True)):
+        ids[i, width - len(prompt):] = torch.tensor(prompt)
+        mask[i, width - len(prompt):width + answer] = 1
+    return TensorDict({B.PROMPTS: ids, B.ATTENTION_MASK: mask}, batch_size=[n])
 
 
-def test_tokens_and_causal_context_count_real_tokens_only():
-    tokens, context = batch_tokens(_batch([3, 1]))
-    assert tokens == 4
-    assert context == pytest.approx((1 + 2 + 3 + 1) / 4)  # positions each token attends to
+def test_a_shared_prompt_counts_once_and_padding_never():
+    tokens, context = batch_tokens(_batch([[5, 6], [5, 6], [7]], [3, 1, 2]))
+    assert tokens == 2 + 1 + 3 + 1 + 2  # the prompt [5, 6] once, every response token
+    # positions attended: prompt [5, 6] 1 + 2; its responses 3 + 4 + 5 and 3; prompt [7] 1,
+    # its responses 2 + 3
+    assert context == pytest.approx((1 + 2 + 3 + 4 + 5 + 3 + 1 + 2 + 3) / 9)
 
 
 def test_step_account_counts_epochs_and_passes():
     shape = ModelShape(params=1000, layers=2, hidden=8)
-    out = step_account(shape, _batch([4, 2]), {"update": 2.0, "log_probs": 0.5},
-                       epochs=3, log_prob_passes=2)
-    forward = shape.flop_per_token(batch_tokens(_batch([4, 2]))[1], training=False)
+    batch = _batch([[1, 2], [3]], [2, 1])  # 6 tokens
+    out = step_account(shape, batch, {"update": 2.0, "log_probs": 0.5}, epochs=3,
+                       log_prob_passes=2)
+    forward = shape.flop_per_token(batch_tokens(batch)[1], training=False)
     assert out["perf/flop_per_token"] == forward
     assert out["perf/update_tokens"] == 18 and out["perf/log_prob_tokens"] == 12
     assert out["perf/update_flop_per_s"] == pytest.approx(3 * forward * 18 / 2.0)
     assert out["perf/log_prob_flop_per_s"] == pytest.approx(forward * 12 / 0.5)
-    assert "perf/log_prob_tokens" not in step_account(shape, _batch([4]), {"update": 1.0},
-                                                      epochs=1, log_prob_passes=0)
-    assert step_account(None, _batch([4]), {"update": 1.0}, epochs=1, log_prob_passes=0) == {}
+    assert "perf/log_prob_tokens" not in step_account(shape, batch, {"update": 1.0}, epochs=1,
+                                                      log_prob_passes=0)
+    assert step_account(None, batch, {"update": 1.0}, epochs=1, log_prob_passes=0) == {}
 
 
 def test_model_shape_reads_the_checkpoint_without_loading_it(tiny_model_dir, tmp_path):

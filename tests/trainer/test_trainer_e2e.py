@@ -24,11 +24,13 @@ def test_ppo_config_runs_three_steps(ray_cluster, tiny_model_dir, tmp_path):
         assert any(k.startswith("critic/") for k in row), sorted(row)
         assert row["timing/step_s"] > 0 and "train/success" in row
         assert row["policy_version"] == row["step"]
-        # the compute account: every real token of the step's 8 episodes, twice (2 PPO
-        # epochs) for the actor and twice for the critic (the same body)
+        # the compute account: the tokens of the step's 8 episodes (a group's shared prompt
+        # once), twice (2 PPO epochs) for the actor and twice for the critic (the same body)
         episodes = [json.loads(line) for line in
                     (run / "rollouts" / f"step_{row['step']}.jsonl").read_text().splitlines()]
-        tokens = sum(e["prompt_tokens"] + e["response_tokens"] for e in episodes)
+        prompts = {e["uid"]: e["prompt_tokens"] for e in episodes}
+        tokens = sum(prompts.values()) + sum(e["response_tokens"] for e in episodes)
+        assert len(prompts) == 2  # two tasks, a group of 4 each
         assert len(episodes) == 8 and row["perf/update_tokens"] == 4 * tokens
         assert row["perf/log_prob_tokens"] == 2 * tokens  # old log-probs and the values
         assert row["perf/rollout_tokens"] == tokens and row["perf/rollout_flop_per_s"] > 0

@@ -21,6 +21,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 from tensordict import TensorDict
 
 from toolrl import batch as B
@@ -68,13 +69,28 @@ def model_shape(path: str | Path) -> ModelShape | None:
 
 
 def batch_tokens(batch: TensorDict) -> tuple[int, float]:
-    """Real tokens of ``batch`` (prompt and response, padding not counted) and the mean number
-    of positions a token attends to under the causal mask ((length + 1) / 2 per row, weighted
-    by its tokens)."""
-    lengths = batch[B.ATTENTION_MASK].sum(-1).double()
-    tokens = float(lengths.sum())
-    context = float((lengths * (lengths + 1) / 2).sum()) / tokens if tokens else 0.0
-    return int(tokens), context
+    """The tokens ``batch``'s forward needs (a prompt shared by several rows once, as the
+    actor's shared-prefix layout runs it, and every response token; padding not counted) and
+    the mean number of positions they attend to under the causal mask (a prompt token at
+    position p sees p + 1; a response token also sees its row's prompt)."""
+    mask = batch[B.ATTENTION_MASK]
+    width = batch[B.PROMPTS].shape[1]
+    prompt_real = mask[:, :width].sum(-1).double()
+    answers = mask[:, width:].sum(-1).double()
+    _, first = _unique_rows(batch[B.PROMPTS] * mask[:, :width])
+    prompts = prompt_real[first]
+    tokens = float(prompts.sum() + answers.sum())
+    attended = float((prompts * (prompts + 1) / 2).sum() +
+                     (answers * prompt_real + answers * (answers + 1) / 2).sum())
+    return int(tokens), attended / tokens if tokens else 0.0
+
+
+def _unique_rows(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The distinct rows of a 2-D tensor and the index of each one's first occurrence."""
+    unique, inverse = torch.unique(rows, dim=0, return_inverse=True)
+    first = torch.full((len(unique),), len(rows), dtype=torch.long)
+    first.scatter_reduce_(0, inverse, torch.arange(len(rows)), reduce="amin")
+    return unique, first
 
 
 def step_account(shape: ModelShape | None, batch: TensorDict | None, timing: dict[str, float],

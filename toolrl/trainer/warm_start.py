@@ -35,7 +35,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from tensordict import TensorDict
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from toolrl.batch import ATTENTION_MASK, PROMPTS, RESPONSE_MASK, build_rollout_batch
+from toolrl.batch import RESPONSE_MASK, build_rollout_batch
 from toolrl.core.env import run_episode
 from toolrl.core.registration import env_class, make_env
 from toolrl.core.trajectory import Trajectory
@@ -44,7 +44,7 @@ from toolrl.models.compact import REAL_DIR, VOCAB_FILE
 from toolrl.models.families import family_tokenizer
 from toolrl.rollout.chat import ChatRenderer
 from toolrl.rollout.episode import MAX_TURNS
-from toolrl.trainer.compute import ModelShape
+from toolrl.trainer.compute import ModelShape, batch_tokens
 from toolrl.trainer.config import ConfigError, ExperimentConfig
 from toolrl.trainer.policies import BAD_POLICIES
 from toolrl.workers.host_memory import release_memory
@@ -556,11 +556,9 @@ def _train(model_path: str | Path, transcripts: Sequence[Transcript], out_dir: P
             sched.step()
             losses.append(float(loss.detach()))
             train_s += time.perf_counter() - began
-            prompt = int(batch[ATTENTION_MASK][0, :batch[PROMPTS].shape[1]].sum())
-            answers = batch[ATTENTION_MASK][:, batch[PROMPTS].shape[1]:].sum(-1).double()
-            tokens += prompt + int(answers.sum())
-            attended += prompt * (prompt + 1) / 2 + float(  # causal: position p sees p + 1
-                (answers * prompt + answers * (answers + 1) / 2).sum())
+            needed, context = batch_tokens(batch)  # a shared prompt once
+            tokens += needed
+            attended += needed * context
             progress.update(task, advance=1, loss=f"{losses[-1]:.3f}")
             recent = sum(losses[-stop_window:]) / min(len(losses), stop_window)
             done = stop_loss is not None and len(losses) >= stop_window and recent <= stop_loss
