@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from tensordict import TensorDict
 
 from toolrl import batch as B
@@ -55,8 +56,6 @@ def model_shape(path: str | Path) -> ModelShape | None:
     layers, hidden = config.get("num_hidden_layers"), config.get("hidden_size")
     if not layers or not hidden:
         return None
-    from safetensors import safe_open
-
     params = 0
     for file in files:
         with safe_open(str(file), framework="pt") as f:
