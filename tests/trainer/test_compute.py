@@ -28,6 +28,8 @@ def test_a_shared_prompt_counts_once_and_padding_never():
     # positions attended: prompt [5, 6] 1 + 2; its responses 3 + 4 + 5 and 3; prompt [7] 1,
     # its responses 2 + 3
     assert context == pytest.approx((1 + 2 + 3 + 4 + 5 + 3 + 1 + 2 + 3) / 9)
+    # a prompt whose first real id is 0 is not the shorter prompt padded to its width
+    assert batch_tokens(_batch([[0, 6], [6]], [1, 1]))[0] == 2 + 1 + 1 + 1
 
 
 def test_step_account_counts_epochs_and_passes():

@@ -76,7 +76,9 @@ def batch_tokens(batch: TensorDict) -> tuple[int, float]:
     width = batch[B.PROMPTS].shape[1]
     prompt_real = mask[:, :width].sum(-1).double()
     answers = mask[:, width:].sum(-1).double()
-    _, first = _unique_rows(batch[B.PROMPTS] * mask[:, :width])
+    # a prompt is its real tokens and its length (a real id 0 would read as padding alone)
+    first = _first_of_each(torch.cat([batch[B.PROMPTS] * mask[:, :width],
+                                      prompt_real[:, None].long()], dim=1))
     prompts = prompt_real[first]
     tokens = float(prompts.sum() + answers.sum())
     attended = float((prompts * (prompts + 1) / 2).sum() +
@@ -84,12 +86,11 @@ def batch_tokens(batch: TensorDict) -> tuple[int, float]:
     return int(tokens), attended / tokens if tokens else 0.0
 
 
-def _unique_rows(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The distinct rows of a 2-D tensor and the index of each one's first occurrence."""
+def _first_of_each(rows: torch.Tensor) -> torch.Tensor:
+    """The index of the first occurrence of each distinct row of a 2-D tensor."""
     unique, inverse = torch.unique(rows, dim=0, return_inverse=True)
     first = torch.full((len(unique),), len(rows), dtype=torch.long)
-    first.scatter_reduce_(0, inverse, torch.arange(len(rows)), reduce="amin")
-    return unique, first
+    return first.scatter_reduce_(0, inverse, torch.arange(len(rows)), reduce="amin")
 
 
 def step_account(shape: ModelShape | None, batch: TensorDict | None, timing: dict[str, float],
