@@ -94,8 +94,6 @@ MISMATCHED = 100
 CHECKPOINTS = (("base", "eval_base"), ("warm start", "eval_warm_start"), ("RL", "eval_rl"),
                ("more SFT, RL's time", "eval_sft_more"))
 TOOLRL = str(Path(sys.executable).with_name("toolrl"))
-# an eval only generates: its engine takes every core (training keeps one for the driver)
-EVAL_THREADS = len(os.sched_getaffinity(0))
 
 
 HEARTBEAT_S = 60.0  # a line while a command has been silent this long
@@ -566,8 +564,8 @@ def evaluate(model: Path, out: Path, overrides: list[str]) -> None:
         print(f"{out}/results.json exists: skipped")
         return
     run("eval", "--config", str(CONFIG), "--model", str(model), "--output-dir", str(out),
-        f"data.val_file={DATA / 'bfcl_eval.jsonl'}", *overrides,
-        f"rollout.engine.cpu_threads={EVAL_THREADS}")
+        f"data.val_file={DATA / 'bfcl_eval.jsonl'}", *overrides)  # the engine on every core
+                                                        # (the config's cpu_threads: all)
 
 
 def rl_seconds(out: Path) -> float:

@@ -64,6 +64,13 @@ def test_config_errors_are_clear(tiny_model_dir):
     assert EngineConfig(model="m", multiprocessing=True).resolved().cpu_threads is None
     assert EngineConfig(model="m", multiprocessing=False, cpu_threads=3).resolved() \
         .cpu_threads == 3
+    # "all": every CPU this process may run on, with or without a worker process of its own
+    for multi in (False, True):
+        assert EngineConfig(model="m", multiprocessing=multi, cpu_threads="all").resolved() \
+            .cpu_threads == len(usable_cpus())
+    for bad in ("two", "", True):
+        with pytest.raises(ValueError, match="cpu_threads must be >= 1, 'all' or None"):
+            EngineConfig(model="m", cpu_threads=bad)
     args = EngineConfig(model=str(tiny_model_dir), max_model_len=256, seed=3).engine_args()
     assert args.worker_extension_cls == "toolrl.weights.vllm_worker.WeightLoaderExtension"
     assert (args.block_size, args.enable_chunked_prefill, args.seed) == (32, False, 3)

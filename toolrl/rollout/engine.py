@@ -134,13 +134,18 @@ class EngineConfig:
             adapter (`EngineWeightRoutes.load_adapter_sync`); 0: no LoRA support (full-weight
             pushes).
         cpu_threads: CPU only: torch threads of the model's forward pass (in the engine-core
-            process, or in the model worker with ``multiprocessing``). None: without
-            ``multiprocessing``, one fewer than the CPUs this process may run on (at least 1),
-            leaving one to the process that runs the episodes and the engine's output handler,
-            as vLLM's own CPU executor does for its worker processes; with it, vLLM's
-            automatic binding. Threads that share their cores with that process wait for it
-            at every barrier of the forward pass: on 2 cores, 2 threads made the gateway
-            benchmark's env-loop episodes 1.15x and its agent episodes 1.4x slower than 1.
+            process, or in the model worker with ``multiprocessing``); ``"all"``: every CPU
+            this process may run on. None: without ``multiprocessing``, one fewer than the CPUs
+            this process may run on (at least 1), leaving one to the process that runs the
+            episodes and the engine's output handler, as vLLM's own CPU executor does for its
+            worker processes; with it, vLLM's automatic binding (which also leaves one). Which
+            is faster depends on the work: threads that share their cores with that process wait
+            for it at every barrier of the forward pass, so on 2 cores 2 threads made the
+            gateway benchmark's short multi-turn episodes 1.15x (env loop) and 1.4x (agents)
+            slower than 1, while the real-model recipe's prefill-heavy single turns (SmolLM2,
+            ~600-token prompts) ran 1.4x (GRPO rollout) and 1.6x (evaluation) faster with
+            ``"all"`` (benchmarks/results/real_fc_account.md). A sync trainer's actor idles
+            while the engine samples, so ``"all"`` takes no core from it.
         startup_timeout_s / shutdown_timeout_s: bounds on start and stop.
         engine_kwargs: any other ``vllm.AsyncEngineArgs`` field, passed through.
     """
@@ -165,7 +170,7 @@ class EngineConfig:
     weight_transfer: WeightTransfer = "ipc"
     sleep_level: int | None = None
     max_lora_rank: int = 0
-    cpu_threads: int | None = None
+    cpu_threads: int | str | None = None  # an int, "all" or None
     startup_timeout_s: float = 600.0
     shutdown_timeout_s: float = 30.0
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -191,8 +196,10 @@ class EngineConfig:
         if self.cpu_threads is not None:
             if self.backend != "cpu":
                 raise ValueError("cpu_threads applies to the CPU backend only")
-            if self.cpu_threads < 1:
-                raise ValueError(f"cpu_threads must be >= 1 or None, got {self.cpu_threads}")
+            if self.cpu_threads != "all" and (isinstance(self.cpu_threads, (str, bool))
+                                              or self.cpu_threads < 1):
+                raise ValueError(f"cpu_threads must be >= 1, 'all' or None, got "
+                                 f"{self.cpu_threads!r}")
         if self.tensor_parallel_size != 1:
             raise ValueError(f"tensor_parallel_size={self.tensor_parallel_size}: toolrl runs one "
                              f"engine per GPU (one GPU per placement bundle, one NCCL rank per "
@@ -214,7 +221,8 @@ class EngineConfig:
             enforce_eager=self.enforce_eager if self.enforce_eager is not None else not gpu,
             sleep_level=self.sleep_level or 0,
             logprobs_mode=self.logprobs_mode or "raw_logprobs",
-            cpu_threads=self.cpu_threads if gpu or self.multiprocessing
+            cpu_threads=len(usable_cpus()) if self.cpu_threads == "all"
+            else self.cpu_threads if gpu or self.multiprocessing
             else self.cpu_threads or max(1, len(usable_cpus()) - 1))
 
     @property
