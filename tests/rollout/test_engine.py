@@ -234,6 +234,20 @@ def test_engines_of_one_process_fork_their_cores_from_one_server(engine, tiny_mo
     assert again.token_ids == out.token_ids  # same weights, seed and prompt; greedy
 
 
+def test_all_cpu_threads_run_the_forward_on_every_cpu(tiny_model_dir, prompt):
+    """``cpu_threads="all"``: the model's forward runs on as many torch threads as this
+    process has CPUs (the default leaves one to the episodes)."""
+    eng = VLLMEngine(EngineConfig(model=str(tiny_model_dir), max_model_len=MAX_LEN,
+                                  kv_cache_gib=0.25, multiprocessing=False, seed=0,
+                                  cpu_threads="all"))
+    try:
+        assert asyncio.run(eng.collective_rpc("toolrl_torch_threads")) == [len(usable_cpus())]
+        [out] = eng.generate_sync(prompt, GREEDY)
+        assert len(out.token_ids) == GREEDY.max_tokens
+    finally:
+        eng.shutdown()
+
+
 def test_shutdown_leaves_no_engine_process(engine):
     """Runs last in this module: the engine's processes are gone after shutdown."""
     pids = engine.engine_pids

@@ -138,9 +138,9 @@ class EngineConfig:
             this process may run on. None: without ``multiprocessing``, one fewer than the CPUs
             this process may run on (at least 1), leaving one to the process that runs the
             episodes and the engine's output handler, as vLLM's own CPU executor does for its
-            worker processes; with it, vLLM's automatic binding (which also leaves one). Which
-            is faster depends on the work: threads that share their cores with that process wait
-            for it at every barrier of the forward pass, so on 2 cores 2 threads made the
+            worker processes; with it, vLLM's automatic binding. Which is faster depends on the
+            work: threads that share their cores with that process wait for it at every
+            barrier of the forward pass, so on 2 cores 2 threads made the
             gateway benchmark's short multi-turn episodes 1.15x (env loop) and 1.4x (agents)
             slower than 1, while the real-model recipe's prefill-heavy single turns (SmolLM2,
             ~600-token prompts) ran 1.4x (GRPO rollout) and 1.6x (evaluation) faster with
