@@ -563,9 +563,9 @@ def evaluate(model: Path, out: Path, overrides: list[str]) -> None:
     if (out / "results.json").exists():
         print(f"{out}/results.json exists: skipped")
         return
+    # the engine on every core: the config's rollout.engine.cpu_threads is "all"
     run("eval", "--config", str(CONFIG), "--model", str(model), "--output-dir", str(out),
-        f"data.val_file={DATA / 'bfcl_eval.jsonl'}", *overrides)  # the engine on every core
-                                                        # (the config's cpu_threads: all)
+        f"data.val_file={DATA / 'bfcl_eval.jsonl'}", *overrides)
 
 
 def rl_seconds(out: Path) -> float:

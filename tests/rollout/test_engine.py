@@ -64,10 +64,11 @@ def test_config_errors_are_clear(tiny_model_dir):
     assert EngineConfig(model="m", multiprocessing=True).resolved().cpu_threads is None
     assert EngineConfig(model="m", multiprocessing=False, cpu_threads=3).resolved() \
         .cpu_threads == 3
-    # "all": every CPU this process may run on, with or without a worker process of its own
+    # "all" stays "all" until the process that builds the engine counts its own CPUs (on a Ray
+    # cluster the driver's are another machine's); a real engine's threads are checked below
     for multi in (False, True):
         assert EngineConfig(model="m", multiprocessing=multi, cpu_threads="all").resolved() \
-            .cpu_threads == len(usable_cpus())
+            .cpu_threads == "all"
     for bad in ("two", "", True):
         with pytest.raises(ValueError, match="cpu_threads must be >= 1, 'all' or None"):
             EngineConfig(model="m", cpu_threads=bad)

@@ -140,8 +140,8 @@ class EngineConfig:
             episodes and the engine's output handler, as vLLM's own CPU executor does for its
             worker processes; with it, vLLM's automatic binding. Which is faster depends on the
             work: threads that share their cores with that process wait for it at every
-            barrier of the forward pass, so on 2 cores 2 threads made the
-            gateway benchmark's short multi-turn episodes 1.15x (env loop) and 1.4x (agents)
+            barrier of the forward pass, so on 2 cores 2 threads made the gateway benchmark's
+            short multi-turn episodes 1.15x (env loop) and 1.4x (agents)
             slower than 1, while the real-model recipe's prefill-heavy single turns (SmolLM2,
             ~600-token prompts) ran 1.4x (GRPO rollout) and 1.6x (evaluation) faster with
             ``"all"`` (benchmarks/results/real_fc_account.md). A sync trainer's actor idles
@@ -221,8 +221,8 @@ class EngineConfig:
             enforce_eager=self.enforce_eager if self.enforce_eager is not None else not gpu,
             sleep_level=self.sleep_level or 0,
             logprobs_mode=self.logprobs_mode or "raw_logprobs",
-            cpu_threads=len(usable_cpus()) if self.cpu_threads == "all"
-            else self.cpu_threads if gpu or self.multiprocessing
+            cpu_threads=self.cpu_threads if gpu or self.multiprocessing
+            or self.cpu_threads == "all"  # counted where the engine starts (`_engine_env`)
             else self.cpu_threads or max(1, len(usable_cpus()) - 1))
 
     @property
@@ -719,11 +719,13 @@ def _engine_env(config: EngineConfig) -> Iterator[None]:
     if config.backend == "cpu" and config.kv_cache_gib is not None:
         changes["VLLM_CPU_KVCACHE_SPACE"] = None  # the legacy variable would override the config
     if config.backend == "cpu" and config.cpu_threads is not None:
+        # "all": the CPUs of the process that builds the engine (a Ray node's, not the driver's)
+        threads = len(usable_cpus()) if config.cpu_threads == "all" else int(config.cpu_threads)
         if config.multiprocessing:  # vLLM's executor sets its worker's threads from the cores
             changes["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(
-                str(c) for c in usable_cpus()[-config.cpu_threads:])
+                str(c) for c in usable_cpus()[-threads:])
         else:  # the engine core's torch reads it when it starts (vLLM respects it)
-            changes["OMP_NUM_THREADS"] = str(config.cpu_threads)
+            changes["OMP_NUM_THREADS"] = str(threads)
             changes["VLLM_OMP_NUM_THREADS_SET_BY_VLLM"] = None
     if config.backend == "gpu":
         # CUDA IPC handles hold torch types: the worker unpickles them (pushed as base64)
