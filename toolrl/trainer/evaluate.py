@@ -43,6 +43,7 @@ from toolrl.data.contamination import check_contamination
 from toolrl.data.loader import load_rows
 from toolrl.models.source import ModelNotFoundError, require_model
 from toolrl.registry import RegistryError
+from toolrl.rollout.samples import is_episode_lead
 from toolrl.trainer.compute import ModelShape, model_shape
 from toolrl.trainer.config import ConfigError, ExperimentConfig
 from toolrl.trainer.context import RunContext
@@ -138,8 +139,11 @@ def _play(run: RunContext, rows: list[dict[str, Any]], trials: int, console: Con
                             seed=run.seed_of("val" if k == 0 else f"val{k}"),
                             greedy=cfg.rollout.val_temperature == 0.0)
         run.score(batch)
-        trajs += B.trajectories(batch)
-        scores += batch[B.TOKEN_LEVEL_SCORES].sum(-1).tolist()
+        samples = B.trajectories(batch)
+        leads = [i for i, t in enumerate(samples) if is_episode_lead(t)]  # an episode once, by
+        trajs += [samples[i] for i in leads]  # its last sample (per_turn, split agent samples)
+        totals = batch[B.TOKEN_LEVEL_SCORES].sum(-1).tolist()
+        scores += [totals[i] for i in leads]
         done = [t for t in trajs if t.infra_failure is None]
         if len(rows) > per_chunk:
             console.log(f"eval: {len(trajs)}/{len(rows) * trials} episodes, success so far "

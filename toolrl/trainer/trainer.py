@@ -291,7 +291,7 @@ class Trainer(RunContext):
         ``val/reward/<alias>``) and the env's own (``val/env_reward_mean``)."""
         batch = self.rollout(self.val_rows, 1, seed=self.seed_of("val"),
                              greedy=self.cfg.rollout.val_temperature == 0.0)
-        every = B.trajectories(batch)
+        every = one_per_episode(B.trajectories(batch))  # an episode split into samples: once
         trajs = [t for t in every if t.infra_failure is None]  # not the policy's to answer for
         out = {"val/success": sum(t.success for t in trajs) / max(len(trajs), 1),
                "val/infra_failed": float(len(every) - len(trajs))}
