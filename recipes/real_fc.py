@@ -595,7 +595,8 @@ def sft_more(out: Path, overrides: list[str]) -> None:
     metrics = sft(start, transcripts, dest, steps=ws.steps, lr=ws.lr,
                   batch_size=ws.batch_size, seed=cfg.seed, stop_loss=ws.stop_loss,
                   val_transcripts=held_out, eval_every=ws.eval_every if held_out else 0,
-                  patience=ws.patience, seconds=seconds, save_every=ws.save_every)
+                  patience=ws.patience, seconds=seconds, save_every=ws.save_every,
+                  compute_dtype=cfg.actor.param_dtype or "float32")  # as the warm start
     (dest / "warm_start_metrics.json").write_text(json.dumps(
         {"base_model": str(start), "rl_seconds": seconds, **metrics}, indent=2))
 
@@ -631,8 +632,9 @@ def compute_account(out: Path) -> list[Account]:
     """Each phase's compute from what its command recorded: the warm start's and the SFT
     control's ``warm_start_metrics.json`` (training steps only, held-out checks excluded), the
     RL run's ``perf/*`` metrics summed over its steps (update, log-prob passes, rollout) and
-    each evaluation's ``results.json`` ``perf``. Training runs in float32 on CPU; the
-    engine in ``rollout.engine.dtype``."""
+    each evaluation's ``results.json`` ``perf``. Training computes in what it recorded
+    (``warm_start/compute_dtype``, the RL run's ``compute_dtype.json``: ``actor.param_dtype``,
+    or what ``auto`` timed faster); the engine in ``rollout.engine.dtype``."""
     rows: list[Account] = []
     engine_dtype = "float32"
     if (out / "config.yaml").exists():
@@ -645,13 +647,19 @@ def compute_account(out: Path) -> list[Account]:
         m = json.loads(path.read_text()) if path.exists() else {}
         if m.get("warm_start/train_s"):
             rows.append(Account(label, m["warm_start/tokens"], m["warm_start/flop_per_token"]
-                                * m["warm_start/tokens"], m["warm_start/train_s"], "float32"))
+                                * m["warm_start/tokens"], m["warm_start/train_s"],
+                                m.get("warm_start/compute_dtype", "float32")))
+    from toolrl.workers.compute_dtype import COMPUTE_DTYPE_FILE
+
+    actor_dtype = "float32"
+    if (out / COMPUTE_DTYPE_FILE).exists():
+        actor_dtype = json.loads((out / COMPUTE_DTYPE_FILE).read_text())["dtype"]
     if (out / "metrics.jsonl").exists():
         steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()
                  if line.strip()]
         for key, timing, label, dtype in (
-                ("update", "update", "RL update", "float32"),
-                ("log_prob", "log_probs", "RL log-prob passes", "float32"),
+                ("update", "update", "RL update", actor_dtype),
+                ("log_prob", "log_probs", "RL log-prob passes", actor_dtype),
                 ("rollout", "rollout", "RL rollout", engine_dtype)):
             done = [r for r in steps if f"perf/{key}_flop_per_s" in r]
             if done:

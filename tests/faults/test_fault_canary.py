@@ -10,6 +10,8 @@ disagrees by far more than the tolerance: the check can fail.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from trainer_runs import run_training_in_process, small_run_overrides
 
@@ -38,3 +40,20 @@ def test_the_canary_agrees_at_temperature_0_7(ray_cluster, tiny_model_dir, tmp_p
     else:  # raw log-probs against the actor's tempered ones: the canary would stop the run
         assert min(probe) > 10 * TOLERANCE["float32"], probe
         assert min(mismatch) > 10 * TOLERANCE["float32"], mismatch
+
+
+@pytest.mark.timeout(900)
+def test_auto_records_the_dtype_it_timed_and_the_canary_reads_its_rule(ray_cluster,
+                                                                       tiny_model_dir, tmp_path):
+    """``actor.param_dtype: auto`` in a run: the actor times the model in its worker, the run
+    directory records the choice and its timings, and the canary judges by its dtype's rule."""
+    rows = run_training_in_process(small_run_overrides(
+        tiny_model_dir, tmp_path / "run", **{
+            "trainer.total_steps": 1, "actor.param_dtype": "auto"}))
+    assert [r["step"] for r in rows] == [0, 1]
+    chosen = json.loads((tmp_path / "run" / "compute_dtype.json").read_text())
+    assert chosen["dtype"] in ("float32", "bfloat16") and "forward and backward" in \
+        chosen["reason"]
+    assert set(chosen["seconds"]) == {"float32", "bfloat16"}, chosen
+    stat = "max" if chosen["dtype"] == "float32" else "mean"
+    assert rows[1][f"sync/probe_{stat}_abs_diff"] < TOLERANCE[chosen["dtype"]], rows[1]

@@ -285,3 +285,23 @@ def test_the_report_accounts_for_each_phases_compute(tmp_path):
     text = real_fc.report(out, {})
     assert "(a CPU: 120 GFLOP/s float32, 60 GFLOP/s bfloat16)" in text
     assert "| eval (RL) | 50 | 0.400 | 2 | 10.0 | bfloat16 | 0.17 |" in text
+
+
+def test_the_account_sets_each_training_phase_beside_the_rate_of_the_dtype_it_ran_in(tmp_path):
+    """A warm start and an RL actor that computed in bf16 (``actor.param_dtype``, or ``auto``
+    timed faster) are counted against the bare bf16 rate, not the fp32 one."""
+    real_fc = _load()
+    out = tmp_path / "out"
+    (out / "warm_start").mkdir(parents=True)
+    (out / "warm_start" / "warm_start_metrics.json").write_text(json.dumps({
+        "warm_start/tokens": 1000.0, "warm_start/flop_per_token": 6e9,
+        "warm_start/train_s": 100.0, "warm_start/compute_dtype": "bfloat16"}))
+    (out / "metrics.jsonl").write_text(json.dumps(
+        {"step": 1, "timing/update_s": 10.0, "perf/update_tokens": 400.0,
+         "perf/update_flop_per_s": 3e11}) + "\n")
+    (out / "compute_dtype.json").write_text(json.dumps(
+        {"dtype": "bfloat16", "seconds": {"float32": 3.0, "bfloat16": 2.0}, "reason": "timed"}))
+    rows = {r.phase: r for r in real_fc.compute_account(out)}
+    assert rows["warm start"].dtype == rows["RL update"].dtype == "bfloat16"
+    table = real_fc.account_table(list(rows.values()), {"float32": 1.2e11, "bfloat16": 6e11})
+    assert "| warm start | 1,000 | 6.000 | 100 | 60.0 | bfloat16 | 0.10 |" in table

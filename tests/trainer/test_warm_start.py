@@ -96,6 +96,21 @@ def test_sft_lowers_the_loss_and_writes_a_loadable_checkpoint(tiny_model_dir, to
     assert AutoTokenizer.from_pretrained(tmp_path / "ws").chat_template == tokenizer.chat_template
 
 
+def test_sft_computes_in_bf16_under_autocast_and_keeps_fp32_weights(tiny_model_dir, tokenizer,
+                                                                    tmp_path):
+    transcripts = oracle_transcripts("toolrl/Calculator-v0", ROWS, tokenizer)
+    metrics = sft(tiny_model_dir, transcripts, tmp_path / "ws", steps=30, batch_size=4,
+                  warmup_steps=5, compute_dtype="bfloat16", val_transcripts=transcripts[:4],
+                  eval_every=15)
+    assert metrics["warm_start/compute_dtype"] == "bfloat16"
+    assert metrics["warm_start/loss_last"] < 0.5 * metrics["warm_start/loss_first"]
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "ws")
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+    auto = sft(tiny_model_dir, transcripts, tmp_path / "auto", steps=2, batch_size=2,
+               compute_dtype="auto")  # timed on the model, then trained in what it chose
+    assert auto["warm_start/compute_dtype"] in ("float32", "bfloat16")
+
+
 def test_sft_stops_once_the_recent_mean_loss_is_low_enough(tiny_model_dir, tokenizer,
                                                             tmp_path):
     transcripts = oracle_transcripts("toolrl/Calculator-v0", ROWS, tokenizer)

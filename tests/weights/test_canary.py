@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
+from tensordict import TensorDict
 
+from toolrl import batch as B
+from toolrl.trainer.trainer import Trainer
 from toolrl.weights.canary import (
     TOLERANCE,
+    SyncCanaryError,
     mode,
     probe_diff,
     probe_stats,
@@ -64,3 +69,29 @@ def test_bf16_reads_the_mean_gap_and_warns_by_default():
     assert mode("auto", None) == "stop" and mode("stop", "bfloat16") == "stop"
     assert mode("off", "float32") == "off"
     assert "mean |diff|" in verdict([0.2], 0.1, 3, "mean")
+
+
+def _canary_run(engine_dtype: str, actor_dtype: str, gap: float) -> SimpleNamespace:
+    """What `Trainer.check_sync` reads, with an actor whose log-probs differ from the
+    engine's by ``gap`` on every probe token."""
+    mask = torch.ones(1, 4)
+    engine = TensorDict({B.ROLLOUT_LOG_PROBS: -torch.ones(1, 4), B.RESPONSE_MASK: mask},
+                        batch_size=[1])
+    scored = TensorDict({B.OLD_LOG_PROBS: -torch.ones(1, 4) + gap}, batch_size=[1])
+    group = SimpleNamespace(call=lambda *a, **k: [engine])
+    return SimpleNamespace(
+        rollout_config=lambda: SimpleNamespace(engine=SimpleNamespace(dtype=engine_dtype)),
+        actor_dtype={"dtype": actor_dtype}, handles={"rollout": group},
+        actor=SimpleNamespace(call=lambda *a, **k: scored),
+        console=SimpleNamespace(log=lambda *_: None),
+        cfg=SimpleNamespace(rollout=SimpleNamespace(temperature=1.0), trainer=SimpleNamespace(
+            sync_canary="auto", sync_canary_tolerance=None)))
+
+
+def test_a_bf16_actor_against_an_fp32_engine_is_judged_by_bf16s_rule():
+    """bf16's rounding (a gap of 0.003, past fp32's 1e-3 bound) is not a missed push when the
+    actor computes in bf16; against an fp32 actor the same gap stops the run."""
+    out = Trainer.check_sync(_canary_run("float32", "bfloat16", 0.003), 1)
+    assert out["sync/probe_max_abs_diff"] == pytest.approx(0.003, rel=1e-4)
+    with pytest.raises(SyncCanaryError):
+        Trainer.check_sync(_canary_run("float32", "float32", 0.003), 1)

@@ -155,7 +155,9 @@ class ResourcesConfig:
 
 @dataclass
 class WarmStartConfig:
-    """Supervised warm start on oracle transcripts of the env, before RL."""
+    """Supervised warm start on oracle transcripts of the env, before RL. It computes in
+    ``actor.param_dtype`` (bf16 under autocast over fp32 weights; ``auto``: whichever a
+    forward and backward of the model timed faster, `toolrl.workers.compute_dtype`)."""
 
     enabled: bool = False  # run the warm start before RL (its checkpoint is the RL start)
     steps: int = 300  # at most; the cosine schedule spans them

@@ -329,7 +329,7 @@ def check_devices(cfg: ExperimentConfig) -> None:
         cpu.append("resources.processes_per_node=1")
     if (cfg.rollout.engine.gpu_memory_utilization or 0) > 0.1:  # vLLM CPU reads it of RAM
         cpu.append("rollout.engine.gpu_memory_utilization=0.1")
-    if cfg.actor.param_dtype is not None:
+    if cfg.actor.param_dtype not in (None, "auto"):
         cpu.append("actor.param_dtype=null")
     raise ConfigError(f"the config asks for GPUs ({', '.join(asks)}) and this machine has none "
                       f"(torch sees no CUDA device); to run it on CPU add the overrides "

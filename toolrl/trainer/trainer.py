@@ -15,6 +15,7 @@ import json
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -65,6 +66,7 @@ from toolrl.trainer.tracking import Tracker
 from toolrl.trainer.warm_start import warm_started
 from toolrl.weights import canary
 from toolrl.workers.actor import ActorWorker, RefWorker
+from toolrl.workers.compute_dtype import COMPUTE_DTYPE_FILE, is_auto
 from toolrl.workers.critic import CriticWorker
 
 ROLES_ORDER = ("actor", "ref", "critic", "rollout")
@@ -130,6 +132,11 @@ class Trainer(RunContext):
         roles["rollout"] = RoleSpec.of(RolloutWorker, self.rollout_config())
         self.schedule.spawn_roles(roles)
         self.schedule.workers_started()
+        self.actor_dtype = first(self.actor.call(ActorWorker.compute_dtype))
+        (self.run_dir / COMPUTE_DTYPE_FILE).write_text(json.dumps(self.actor_dtype, indent=2))
+        if is_auto(cfg.actor.param_dtype):
+            self.console.log(f"actor.param_dtype=auto: the actor computes in "
+                             f"{self.actor_dtype['dtype']} ({self.actor_dtype['reason']})")
 
     # --- one step ------------------------------------------------------------------------------
     def train_step(self) -> dict[str, float]:
@@ -157,8 +164,10 @@ class Trainer(RunContext):
     def check_sync(self, version: int) -> dict[str, float]:
         """The weight-sync canary (`toolrl.weights.canary`): every engine and the actor score
         the same probe; the dtype's statistic of the gaps past its tolerance stops the run
-        (or warns: ``trainer.sync_canary``, ``auto`` by the engine's dtype)."""
-        dtype = self.rollout_config().engine.dtype
+        (or warns: ``trainer.sync_canary``, ``auto`` by the dtype of the less precise side:
+        the engine's, or the actor's compute dtype)."""
+        dtype = canary.rule_dtype(self.rollout_config().engine.dtype,
+                                  self.actor_dtype["dtype"])
         mode = canary.mode(self.cfg.trainer.sync_canary, dtype)
         if mode == "off":
             return {}
@@ -578,6 +587,7 @@ class Trainer(RunContext):
         return self.handles["actor"]
 
     _last_batch: TensorDict | None = None
+    actor_dtype: Mapping[str, Any] = MappingProxyType({"dtype": "float32"})  # start_workers's
     watchdog: ProgressWatchdog | None = None
     _infra_failed: Sequence[Trajectory] = ()  # the last batch's, as generated (health notes)
     _warned_uncorrected = False  # the grammar-constrained samples' warning, once per run

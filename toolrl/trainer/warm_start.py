@@ -47,6 +47,7 @@ from toolrl.rollout.episode import MAX_TURNS
 from toolrl.trainer.compute import ModelShape, batch_tokens
 from toolrl.trainer.config import ConfigError, ExperimentConfig
 from toolrl.trainer.policies import BAD_POLICIES
+from toolrl.workers.compute_dtype import autocast, choose_autocast, is_auto
 from toolrl.workers.host_memory import release_memory
 from toolrl.workers.scoring import enable_scoring, score_responses
 
@@ -71,7 +72,8 @@ def warm_started(cfg: ExperimentConfig, base: str, run_dir: Path, console: Conso
     metrics = sft(base, transcripts, out, steps=ws.steps, lr=ws.lr,
                   batch_size=ws.batch_size, seed=cfg.seed, stop_loss=ws.stop_loss,
                   val_transcripts=held_out, eval_every=ws.eval_every,
-                  patience=ws.patience, save_every=ws.save_every, console=console)
+                  patience=ws.patience, save_every=ws.save_every,
+                  compute_dtype=cfg.actor.param_dtype or "float32", console=console)
     if held_out:
         console.log(f"warm start: best held-out loss "
                     f"{metrics['warm_start/val_loss_best']:.4f} after "
@@ -344,7 +346,7 @@ def action_nll(model: Any, batch: TensorDict) -> tuple[torch.Tensor, torch.Tenso
 
 
 def held_out_loss(model: Any, transcripts: Sequence[Transcript], batch_size: int,
-                  pad_token_id: int) -> float:
+                  pad_token_id: int, compute_dtype: str = "float32") -> float:
     """Mean cross-entropy over the action tokens of all ``transcripts``, batched as in training
     (`shared_prefix_batch`, ``batch_size`` at a time, in order); ``model`` runs in eval mode
     without gradients and goes back to the mode it was in."""
@@ -353,8 +355,9 @@ def held_out_loss(model: Any, transcripts: Sequence[Transcript], batch_size: int
     nll, count = 0.0, 0.0
     with torch.no_grad():
         for i in range(0, len(transcripts), batch_size):
-            total, n = action_nll(model, shared_prefix_batch(transcripts[i:i + batch_size],
-                                                             pad_token_id))
+            with autocast(compute_dtype):
+                total, n = action_nll(model, shared_prefix_batch(transcripts[i:i + batch_size],
+                                                                 pad_token_id))
             nll, count = nll + float(total), count + float(n)
     model.train(was_training)
     return nll / max(count, 1.0)
@@ -375,9 +378,9 @@ class _HeldOut:
     since_best: int = 0
 
     def evaluate(self, model: Any, trained: int, batch_size: int, pad: int,
-                 console: Console) -> bool:
+                 console: Console, compute_dtype: str = "float32") -> bool:
         """Record the loss after ``trained`` steps (saving a new best); True: patience ran out."""
-        loss = held_out_loss(model, self.transcripts, batch_size, pad)
+        loss = held_out_loss(model, self.transcripts, batch_size, pad, compute_dtype)
         self.curve.append([trained, loss])
         if loss < self.best:
             self.best, self.best_step, self.since_best = loss, trained, 0
@@ -445,7 +448,7 @@ def sft(model_path: str | Path, transcripts: Sequence[Transcript], out_dir: str 
         steps: int = 300, lr: float = 3e-3, batch_size: int = 16, seed: int = 0,
         warmup_steps: int = 20, stop_loss: float | None = None, stop_window: int = 50,
         val_transcripts: Sequence[Transcript] = (), eval_every: int = 0, patience: int = 3,
-        seconds: float | None = None, save_every: int = 0,
+        seconds: float | None = None, save_every: int = 0, compute_dtype: str = "float32",
         console: Console | None = None) -> dict[str, Any]:
     """Train on the action tokens of ``transcripts`` and save an HF checkpoint to ``out_dir``.
 
@@ -484,12 +487,14 @@ def sft(model_path: str | Path, transcripts: Sequence[Transcript], out_dir: str 
     snapshot = _Snapshot(out_dir / ".resume", save_every, _fingerprint(
         model_path, transcripts, val_transcripts, steps=steps, lr=lr, batch_size=batch_size,
         seed=seed, warmup_steps=warmup_steps, stop_loss=stop_loss, stop_window=stop_window,
-        eval_every=eval_every, patience=patience, seconds=seconds)) if save_every else None
+        eval_every=eval_every, patience=patience, seconds=seconds,
+        compute_dtype=compute_dtype)) if save_every else None
     try:
         return _train(model_path, transcripts, out_dir, steps=steps, lr=lr,
                       batch_size=batch_size, seed=seed, warmup_steps=warmup_steps,
                       stop_loss=stop_loss, stop_window=stop_window, held=held,
-                      seconds=seconds, snapshot=snapshot, console=console or Console())
+                      seconds=seconds, snapshot=snapshot, compute_dtype=compute_dtype,
+                      console=console or Console())
     finally:  # the model and optimizer died with _train's frame
         release_memory()
 
@@ -497,7 +502,7 @@ def sft(model_path: str | Path, transcripts: Sequence[Transcript], out_dir: str 
 def _train(model_path: str | Path, transcripts: Sequence[Transcript], out_dir: Path, *,
            steps: int, lr: float, batch_size: int, seed: int, warmup_steps: int,
            stop_loss: float | None, stop_window: int, held: _HeldOut | None,
-           seconds: float | None, snapshot: _Snapshot | None,
+           seconds: float | None, snapshot: _Snapshot | None, compute_dtype: str,
            console: Console) -> dict[str, Any]:
     """`sft`'s training loop and checkpoint."""
     torch.manual_seed(seed)
@@ -506,6 +511,10 @@ def _train(model_path: str | Path, transcripts: Sequence[Transcript], out_dir: P
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     model.train()
+    if is_auto(compute_dtype):  # timed before training: the model is still as loaded
+        choice = choose_autocast(model)
+        compute_dtype = choice.dtype
+        console.log(f"warm start: computing in {choice.describe()}")
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
 
     def schedule(step: int) -> float:
@@ -547,7 +556,8 @@ def _train(model_path: str | Path, transcripts: Sequence[Transcript], out_dir: P
             batch = shared_prefix_batch(
                 [transcripts[rng.randrange(len(transcripts))] for _ in range(batch_size)], pad,
                 own_prompts=model.config.vocab_size > LARGE_VOCAB)
-            nll, count = action_nll(model, batch)
+            with autocast(compute_dtype):
+                nll, count = action_nll(model, batch)
             loss = nll / count.clamp(min=1)
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -579,7 +589,8 @@ def _train(model_path: str | Path, transcripts: Sequence[Transcript], out_dir: P
                 stopped, done = "seconds", True
             last = done or step == steps - 1
             if held is not None and ((step + 1) % held.every == 0 or last) and \
-                    held.evaluate(model, step + 1, batch_size, pad, console) and not last:
+                    held.evaluate(model, step + 1, batch_size, pad, console, compute_dtype) and \
+                    not last:
                 console.log(f"warm start: no new best held-out loss in {held.patience} "
                             f"evaluations, stopping after {step + 1} steps; keeping the "
                             f"checkpoint of step {held.best_step}")
@@ -614,4 +625,5 @@ def _train(model_path: str | Path, transcripts: Sequence[Transcript], out_dir: P
             "warm_start/flop_per_token": per_token,
             "warm_start/flop_per_s": per_token * tokens / train_s if train_s else 0.0,
             "warm_start/seconds": elapsed, "warm_start/transcripts": float(len(transcripts)),
-            "warm_start/stopped": stopped, **(held.metrics() if held is not None else {})}
+            "warm_start/stopped": stopped, "warm_start/compute_dtype": compute_dtype,
+            **(held.metrics() if held is not None else {})}

@@ -10,8 +10,11 @@ logged as ``sync/probe_max_abs_diff``, the mean as ``sync/probe_mean_abs_diff`` 
 over engines, each); the engine dtype's statistic (`STATISTIC`) past its bound (`TOLERANCE`,
 or ``trainer.sync_canary_tolerance``) stops the run with `SyncCanaryError` or logs a warning
 (``trainer.sync_canary``: ``auto`` (default) stops for fp32 engines and warns for bf16 /
-fp16, `MODE`; ``stop``; ``warn``; ``off``). Its time is ``timing/sync_probe_s``, part of
-``timing/sync_s``.
+fp16, `MODE`; ``stop``; ``warn``; ``off``). The dtype whose rule applies is the less precise
+side's (`rule_dtype`): an fp32 engine against an actor computing in bf16 (``actor.param_dtype``
+bfloat16, or ``auto`` resolved to it) reads bf16's gaps (max 0.186 / 0.135, mean 0.035 / 0.027
+on SmolLM2 on an AMD EPYC family 25 model 17, benchmarks/results/real_fc_account.md). Its
+time is ``timing/sync_probe_s``, part of ``timing/sync_s``.
 
 The statistics and bounds are measured (``benchmarks/bench_canary.py``, table in
 benchmarks/RESULTS.md):
@@ -79,6 +82,17 @@ def statistic(dtype: str | None) -> str:
     return STATISTIC[_dtype(dtype)]
 
 
+def rule_dtype(engine: str | None, actor: str | None = None) -> str:
+    """The dtype whose rule judges a probe: the less precise of the engine's dtype and the
+    actor's compute dtype (a bf16 actor scoring against an fp32 engine disagrees by bf16's
+    rounding, not fp32's)."""
+    sides = [_dtype(engine), _dtype(actor)]
+    for name in ("bfloat16", "float16"):
+        if name in sides:
+            return name
+    return "float32"
+
+
 def tolerance(dtype: str | None, override: float | None = None) -> float:
     """The canary's bound on `statistic` for an engine of ``dtype`` (``override`` when
     given)."""
@@ -134,4 +148,4 @@ def max_diff(diffs: Sequence[float]) -> float:
 
 __all__ = ["MODE", "PROBE_SEED", "PROBE_TEXTS", "PROBE_TOKENS", "STATISTIC", "TOLERANCE",
            "SyncCanaryError", "max_diff", "mode", "probe_diff", "probe_gaps", "probe_stats",
-           "statistic", "tolerance", "verdict"]
+           "rule_dtype", "statistic", "tolerance", "verdict"]

@@ -268,6 +268,15 @@ class ActorWorker(Worker):
         """Metrics are reduced over ranks already: every rank returns the same dict."""
         return self.actor.update(batch)
 
+    @remote(Dispatch.ONE_TO_ALL, Execute.RANK_ZERO)
+    def compute_dtype(self) -> dict[str, Any]:
+        """``{"dtype", "seconds", "reason"}``: what the forward and backward compute in, and
+        for ``param_dtype: auto`` the timings it was chosen on (`toolrl.workers.compute_dtype`)."""
+        choice = self.actor.dtype_choice
+        if choice is not None:
+            return choice.to_dict()
+        return {"dtype": self.actor.compute_dtype, "seconds": {}, "reason": "as configured"}
+
     @remote(Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, path: str) -> None:
         self.actor.save_checkpoint(path)

@@ -38,6 +38,15 @@ from torch.distributed.tensor import DTensor
 
 from toolrl.algo.loss import batch_totals
 from toolrl.batch import EPISODE, RESPONSE_MASK, batch_len
+from toolrl.workers.compute_dtype import (
+    DTYPES,
+    DtypeChoice,
+    cuda_choice,
+    is_auto,
+    probe_ids,
+    timed_choice,
+    train_step,
+)
 from toolrl.workers.fsdp import (
     all_reduce,
     build_sharded_model,
@@ -51,8 +60,11 @@ from toolrl.workers.fsdp import (
     torch_dtype,
     world_size,
 )
+from toolrl.workers.host_memory import release_memory
 from toolrl.workers.micro_batch import mini_batch_slices, plan_micro_batches, take
 
+# ``param_dtype: auto`` as chosen in this process, by (checkpoint, device type)
+_CHOSEN: dict[tuple[str, str], DtypeChoice] = {}
 LRSchedule = Literal["constant", "cosine"]
 LR_SCHEDULES: tuple[str, ...] = get_args(LRSchedule)
 # A micro-batch loss function: (micro-batch, LossTotals) -> (scalar loss, float metrics).
@@ -68,7 +80,9 @@ class FSDPConfig:
             sets it from ``model.path``, or the warm start's checkpoint).
         dtype: dtype the weights are loaded and kept (and optimized) in.
         param_dtype / reduce_dtype: FSDP2 mixed precision: forward/backward compute dtype and
-            gradient-reduction dtype (None: keep ``dtype``; fp32 on CPU).
+            gradient-reduction dtype (None: keep ``dtype``; fp32 on CPU). ``param_dtype: auto``
+            times the model's own forward and backward in float32 and bfloat16 on this machine
+            and computes in the faster (`toolrl.workers.compute_dtype`).
         reshard_after_forward: free the gathered parameters after each forward (ZeRO-3 style).
         gradient_checkpointing: recompute activations in backward (less memory, more compute).
         use_remove_padding: pack the real tokens of a micro-batch into one row (no compute on
@@ -130,6 +144,8 @@ class FSDPConfig:
 
     def __post_init__(self) -> None:
         for name in ("dtype", "param_dtype", "reduce_dtype"):
+            if name == "param_dtype" and is_auto(self.param_dtype):
+                continue
             try:
                 torch_dtype(getattr(self, name))
             except ValueError as exc:  # name the field: the config pass keys it
@@ -253,11 +269,16 @@ class FSDPModel:
         self.trainable = trainable
         self.device = default_device()
         self.mesh = device_mesh(self.device)
+        self.dtype_choice: DtypeChoice | None = None
+        param_dtype = config.param_dtype
+        if is_auto(param_dtype):
+            self.dtype_choice = self._choose_dtype(auto_cls, model_kwargs)
+            param_dtype = self.dtype_choice.dtype
         # the checkpoint is read once (rank 0) and broadcast into every rank's shards
         self.model: nn.Module = build_sharded_model(
             config.model_path, self.mesh, auto_cls, config.dtype,
             gradient_checkpointing=config.gradient_checkpointing and trainable,
-            mp_policy=mixed_precision(config.param_dtype, config.reduce_dtype),
+            mp_policy=mixed_precision(param_dtype, config.reduce_dtype),
             reshard_after_forward=config.reshard_after_forward, freeze=not trainable,
             prepare=prepare, **(model_kwargs or {}))
         self.hf_config = self.model.config
@@ -274,6 +295,45 @@ class FSDPModel:
             factor = lr_lambda(config)
             self.scheduler = torch.optim.lr_scheduler.LambdaLR(
                 self.optimizer, lambda _: factor(self.schedule_pos))
+
+    def _choose_dtype(self, auto_cls: Any, model_kwargs: dict[str, Any] | None) -> DtypeChoice:
+        """``param_dtype: auto`` resolved (`toolrl.workers.compute_dtype`): the checkpoint
+        sharded as this model will be, once with an fp32 and once with a bf16 mixed-precision
+        policy, each timed on a forward and backward; every rank takes rank 0's choice. A
+        process chooses once per checkpoint (a reference model follows its actor)."""
+        key = (self.config.model_path, self.device.type)
+        if key in _CHOSEN:
+            return _CHOSEN[key]
+        if self.device.type == "cuda":
+            choice: DtypeChoice | None = cuda_choice()
+        else:
+            models = {dtype: build_sharded_model(
+                self.config.model_path, self.mesh, auto_cls, self.config.dtype,
+                mp_policy=mixed_precision(dtype, self.config.reduce_dtype),
+                reshard_after_forward=self.config.reshard_after_forward,
+                **(model_kwargs or {})) for dtype in DTYPES}
+            ids = probe_ids(models["float32"], self.device)
+            for model in models.values():
+                model.train()
+            choice = timed_choice(
+                {dtype: lambda m=model: train_step(m, ids) for dtype, model in models.items()},
+                what=f"a {ids.shape[1]}-token forward and backward of this model, sharded")
+            del models
+            release_memory()
+        chosen = [choice]
+        if world_size() > 1:
+            dist.broadcast_object_list(chosen, src=0)
+        assert chosen[0] is not None
+        _CHOSEN[key] = chosen[0]
+        return chosen[0]
+
+    @property
+    def compute_dtype(self) -> str:
+        """The dtype the forward and backward compute in (``param_dtype`` as resolved)."""
+        if self.dtype_choice is not None:
+            return self.dtype_choice.dtype
+        return str(torch_dtype(self.config.param_dtype or self.config.dtype)).removeprefix(
+            "torch.")
 
     # --- batching -------------------------------------------------------------------------
     @property
