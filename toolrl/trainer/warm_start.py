@@ -346,18 +346,19 @@ def action_nll(model: Any, batch: TensorDict) -> tuple[torch.Tensor, torch.Tenso
 
 
 def held_out_loss(model: Any, transcripts: Sequence[Transcript], batch_size: int,
-                  pad_token_id: int, compute_dtype: str = "float32") -> float:
+                  pad_token_id: int) -> float:
     """Mean cross-entropy over the action tokens of all ``transcripts``, batched as in training
     (`shared_prefix_batch`, ``batch_size`` at a time, in order); ``model`` runs in eval mode
-    without gradients and goes back to the mode it was in."""
+    without gradients and goes back to the mode it was in. In float32 whatever the training
+    computes in: the loss that picks the checkpoint and sits beside every result compares
+    across machines and dtypes."""
     was_training = model.training
     enable_scoring(model).eval()
     nll, count = 0.0, 0.0
     with torch.no_grad():
         for i in range(0, len(transcripts), batch_size):
-            with autocast(compute_dtype):
-                total, n = action_nll(model, shared_prefix_batch(transcripts[i:i + batch_size],
-                                                                 pad_token_id))
+            total, n = action_nll(model, shared_prefix_batch(transcripts[i:i + batch_size],
+                                                             pad_token_id))
             nll, count = nll + float(total), count + float(n)
     model.train(was_training)
     return nll / max(count, 1.0)
@@ -378,9 +379,9 @@ class _HeldOut:
     since_best: int = 0
 
     def evaluate(self, model: Any, trained: int, batch_size: int, pad: int,
-                 console: Console, compute_dtype: str = "float32") -> bool:
+                 console: Console) -> bool:
         """Record the loss after ``trained`` steps (saving a new best); True: patience ran out."""
-        loss = held_out_loss(model, self.transcripts, batch_size, pad, compute_dtype)
+        loss = held_out_loss(model, self.transcripts, batch_size, pad)
         self.curve.append([trained, loss])
         if loss < self.best:
             self.best, self.best_step, self.since_best = loss, trained, 0
@@ -589,8 +590,7 @@ def _train(model_path: str | Path, transcripts: Sequence[Transcript], out_dir: P
                 stopped, done = "seconds", True
             last = done or step == steps - 1
             if held is not None and ((step + 1) % held.every == 0 or last) and \
-                    held.evaluate(model, step + 1, batch_size, pad, console, compute_dtype) and \
-                    not last:
+                    held.evaluate(model, step + 1, batch_size, pad, console) and not last:
                 console.log(f"warm start: no new best held-out loss in {held.patience} "
                             f"evaluations, stopping after {step + 1} steps; keeping the "
                             f"checkpoint of step {held.best_step}")
