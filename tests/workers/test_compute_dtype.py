@@ -60,24 +60,30 @@ def test_auto_times_the_sharded_model_and_every_rank_computes_as_rank_0_chose(ti
         assert rng_kept  # timing draws nothing from the run's RNG
 
 
-def test_the_chosen_dtype_is_the_mixed_precision_policy(tiny_model_dir, monkeypatch):
-    """The wiring alone, with the timing replaced: bf16 chosen, bf16 computed; a second model
-    of the same checkpoint in the process (a reference) reuses the choice untimed."""
+def _faked_choice(rank: int, model_dir: str) -> tuple[str, torch.dtype, int, str, torch.dtype]:
     calls = []
 
     def choice(steps, *, what, **_):
         calls.append(what)
         return DtypeChoice("bfloat16", {"float32": 2.0, "bfloat16": 1.0}, "faked")
 
-    monkeypatch.setattr(base_module, "timed_choice", choice)
-    monkeypatch.setattr(base_module, "_CHOSEN", {})
-    actor = FSDPActor(ActorConfig(model_path=str(tiny_model_dir), param_dtype="auto"))
-    assert actor.compute_dtype == "bfloat16" and _forward_dtype(actor) == torch.bfloat16
-    again = FSDPActor(ActorConfig(model_path=str(tiny_model_dir), param_dtype="auto"))
-    assert again.compute_dtype == "bfloat16" and len(calls) == 1
-    plain = FSDPActor(ActorConfig(model_path=str(tiny_model_dir)))
-    assert plain.dtype_choice is None and plain.compute_dtype == "float32"
-    assert _forward_dtype(plain) == torch.float32
+    base_module.timed_choice = choice  # this forked rank's copy of the module only
+    actor = FSDPActor(ActorConfig(model_path=model_dir, param_dtype="auto"))
+    again = FSDPActor(ActorConfig(model_path=model_dir, param_dtype="auto"))  # untimed
+    plain = FSDPActor(ActorConfig(model_path=model_dir))
+    return (again.compute_dtype, _forward_dtype(actor), len(calls), plain.compute_dtype,
+            _forward_dtype(plain))
+
+
+def test_the_chosen_dtype_is_the_mixed_precision_policy(tiny_model_dir):
+    """The wiring alone, with the timing replaced (in a rank process: an actor built in the
+    test process would leave it a process group that later forked ranks inherit): bf16
+    chosen, bf16 computed; a second model of the same checkpoint in the process (a
+    reference) reuses the choice untimed; without auto, fp32."""
+    (chosen, forward, calls, plain, plain_forward), = run_ranks(
+        _faked_choice, 1, str(tiny_model_dir))
+    assert chosen == "bfloat16" and forward == torch.bfloat16 and calls == 1
+    assert plain == "float32" and plain_forward == torch.float32
 
 
 def test_autocast_choice_leaves_the_model_as_it_was(tiny_model_dir):
