@@ -559,13 +559,21 @@ def data_phase(bfcl_limit: int | None) -> None:
           f"do not fit the question")
 
 
+# The evaluation's context: SmolLM2's whole window, so every BFCL row is played as BFCL plays
+# it. Training's 1,536-token prompt budget would leave out 72 of the 1,974 rows (57 of them
+# live_multiple's, whose tool lists run to 6,254 tokens), and a score over the rows that fit
+# is not BFCL's.
+EVAL_CONTEXT = ("rollout.engine.max_model_len=8192", "rollout.max_total_tokens=8192",
+                "rollout.max_prompt_tokens=8032")
+
+
 def evaluate(model: Path, out: Path, overrides: list[str]) -> None:
     if (out / "results.json").exists():
         print(f"{out}/results.json exists: skipped")
         return
     # the engine on every core: the config's rollout.engine.cpu_threads is "all"
     run("eval", "--config", str(CONFIG), "--model", str(model), "--output-dir", str(out),
-        f"data.val_file={DATA / 'bfcl_eval.jsonl'}", *overrides)
+        f"data.val_file={DATA / 'bfcl_eval.jsonl'}", *EVAL_CONTEXT, *overrides)
 
 
 def rl_seconds(out: Path) -> float:
