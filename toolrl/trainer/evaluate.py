@@ -19,8 +19,13 @@ e.g. tau2's pass^1..4 per domain; ``--trials K`` plays every row K times for the
 the infrastructure failed (`Trajectory.infra_failure`: a tool server
 down, an env that raised) say nothing about the model: as in validation (``val/infra_failed``)
 they are left out of every success and reward figure and counted instead (``infra_failed``,
-overall, per kind and per category). The episodes run in chunks with a progress line after
-each (episodes done, success so far, minutes).
+overall, per kind and per category). A row whose first prompt does not fit
+``rollout.max_prompt_tokens`` (kept by ``data.overlong_prompts=filter``, which in training drops
+it) is not played: it counts as a failed episode (``finish_reason`` ``context``, its ``error``
+saying why; reward 0) in every figure, BFCL's included, as BFCL counts an entry the model could
+not take, and ``over_budget`` says how many; a score over only the rows that fit is not the
+benchmark's. The episodes run in chunks with a progress line after each (episodes done,
+success so far, minutes).
 """
 
 from __future__ import annotations
@@ -79,18 +84,21 @@ def run_evaluation(cfg: ExperimentConfig, model: str, output_dir: str | os.PathL
     try:
         run.model_path = run.prepare_model() if not cfg.warm_start.enabled else model
         _, val_rows = run.load_tasks()
-        _, val_rows = fit_prompt_budget([], val_rows, cfg, run.model_path, log=console.log)
+        _, fitting = fit_prompt_budget([], val_rows, cfg, run.model_path, log=console.log)
+        unplayed = over_budget(val_rows, fitting, cfg)
         run.start_rollout()
         start = time.monotonic()
-        trajs, scores = _play(run, val_rows, trials, console)
+        trajs, scores = _play(run, fitting, trials, console)
         seconds = time.monotonic() - start
+        trajs += [t for t in unplayed for _ in range(trials)]
+        scores += [0.0] * (len(unplayed) * trials)
         shape = model_shape(run.model_path)
     finally:
         run.close()
     results = summarize(trajs, scores, cfg.env.id, training=training,
                         training_note=training_note)
     results = {"model": model, "env": cfg.env.id, "trials": trials, **results,
-               "perf": eval_account(shape, trajs, seconds)}
+               "over_budget": len(unplayed), "perf": eval_account(shape, trajs, seconds)}
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(results, indent=2))
@@ -102,11 +110,26 @@ def run_evaluation(cfg: ExperimentConfig, model: str, output_dir: str | os.PathL
                         + "\n")
     for table in result_tables(results, title=f"eval: {model}"):
         console.print(table)
+    if unplayed:
+        console.print(f"[yellow]{len(unplayed)} of {len(val_rows)} rows have a first prompt "
+                      f"over rollout.max_prompt_tokens={cfg.rollout.max_prompt_len}: not played, "
+                      f"each counted a failed episode (reward 0) in every figure[/]")
     if results["infra_failed"]:
         console.print(f"[yellow]{results['infra_failed']} of {results['num_tasks']} episodes "
                       f"failed for infrastructure reasons {results['infra_failed_by_kind']}: "
                       f"left out of success and reward[/]")
     return results
+
+
+def over_budget(rows: Sequence[Mapping[str, Any]], fitting: Sequence[Mapping[str, Any]],
+                cfg: ExperimentConfig) -> list[Trajectory]:
+    """The rows `fit_prompt_budget` left out of ``fitting`` (its rows are ``rows``' own objects),
+    each as the failed episode it counts as: not played, reward 0."""
+    kept = {id(row) for row in fitting}
+    why = (f"first prompt over rollout.max_prompt_tokens={cfg.rollout.max_prompt_len}: not "
+           f"played, counted a failure")
+    return [Trajectory(row=dict(row), finish_reason="context", success=False,
+                       error=why) for row in rows if id(row) not in kept]
 
 
 def eval_account(shape: ModelShape | None, trajs: list[Trajectory], seconds: float
