@@ -18,20 +18,29 @@ Phases, each a ``toolrl`` command whose progress shows as it runs, each timed:
 2. ``machine``: the machine's identity and bare matmul rate in float32 and bfloat16, measured
    before the heavy phases, alone (``machine.json``: the compute account's denominators;
    redone every run, ~5 s);
-   ``eval_base``: `toolrl eval` of the imported model on the BFCL rows;
 3. ``train``: `toolrl train --config configs/real_fc.yaml` (the warm start, then GRPO);
-4. ``eval_warm_start`` and ``eval_rl``: the warm-started and the final checkpoint on BFCL;
+4. ``eval_warm_start`` and ``eval_rl``: the warm-started and the final checkpoint on BFCL, in
+   SmolLM2's whole context window (``EVAL_CONTEXT``: every row is played);
 5. with ``--sft-comparison``, ``sft_more`` and ``eval_sft_more``: the warm start trained for
    the RL steps' wall time on the gold calls of RL's rows instead (what RL is set beside);
-6. ``report``: BFCL's accuracy per category and its Non-Live, Live (held-out rows) and Overall
-   columns for the three (four) checkpoints (``report.md``, ``bfcl.png``) with the wall time
-   of every phase, and where the compute went (`compute_account`: tokens, FLOP per token,
-   achieved FLOP/s and its share of the bare matmul rate, per phase).
+6. ``eval_base``: `toolrl eval` of the imported model on the BFCL rows (last: the slowest
+   evaluation, and not what RL is measured against);
+7. ``report``: the machine, the warm start's (and the control's) held-out loss, BFCL's
+   accuracy per category and its Non-Live (Java and JavaScript run), Live (held-out rows),
+   Multi Turn and Overall columns for the three (four) checkpoints (``report.md``,
+   ``bfcl.png``) with the wall time of every phase, and where the compute went
+   (`compute_account`: tokens, FLOP per token, achieved FLOP/s and its share of the bare
+   matmul rate, per phase).
 
     .venv/bin/python recipes/real_fc.py [--only data] [--bfcl-limit N] [--seed S]
-        [--sft-comparison]
+        [--sft-comparison] [--warm-start-from OUT]
         [--out outputs/real_fc] [-- key=value ...]   # overrides for train and eval
     .venv/bin/python recipes/real_fc.py --recorded benchmarks/results/real_fc.json
+
+``--warm-start-from OUT`` runs RL seeds from one warm start: the warm start and the base and
+warm-start evaluations of the run in ``OUT`` are linked into this ``--out`` and recorded as
+that run recorded them (`share_warm_start`); this run trains RL (and, with
+``--sft-comparison``, its own control) and evaluates what it trained.
 
 ``--bfcl-limit N`` takes the first N questions of each category (a quick look, not BFCL's
 number). Each phase starts with a line saying what it does; while a ``toolrl`` command prints
@@ -276,7 +285,8 @@ class PhaseRecord:
         """Stop, naming each, when a phase whose output is here was recorded with other settings
         than this run's: its output is never reused by another configuration."""
         wrong = [p for p in phases if p.name in self.finished and p.output is not None
-                 and p.output.exists() and self._settings(self.finished[p.name]) != self.settings]
+                 and p.output.exists() and "shared_from" not in self.finished[p.name]
+                 and self._settings(self.finished[p.name]) != self.settings]
         if wrong:
             sys.exit("\n".join(
                 f"real_fc: phase {p.name} was recorded in {self.path} with "
@@ -292,8 +302,10 @@ class PhaseRecord:
         entry = self.finished.get(phase.name)
         if done and entry is not None:
             when = entry["finished"][:16].replace("T", " ")
-            self.times[phase.name] = f"{_minutes(entry['seconds'])} (an earlier run, {when})"
-            print(f"\n=== real_fc: {phase.name}: finished in an earlier run ({when}, "
+            run = (f"the run in {_rel(Path(entry['shared_from']))}" if "shared_from" in entry
+                   else "an earlier run")
+            self.times[phase.name] = f"{_minutes(entry['seconds'])} ({run}, {when})"
+            print(f"\n=== real_fc: {phase.name}: finished in {run} ({when}, "
                   f"{_minutes(entry['seconds'])}): skipped ===", flush=True)
             return
         if done:
@@ -339,6 +351,38 @@ class PhaseRecord:
         tmp.write_text(json.dumps({"phases": self.finished, "unfinished": self.unfinished},
                                   indent=2) + "\n")
         os.replace(tmp, self.path)
+
+
+# What seeds of RL from one warm start share (``--warm-start-from``): the warm start, and the
+# evaluations of the base model and of the warm start
+SHARED = ("warm_start", "eval_base", "eval_warm_start")
+_SHARED_OUTPUT = {"warm_start": "config.json", "eval_base": "results.json",
+                  "eval_warm_start": "results.json"}
+
+
+def share_warm_start(out: Path, source: Path, record: PhaseRecord) -> None:
+    """Seeds of RL from one warm start: ``out``'s warm start and its base and warm-start
+    evaluations are ``source``'s (a run of this recipe that finished them), linked into
+    ``out``; their phases are recorded as ``source`` recorded them, with where they came from.
+    Stops, naming what is missing, when ``source`` has not finished them."""
+    missing = [str(_rel(source / name / file)) for name, file in _SHARED_OUTPUT.items()
+               if not (source / name / file).exists()]
+    if missing:
+        sys.exit(f"real_fc: --warm-start-from {_rel(source)} has not finished "
+                 f"{', '.join(missing)}: run the recipe with --out {_rel(source)} first")
+    out.mkdir(parents=True, exist_ok=True)
+    for name in SHARED:
+        link = out / name
+        if link.is_symlink() and link.resolve() == (source / name).resolve():
+            continue
+        if link.exists() or link.is_symlink():
+            sys.exit(f"real_fc: {_rel(link)} exists and is not {_rel(source / name)}'s: use "
+                     f"another --out")
+        link.symlink_to(source / name, target_is_directory=True)
+    theirs = PhaseRecord(source / PHASES, {}).finished
+    for name in ("eval_base", "eval_warm_start"):
+        if name in theirs:
+            record.finished[name] = {**theirs[name], "shared_from": str(source)}
 
 
 def _now() -> str:
@@ -708,11 +752,13 @@ def report(out: Path, times: dict[str, str]) -> str:
         path = out / name / "results.json"
         if path.exists():
             results[label] = json.loads(path.read_text())["bfcl"]
-    text = render(results, times, out / "bfcl.png")
+    machine = json.loads((out / "machine.json").read_text()) \
+        if (out / "machine.json").exists() else {}
+    head = [f"Machine: {machine['label']}."] if machine.get("label") else []
+    text = "\n".join([*head, *warm_start_lines(out), ""]) + "\n" if head else ""
+    text += render(results, times, out / "bfcl.png")
     rows = compute_account(out)
     if rows:
-        machine = json.loads((out / "machine.json").read_text()) \
-            if (out / "machine.json").exists() else {}
         rates = machine.get("matmul_flop_per_s", {})
         text += "\n".join([
             "", "Where the compute went (`compute_account`): tokens each phase processed, "
@@ -726,6 +772,25 @@ def report(out: Path, times: dict[str, str]) -> str:
             *account_table(rows, rates), ""])
     (out / "report.md").write_text(text)
     return text
+
+
+def warm_start_lines(out: Path) -> list[str]:
+    """What RL and the SFT control start from, and where the control ended: each one's best
+    held-out loss (the gold calls of ``warm_start.val_file``, in float32) with its step, the
+    steps it ran and why it stopped, and the dtype it trained in."""
+    lines = []
+    for name, label in (("warm_start", "Warm start"), ("sft_more", "SFT control")):
+        path = out / name / "warm_start_metrics.json"
+        if not path.exists():
+            continue
+        m = json.loads(path.read_text())
+        if m.get("warm_start/val_loss_best") is None:
+            continue
+        lines.append(f"{label}: held-out loss {m['warm_start/val_loss_best']:.4f} (best, at step "
+                     f"{m['warm_start/best_step']} of {m['warm_start/steps']:.0f}; stopped: "
+                     f"{m['warm_start/stopped']}; trained in "
+                     f"{m.get('warm_start/compute_dtype', 'float32')}).")
+    return lines
 
 
 def board_of_counts(counts: dict[str, list[int]]) -> dict[str, Any]:
@@ -763,11 +828,13 @@ def render(results: dict[str, Any], times: dict[str, str], png: Path,
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from toolrl.core.bfcl_scores import LIVE_AST_SIZES
+    from toolrl.core.bfcl_scores import LIVE_AST_SIZES, MULTI_TURN
 
     summaries = (("non_live", "Non-Live Overall Acc"), ("live", "Live Overall Acc"),
-                 ("overall", "Overall Acc"))
-    columns = [*CATEGORIES, "mean of the five", *(name for _, name in summaries)]
+                 ("multi_turn", "Multi Turn Overall Acc"), ("overall", "Overall Acc"))
+    whole = {"live": set(LIVE_AST_SIZES), "multi_turn": set(MULTI_TURN)}  # none run: not run
+    columns = [*CATEGORIES, "mean of the five", *NON_LIVE[len(CATEGORIES):],
+               *(name for _, name in summaries)]
     lines = ["| checkpoint | " + " | ".join(columns) + " |",
              "|---" * (len(columns) + 1) + "|"]
     for label, board in results.items():
@@ -776,24 +843,27 @@ def render(results: dict[str, Any], times: dict[str, str], png: Path,
         cells = [f"{100 * a:.1f}" if a is not None else "-" for a in accs]
         known = [a for a in accs if a is not None]
         cells.append(f"{100 * sum(known) / len(known):.1f}" if known else "-")
+        cells += [f"{100 * board['per_category'][c]['accuracy']:.1f}"
+                  if c in board["per_category"] else "not run" for c in NON_LIVE[len(CATEGORIES):]]
         missing = set(board.get("missing", ()))
         for key, name in summaries:
             value = board.get(key, {}).get(name, "-")
-            if key == "live" and missing >= set(LIVE_AST_SIZES):
+            if key in whole and missing >= whole[key]:
                 value = "not run"  # BFCL's 0, which reads as a score
             cells.append(f"{100 * value:.1f}" if isinstance(value, float) else str(value))
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     lines += ["", "The summaries are BFCL's own (`toolrl.core.bfcl_scores.leaderboard`): "
               "Non-Live Overall Acc the mean of its four AST summaries, where Simple AST "
               "averages Python, Java and JavaScript, irrelevance not part of it; Live Overall "
-              "Acc over the live rows held out from training, weighted by entries; Overall Acc "
+              "Acc over the live rows held out from training, weighted by entries; Multi Turn "
+              "Overall Acc the mean of BFCL's four multi-turn categories; Overall Acc "
               "BFCL's formula. As in BFCL, these overall columns count a category that was not "
-              "run (multi-turn, agentic) as 0; a checkpoint evaluated on no live row reads "
-              "'not run' under Live. The mean of the five is the plain mean of the "
-              "five categories in the table."]
+              "run (multi-turn, agentic) as 0; a checkpoint evaluated on no live (multi-turn) "
+              "row reads 'not run' under Live (Multi Turn). The mean of the five is the plain "
+              "mean of the five Python categories in the table."]
     not_run = sorted({c for board in results.values() for c in board.get("missing", ())
                       if c in (*NON_LIVE, *LIVE_AST_SIZES, "live_irrelevance",
-                               "live_relevance")})
+                               "live_relevance", *MULTI_TURN)})
     if not_run:
         lines += ["", f"Not run here (BFCL counts them 0): {', '.join(not_run)}."]
     if times:
@@ -828,6 +898,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="also train the warm start on RL's rows' gold calls for the RL "
                              "steps' wall time, and evaluate it")
     parser.add_argument("--out", type=Path, default=ROOT / "outputs" / "real_fc")
+    parser.add_argument("--warm-start-from", type=Path, default=None, metavar="OUT",
+                        help="seeds of RL from one warm start: use the warm start of the run "
+                             "in OUT (an earlier --out), and its base and warm-start "
+                             "evaluations, instead of training and evaluating them again")
     parser.add_argument("--recorded", type=Path, default=None,
                         help="only render the scores recorded in this JSON file (e.g. "
                              "benchmarks/results/real_fc.json) into its .md and a plot in "
@@ -849,10 +923,16 @@ def main(argv: list[str] | None = None) -> int:
         PhaseRecord(None, {}).run(data)
         return 0
     phases = [data, *recipe_phases(out, overrides)]
+    shared = args.warm_start_from.resolve() if args.warm_start_from else None
+    if shared == out:
+        sys.exit("real_fc: --warm-start-from names this run's own --out")
     record = PhaseRecord(out / PHASES, {"seed": args.seed, "bfcl_limit": args.bfcl_limit,
-                                        "overrides": list(args.overrides)})
+                                        "overrides": list(args.overrides),
+                                        "warm_start_from": str(shared) if shared else None})
     record.refuse_mismatches(phases)
     out.mkdir(parents=True, exist_ok=True)
+    if shared is not None:
+        share_warm_start(out, shared, record)
     for phase in phases:
         if args.sft_comparison or phase.name not in ("sft_more", "eval_sft_more"):
             record.run(phase)
@@ -862,7 +942,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def recipe_phases(out: Path, overrides: list[str]) -> list[Phase]:
-    """The phases after ``data``, in order (``sft_more`` and ``eval_sft_more`` last)."""
+    """The phases after ``data``, in order (``eval_base`` last)."""
     def evaluation(name: str, model: Path) -> Phase:
         def what() -> str:
             return (f"toolrl eval of {_rel(model)} on {_rows(DATA / 'bfcl_eval.jsonl')} BFCL rows "
@@ -884,7 +964,6 @@ def recipe_phases(out: Path, overrides: list[str]) -> list[Phase]:
                 "the machine's identity and bare matmul rate (float32, bfloat16), measured "
                 "before the other phases, alone (redone every run: a resumed run may be on "
                 "another machine)")),
-            evaluation("eval_base", MODEL),
             Phase("train", run, ("train", "--config", str(CONFIG), *overrides),
                   out / "final_hf" / "config.json", out, training,
                   grpo_steps=steps if isinstance(steps, int) else None),
@@ -894,7 +973,10 @@ def recipe_phases(out: Path, overrides: list[str]) -> list[Phase]:
                   out / "sft_more", lambda: (
                       f"the warm start trained on RL's rows' gold calls for the RL steps' wall "
                       f"time into {_rel(out / 'sft_more')}")),
-            evaluation("eval_sft_more", out / "sft_more")]
+            evaluation("eval_sft_more", out / "sft_more"),
+            # last: what RL is measured against comes first, and the imported model, which
+            # calls nothing and runs every answer to its token cap, is the slowest to evaluate
+            evaluation("eval_base", MODEL)]
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-RUN = ["data", "machine", "eval_base", "train", "eval_warm_start", "eval_rl"]
+RUN = ["data", "machine", "train", "eval_warm_start", "eval_rl", "eval_base"]
 
 
 def _load():
@@ -57,9 +57,10 @@ def recipe(tmp_path, monkeypatch):
     def run(*args):
         assert args[0] == "train"
         step("train")
+        dest = Path(next(a for a in args if a.startswith("trainer.output_dir=")).split("=", 1)[1])
         for folder in ("warm_start", "final_hf"):
-            (out / folder).mkdir(parents=True, exist_ok=True)
-            (out / folder / "config.json").write_text("{}")
+            (dest / folder).mkdir(parents=True, exist_ok=True)
+            (dest / folder / "config.json").write_text("{}")
         return ""
 
     def sft_more(dest, overrides):
@@ -123,14 +124,15 @@ def test_an_interrupted_run_keeps_what_finished_and_the_rerun_does_the_rest(reci
     with pytest.raises(KeyboardInterrupt):
         recipe.main(["--out", str(recipe.out)])
     record = _phases(recipe.out)
-    assert list(record["phases"]) == ["data", "machine", "eval_base", "train"]
+    assert list(record["phases"]) == ["data", "machine", "train"]
     assert list(record["unfinished"]) == ["eval_warm_start"]
     assert "=== real_fc: eval_warm_start stopped after " in capsys.readouterr().out
     recipe.fail, recipe.calls[:] = None, []
     assert recipe.main(["--out", str(recipe.out)]) == 0
-    assert recipe.calls == ["data", "machine", "eval_warm_start", "eval_rl"]
+    assert recipe.calls == ["data", "machine", "eval_warm_start", "eval_rl", "eval_base"]
     record = _phases(recipe.out)
-    assert list(record["phases"]) == RUN and record["unfinished"] == {}
+    assert list(record["phases"]) == ["data", "machine", "train", "eval_warm_start", "eval_rl",
+                                      "eval_base"] and record["unfinished"] == {}
     assert record["phases"]["eval_warm_start"]["attempts"] == 2
     assert recipe.times[-1]["eval_warm_start"].endswith(" min (2 attempts)")
 
@@ -169,8 +171,8 @@ def test_outputs_made_before_phases_json_are_still_skipped(recipe, capsys):
 
 def test_the_sft_comparison_phases_are_recorded_too(recipe):
     assert recipe.main(["--out", str(recipe.out), "--sft-comparison"]) == 0
-    assert recipe.calls == [*RUN, "sft_more", "eval_sft_more"]
-    assert list(_phases(recipe.out)["phases"]) == [*RUN, "sft_more", "eval_sft_more"]
+    both = [*RUN[:-1], "sft_more", "eval_sft_more", "eval_base"]
+    assert recipe.calls == both and list(_phases(recipe.out)["phases"]) == both
 
 
 def test_only_data_records_nothing(recipe, capsys):
@@ -248,6 +250,61 @@ def test_ctrl_c_waits_for_the_command_to_stop(recipe, monkeypatch, capsys):
                           "print('checkpoint written')")
     out = capsys.readouterr().out
     assert "waiting for `toolrl -c` to stop" in out and "checkpoint written" in out
+
+
+def test_seeds_of_rl_share_one_warm_start(recipe, tmp_path):
+    """``--warm-start-from OUT``: the warm start and the base and warm-start evaluations are
+    OUT's, linked and recorded as OUT recorded them; this run trains RL and evaluates it."""
+    assert recipe.main(["--out", str(recipe.out)]) == 0
+    recipe.calls.clear()
+    seed1 = tmp_path / "seed1"
+    argv = ["--out", str(seed1), "--seed", "1", "--warm-start-from", str(recipe.out)]
+    assert recipe.main(argv) == 0
+    assert recipe.calls == ["data", "machine", "train", "eval_rl"]
+    for name in ("warm_start", "eval_base", "eval_warm_start"):
+        assert (seed1 / name).is_symlink()
+        assert (seed1 / name).resolve() == (recipe.out / name).resolve()
+    record = _phases(seed1)["phases"]
+    assert record["eval_base"]["shared_from"] == str(recipe.out)
+    assert record["eval_base"]["seed"] == 0 and record["train"]["seed"] == 1
+    assert record["train"]["warm_start_from"] == str(recipe.out)
+    assert "the run in" in recipe.times[-1]["eval_warm_start"]
+    recipe.calls.clear()
+    assert recipe.main(argv) == 0  # a rerun redoes only what is redone every run
+    assert recipe.calls == ["data", "machine"]
+
+
+def test_a_warm_start_to_share_must_be_finished_and_not_this_run(recipe, tmp_path):
+    (recipe.out / "warm_start").mkdir(parents=True)
+    (recipe.out / "warm_start" / "config.json").write_text("{}")
+    with pytest.raises(SystemExit) as stop:
+        recipe.main(["--out", str(tmp_path / "seed1"), "--warm-start-from", str(recipe.out)])
+    assert "has not finished" in str(stop.value) and "eval_base/results.json" in str(stop.value)
+    with pytest.raises(SystemExit) as stop:
+        recipe.main(["--out", str(recipe.out), "--warm-start-from", str(recipe.out)])
+    assert "names this run's own --out" in str(stop.value)
+
+
+def test_the_report_names_the_machine_and_the_warm_starts_held_out_loss(tmp_path):
+    real_fc = _load()
+    out = tmp_path / "out"
+    for name, loss in (("warm_start", 0.1523), ("sft_more", 0.1498)):
+        (out / name).mkdir(parents=True)
+        (out / name / "warm_start_metrics.json").write_text(json.dumps({
+            "warm_start/val_loss_best": loss, "warm_start/best_step": 100,
+            "warm_start/steps": 100.0, "warm_start/stopped": "steps",
+            "warm_start/compute_dtype": "bfloat16"}))
+    (out / "machine.json").write_text(json.dumps({"label": "a CPU family 1 model 2"}))
+    (out / "eval_warm_start").mkdir()
+    board = real_fc.board_of_counts({"simple_python": [1, 4], "simple_java": [1, 2]})
+    (out / "eval_warm_start" / "results.json").write_text(json.dumps({"bfcl": board}))
+    text = real_fc.report(out, {})
+    assert text.startswith("Machine: a CPU family 1 model 2.\nWarm start: held-out loss 0.1523 "
+                           "(best, at step 100 of 100; stopped: steps; trained in bfloat16).\n"
+                           "SFT control: held-out loss 0.1498")
+    row = next(line for line in text.splitlines() if line.startswith("| warm start |"))
+    assert row.split(" | ")[1:] == ["25.0", "-", "-", "-", "-", "25.0", "50.0", "not run",
+                                    "6.2", "not run", "not run", "0.6 |"]
 
 
 def test_the_report_accounts_for_each_phases_compute(tmp_path):
