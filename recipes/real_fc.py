@@ -33,10 +33,14 @@ Phases, each a ``toolrl`` command whose progress shows as it runs, each timed:
    matmul rate, per phase).
 
     .venv/bin/python recipes/real_fc.py [--only data] [--bfcl-limit N] [--seed S]
-        [--sft-comparison] [--warm-start-from OUT]
+        [--sft-comparison] [--multi-turn] [--warm-start-from OUT]
         [--out outputs/real_fc] [-- key=value ...]   # overrides for train and eval
     .venv/bin/python recipes/real_fc.py --recorded benchmarks/results/real_fc.json
 
+``--multi-turn`` also evaluates the warm start and the RL checkpoint on BFCL's four scored
+multi-turn categories (``eval_multi_turn_*``, after ``eval_base``: 800 entries of up to 16
+assistant messages each, hours on 2 cores), in SmolLM2's 8,192-token window
+(``MULTI_TURN_CONTEXT``); the report merges each checkpoint's evaluations into one BFCL board.
 ``--warm-start-from OUT`` runs RL seeds from one warm start: the warm start and the base and
 warm-start evaluations of the run in ``OUT`` are linked into this ``--out`` and recorded as
 that run recorded them (`share_warm_start`); this run trains RL (and, with
@@ -102,6 +106,13 @@ COMBINED = 100
 MISMATCHED = 100
 CHECKPOINTS = (("base", "eval_base"), ("warm start", "eval_warm_start"), ("RL", "eval_rl"),
                ("more SFT, RL's time", "eval_sft_more"))
+# BFCL's four scored multi-turn categories (``--multi-turn``): 800 entries played through
+# toolrl/BFCLMultiTurn-v0 with configs/bfcl_multi_turn.yaml's rollout, for the warm start and
+# the RL checkpoint (``eval_multi_turn_*``; the report merges them into each one's board)
+MULTI_TURN_CATEGORIES = ("multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param",
+                         "multi_turn_long_context")
+MULTI_TURN_CONFIG = ROOT / "configs" / "bfcl_multi_turn.yaml"
+MULTI_TURN_EVALS = {"warm start": "eval_multi_turn_warm_start", "RL": "eval_multi_turn_rl"}
 TOOLRL = str(Path(sys.executable).with_name("toolrl"))
 
 
@@ -379,9 +390,12 @@ def share_warm_start(out: Path, source: Path, record: PhaseRecord) -> None:
             sys.exit(f"real_fc: {_rel(link)} exists and is not {_rel(source / name)}'s: use "
                      f"another --out")
         link.symlink_to(source / name, target_is_directory=True)
+    multi = MULTI_TURN_EVALS["warm start"]  # shared too when the source ran it
+    if (source / multi / "results.json").exists() and not (out / multi).exists():
+        (out / multi).symlink_to(source / multi, target_is_directory=True)
     theirs = PhaseRecord(source / PHASES, {}).finished
-    for name in ("eval_base", "eval_warm_start"):
-        if name in theirs:
+    for name in ("eval_base", "eval_warm_start", multi):
+        if name in theirs and (out / name).is_symlink():
             record.finished[name] = {**theirs[name], "shared_from": str(source)}
 
 
@@ -575,6 +589,7 @@ def data_phase(bfcl_limit: int | None) -> None:
     live, relevance = DATA / "bfcl_live.jsonl", DATA / "bfcl_live_relevance.jsonl"
     convert(LIVE, live)
     convert(("live_relevance",), relevance)
+    convert(MULTI_TURN_CATEGORIES, DATA / "bfcl_multi_turn.jsonl")
     held, rest = hold_out_live(live, DATA / "bfcl_live_held_out.jsonl",
                                DATA / "bfcl_live_rest.jsonl")
     evaluation = DATA / "bfcl_eval.jsonl"
@@ -601,6 +616,10 @@ def data_phase(bfcl_limit: int | None) -> None:
     _write_rows(DATA / "rl_unfit.jsonl", rl + pairs + unfit)
     print(f"rl_unfit.jsonl: rl_combined.jsonl's rows and {len(unfit)} no-call rows whose tools "
           f"do not fit the question")
+    # what the warm start and RL train on, in one file: the multi-turn evaluation's config
+    # trains on other rows, and BFCL's figures leave out what the checkpoint trained on
+    (DATA / "trained_on.jsonl").write_text((DATA / "sft_train.jsonl").read_text()
+                                           + (DATA / "rl_unfit.jsonl").read_text())
 
 
 # The evaluation's context: SmolLM2's whole window, so every BFCL row is played as BFCL plays
@@ -618,6 +637,28 @@ def evaluate(model: Path, out: Path, overrides: list[str]) -> None:
     # the engine on every core: the config's rollout.engine.cpu_threads is "all"
     run("eval", "--config", str(CONFIG), "--model", str(model), "--output-dir", str(out),
         f"data.val_file={DATA / 'bfcl_eval.jsonl'}", *EVAL_CONTEXT, *overrides)
+
+
+# The multi-turn evaluation's context: SmolLM2's whole window. The first prompt (the tools of
+# 2-3 classes and the first user turn) runs to ~5.4k tokens outside long_context, whose
+# entries need up to 71k (benchmarks/results/bfcl_multi_turn.md): those that do not fit are
+# failures, as BFCL counts an entry the model could not take
+MULTI_TURN_CONTEXT = ("rollout.engine.max_model_len=8192", "rollout.max_total_tokens=8192",
+                      "rollout.max_prompt_tokens=6144", "rollout.engine.cpu_threads=all",
+                      "rollout.engine.kv_cache_gib=2.0")
+
+
+def evaluate_multi_turn(model: Path, out: Path, seed: int) -> None:
+    """``model`` on BFCL's four scored multi-turn categories through toolrl/BFCLMultiTurn-v0
+    (configs/bfcl_multi_turn.yaml's rollout: 16 assistant messages of <= 192 tokens at most);
+    BFCL's figures leave out rows sharing text with what the recipe trained on
+    (``trained_on.jsonl``)."""
+    if (out / "results.json").exists():
+        print(f"{out}/results.json exists: skipped")
+        return
+    run("eval", "--config", str(MULTI_TURN_CONFIG), "--model", str(model), "--output-dir",
+        str(out), f"data.val_file={DATA / 'bfcl_multi_turn.jsonl'}",
+        f"data.train_file={DATA / 'trained_on.jsonl'}", *MULTI_TURN_CONTEXT, f"seed={seed}")
 
 
 def rl_seconds(out: Path) -> float:
@@ -719,11 +760,13 @@ def compute_account(out: Path) -> list[Account]:
                 rows.append(Account(label, sum(r[f"perf/{key}_tokens"] for r in done),
                                     sum(r[f"perf/{key}_flop_per_s"] * r[f"timing/{timing}_s"]
                                         for r in done), seconds, dtype))
-    for label, name in CHECKPOINTS:
+    evals = [(f"eval ({label})", name) for label, name in CHECKPOINTS]
+    evals += [(f"eval multi-turn ({label})", name) for label, name in MULTI_TURN_EVALS.items()]
+    for label, name in evals:
         path = out / name / "results.json"
         perf = json.loads(path.read_text()).get("perf", {}) if path.exists() else {}
         if perf.get("flop_per_s"):
-            rows.append(Account(f"eval ({label})", perf["tokens"],
+            rows.append(Account(label, perf["tokens"],
                                 perf["flop_per_s"] * perf["seconds"], perf["seconds"],
                                 engine_dtype))
     return rows
@@ -749,9 +792,9 @@ def report(out: Path, times: dict[str, str]) -> str:
     `PhaseRecord.times` says it)."""
     results: dict[str, Any] = {}
     for label, name in CHECKPOINTS:
-        path = out / name / "results.json"
-        if path.exists():
-            results[label] = json.loads(path.read_text())["bfcl"]
+        board = checkpoint_board(out, (name, MULTI_TURN_EVALS.get(label)))
+        if board is not None:
+            results[label] = board
     machine = json.loads((out / "machine.json").read_text()) \
         if (out / "machine.json").exists() else {}
     head = [f"Machine: {machine['label']}."] if machine.get("label") else []
@@ -772,6 +815,18 @@ def report(out: Path, times: dict[str, str]) -> str:
             *account_table(rows, rates), ""])
     (out / "report.md").write_text(text)
     return text
+
+
+def checkpoint_board(out: Path, names: Sequence[str | None]) -> dict[str, Any] | None:
+    """One checkpoint's BFCL board over every evaluation of it in ``out`` (``names``: its
+    single-turn and its multi-turn one), BFCL's summaries computed over them all; None when
+    none has run. With the single-turn evaluation alone it is that evaluation's own board."""
+    found = [json.loads((out / n / "results.json").read_text())["bfcl"] for n in names
+             if n is not None and (out / n / "results.json").exists()]
+    if len(found) <= 1:
+        return found[0] if found else None
+    return board_of_counts({c: [v["correct"], v["n"]] for board in found
+                            for c, v in board["per_category"].items()})
 
 
 def warm_start_lines(out: Path) -> list[str]:
@@ -898,6 +953,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="also train the warm start on RL's rows' gold calls for the RL "
                              "steps' wall time, and evaluate it")
     parser.add_argument("--out", type=Path, default=ROOT / "outputs" / "real_fc")
+    parser.add_argument("--multi-turn", action="store_true",
+                        help="also evaluate the warm start and the RL checkpoint on BFCL's four "
+                             "scored multi-turn categories (800 entries; hours on 2 cores)")
     parser.add_argument("--warm-start-from", type=Path, default=None, metavar="OUT",
                         help="seeds of RL from one warm start: use the warm start of the run "
                              "in OUT (an earlier --out), and its base and warm-start "
@@ -922,7 +980,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.only == "data":
         PhaseRecord(None, {}).run(data)
         return 0
-    phases = [data, *recipe_phases(out, overrides)]
+    phases = [data, *recipe_phases(out, overrides, args.multi_turn, args.seed)]
     shared = args.warm_start_from.resolve() if args.warm_start_from else None
     if shared == out:
         sys.exit("real_fc: --warm-start-from names this run's own --out")
@@ -941,8 +999,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def recipe_phases(out: Path, overrides: list[str]) -> list[Phase]:
-    """The phases after ``data``, in order (``eval_base`` last)."""
+def recipe_phases(out: Path, overrides: list[str], multi_turn: bool = False, seed: int = 0
+                  ) -> list[Phase]:
+    """The phases after ``data``, in order (``eval_base``, then with ``multi_turn`` the
+    multi-turn evaluations, last)."""
     def evaluation(name: str, model: Path) -> Phase:
         def what() -> str:
             return (f"toolrl eval of {_rel(model)} on {_rows(DATA / 'bfcl_eval.jsonl')} BFCL rows "
@@ -950,6 +1010,15 @@ def recipe_phases(out: Path, overrides: list[str]) -> list[Phase]:
 
         return Phase(name, evaluate, (model, out / name, overrides), out / name / "results.json",
                      out / name, what)
+
+    def multi_turn_evaluation(name: str, model: Path) -> Phase:
+        def what() -> str:
+            return (f"toolrl eval of {_rel(model)} on BFCL's "
+                    f"{_rows(DATA / 'bfcl_multi_turn.jsonl')} multi-turn entries into "
+                    f"{_rel(out / name)} (hours on 2 cores)")
+
+        return Phase(name, evaluate_multi_turn, (model, out / name, seed),
+                     out / name / "results.json", out / name, what)
 
     def training() -> str:
         warm = (f"reuses the warm start in {_rel(out / 'warm_start')}"
@@ -976,7 +1045,10 @@ def recipe_phases(out: Path, overrides: list[str]) -> list[Phase]:
             evaluation("eval_sft_more", out / "sft_more"),
             # last: what RL is measured against comes first, and the imported model, which
             # calls nothing and runs every answer to its token cap, is the slowest to evaluate
-            evaluation("eval_base", MODEL)]
+            evaluation("eval_base", MODEL),
+            *([multi_turn_evaluation(name, model) for name, model in (
+                (MULTI_TURN_EVALS["warm start"], out / "warm_start"),
+                (MULTI_TURN_EVALS["RL"], out / "final_hf"))] if multi_turn else [])]
 
 
 if __name__ == "__main__":

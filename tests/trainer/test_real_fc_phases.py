@@ -54,6 +54,9 @@ def recipe(tmp_path, monkeypatch):
         dest.mkdir(parents=True, exist_ok=True)
         (dest / "results.json").write_text(json.dumps({"bfcl": {}}))
 
+    def evaluate_multi_turn(model, dest, seed):
+        evaluate(model, dest, [])
+
     def run(*args):
         assert args[0] == "train"
         step("train")
@@ -73,7 +76,8 @@ def recipe(tmp_path, monkeypatch):
         return "report"
 
     for name, fake in (("data_phase", data_phase), ("machine_phase", machine_phase),
-                       ("evaluate", evaluate), ("run", run),
+                       ("evaluate", evaluate), ("evaluate_multi_turn", evaluate_multi_turn),
+                       ("run", run),
                        ("sft_more", sft_more), ("report", report)):
         monkeypatch.setattr(real_fc, name, fake)
     real_fc.out = out
@@ -305,6 +309,41 @@ def test_the_report_names_the_machine_and_the_warm_starts_held_out_loss(tmp_path
     row = next(line for line in text.splitlines() if line.startswith("| warm start |"))
     assert row.split(" | ")[1:] == ["25.0", "-", "-", "-", "-", "25.0", "50.0", "not run",
                                     "6.2", "not run", "not run", "0.6 |"]
+
+
+def test_multi_turn_evaluates_the_warm_start_and_rl_last_and_seeds_share_the_first(recipe,
+                                                                                  tmp_path):
+    assert recipe.main(["--out", str(recipe.out), "--multi-turn"]) == 0
+    assert recipe.calls == [*RUN, "eval_multi_turn_warm_start", "eval_multi_turn_rl"]
+    recipe.calls.clear()
+    seed1 = tmp_path / "seed1"
+    assert recipe.main(["--out", str(seed1), "--seed", "1", "--multi-turn",
+                        "--warm-start-from", str(recipe.out)]) == 0
+    assert recipe.calls == ["data", "machine", "train", "eval_rl", "eval_multi_turn_rl"]
+    assert (seed1 / "eval_multi_turn_warm_start").is_symlink()
+    assert _phases(seed1)["phases"]["eval_multi_turn_warm_start"]["shared_from"] == \
+        str(recipe.out)
+
+
+def test_a_checkpoints_board_merges_its_single_and_multi_turn_evaluations(tmp_path):
+    real_fc = _load()
+    out = tmp_path / "out"
+    single = real_fc.board_of_counts({"simple_python": [2, 4]})
+    multi = real_fc.board_of_counts({c: [1, 4] for c in real_fc.MULTI_TURN_CATEGORIES})
+    for name, board in (("eval_rl", single), ("eval_multi_turn_rl", multi)):
+        (out / name).mkdir(parents=True)
+        for v in board["per_category"].values():  # results.json's shape
+            v["n"] = v.pop("total")
+        (out / name / "results.json").write_text(json.dumps({"bfcl": board}))
+    merged = real_fc.checkpoint_board(out, ("eval_rl", "eval_multi_turn_rl"))
+    assert merged["multi_turn"]["Multi Turn Overall Acc"] == 0.25
+    assert merged["per_category"]["simple_python"]["accuracy"] == 0.5
+    assert real_fc.checkpoint_board(out, ("eval_rl", None))["per_category"].keys() == \
+        {"simple_python"}
+    assert real_fc.checkpoint_board(out, ("eval_base", None)) is None
+    text = real_fc.report(out, {})
+    row = next(line for line in text.splitlines() if line.startswith("| RL |"))
+    assert row.split(" | ")[-2] == "25.0"  # Multi Turn Overall Acc
 
 
 def test_the_report_accounts_for_each_phases_compute(tmp_path):
