@@ -67,6 +67,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import os
 import re
 import subprocess
@@ -668,10 +669,23 @@ def rl_seconds(out: Path) -> float:
     return sum(json.loads(line).get("timing/step_s", 0.0) for line in lines if line.strip())
 
 
+def control_steps(seconds: float, warm_start_metrics: Path, default: int) -> int:
+    """The SFT control's steps: as many as the warm start's pace (its wall time per step,
+    held-out checks included) fits in ``seconds``, so that the control's cosine schedule ends
+    when its time does and neither a step cap nor an undecayed schedule cuts it short;
+    ``default`` when the warm start recorded no pace."""
+    if not warm_start_metrics.exists():
+        return default
+    m = json.loads(warm_start_metrics.read_text())
+    if not m.get("warm_start/seconds") or not m.get("warm_start/steps"):
+        return default
+    return max(1, math.ceil(seconds / (m["warm_start/seconds"] / m["warm_start/steps"])))
+
+
 def sft_more(out: Path, overrides: list[str]) -> None:
     """What RL is set beside: the warm start trained on, instead, the gold calls of RL's own
-    rows (``data.train_file``) for as long as the RL steps took; the warm start's settings,
-    held-out rows and early stopping."""
+    rows (``data.train_file``) for as long as the RL steps took (`control_steps` sizes its
+    schedule to that time); the warm start's settings, held-out rows and early stopping."""
     dest = out / "sft_more"
     if (dest / "config.json").exists():
         print(f"{dest} exists: skipped")
@@ -684,8 +698,10 @@ def sft_more(out: Path, overrides: list[str]) -> None:
     ws, start = cfg.warm_start, out / "warm_start"
     transcripts, held_out = warm_start_transcripts(cfg, str(start))
     seconds = rl_seconds(out)
-    print(f"more SFT from {start} on {train_file}'s gold calls for {seconds:.0f} s", flush=True)
-    metrics = sft(start, transcripts, dest, steps=ws.steps, lr=ws.lr,
+    steps = control_steps(seconds, start / "warm_start_metrics.json", ws.steps)
+    print(f"more SFT from {start} on {train_file}'s gold calls for {seconds:.0f} s (its schedule "
+          f"spans {steps} steps, what the warm start's pace fits in that time)", flush=True)
+    metrics = sft(start, transcripts, dest, steps=steps, lr=ws.lr,
                   batch_size=ws.batch_size, seed=cfg.seed, stop_loss=ws.stop_loss,
                   val_transcripts=held_out, eval_every=ws.eval_every if held_out else 0,
                   patience=ws.patience, seconds=seconds, save_every=ws.save_every,

@@ -401,3 +401,14 @@ def test_the_account_sets_each_training_phase_beside_the_rate_of_the_dtype_it_ra
     assert rows["warm start"].dtype == rows["RL update"].dtype == "bfloat16"
     table = real_fc.account_table(list(rows.values()), {"float32": 1.2e11, "bfloat16": 6e11})
     assert "| warm start | 1,000 | 6.000 | 100 | 60.0 | bfloat16 | 0.10 |" in table
+
+
+def test_the_sft_controls_schedule_spans_rls_time_at_the_warm_starts_pace(tmp_path):
+    """A control capped at the warm start's 100 steps would stop before RL's time is spent (the
+    warm start ran 100 steps in 2,025 s, RL's steps 2,174 s): its steps come from the time."""
+    real_fc = _load()
+    metrics = tmp_path / "warm_start_metrics.json"
+    assert real_fc.control_steps(2174.0, metrics, 100) == 100  # no pace recorded: the config's
+    metrics.write_text(json.dumps({"warm_start/seconds": 2025.0, "warm_start/steps": 100.0}))
+    assert real_fc.control_steps(2174.0, metrics, 100) == 108
+    assert real_fc.control_steps(5.0, metrics, 100) == 1
