@@ -107,11 +107,10 @@ COMBINED = 100
 MISMATCHED = 100
 CHECKPOINTS = (("base", "eval_base"), ("warm start", "eval_warm_start"), ("RL", "eval_rl"),
                ("more SFT, RL's time", "eval_sft_more"))
-# BFCL's four scored multi-turn categories (``--multi-turn``): 800 entries played through
+# BFCL's four scored multi-turn categories (``--multi-turn``, `toolrl.core.bfcl_scores.MULTI_TURN`):
+# 800 entries played through
 # toolrl/BFCLMultiTurn-v0 with configs/bfcl_multi_turn.yaml's rollout, for the warm start and
 # the RL checkpoint (``eval_multi_turn_*``; the report merges them into each one's board)
-MULTI_TURN_CATEGORIES = ("multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param",
-                         "multi_turn_long_context")
 MULTI_TURN_CONFIG = ROOT / "configs" / "bfcl_multi_turn.yaml"
 MULTI_TURN_EVALS = {"warm start": "eval_multi_turn_warm_start", "RL": "eval_multi_turn_rl"}
 TOOLRL = str(Path(sys.executable).with_name("toolrl"))
@@ -590,7 +589,9 @@ def data_phase(bfcl_limit: int | None) -> None:
     live, relevance = DATA / "bfcl_live.jsonl", DATA / "bfcl_live_relevance.jsonl"
     convert(LIVE, live)
     convert(("live_relevance",), relevance)
-    convert(MULTI_TURN_CATEGORIES, DATA / "bfcl_multi_turn.jsonl")
+    from toolrl.core.bfcl_scores import MULTI_TURN
+
+    convert(MULTI_TURN, DATA / "bfcl_multi_turn.jsonl")
     held, rest = hold_out_live(live, DATA / "bfcl_live_held_out.jsonl",
                                DATA / "bfcl_live_rest.jsonl")
     evaluation = DATA / "bfcl_eval.jsonl"
@@ -627,8 +628,8 @@ def data_phase(bfcl_limit: int | None) -> None:
 # it. Training's 1,536-token prompt budget would leave out 72 of the 1,974 rows (57 of them
 # live_multiple's, whose tool lists run to 6,254 tokens), and a score over the rows that fit
 # is not BFCL's.
-EVAL_CONTEXT = ("rollout.engine.max_model_len=8192", "rollout.max_total_tokens=8192",
-                "rollout.max_prompt_tokens=8032")
+WINDOW = ("rollout.engine.max_model_len=8192", "rollout.max_total_tokens=8192")
+EVAL_CONTEXT = (*WINDOW, "rollout.max_prompt_tokens=8032")
 
 
 def evaluate(model: Path, out: Path, overrides: list[str]) -> None:
@@ -644,8 +645,7 @@ def evaluate(model: Path, out: Path, overrides: list[str]) -> None:
 # 2-3 classes and the first user turn) runs to ~5.4k tokens outside long_context, whose
 # entries need up to 71k (benchmarks/results/bfcl_multi_turn.md): those that do not fit are
 # failures, as BFCL counts an entry the model could not take
-MULTI_TURN_CONTEXT = ("rollout.engine.max_model_len=8192", "rollout.max_total_tokens=8192",
-                      "rollout.max_prompt_tokens=6144", "rollout.engine.cpu_threads=all",
+MULTI_TURN_CONTEXT = (*WINDOW, "rollout.max_prompt_tokens=6144", "rollout.engine.cpu_threads=all",
                       "rollout.engine.kv_cache_gib=2.0")
 
 

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from toolrl.core.bfcl_scores import MULTI_TURN
+
 ROOT = Path(__file__).resolve().parents[2]
 RUN = ["data", "machine", "train", "eval_warm_start", "eval_rl", "eval_base"]
 
@@ -329,7 +331,7 @@ def test_a_checkpoints_board_merges_its_single_and_multi_turn_evaluations(tmp_pa
     real_fc = _load()
     out = tmp_path / "out"
     single = real_fc.board_of_counts({"simple_python": [2, 4]})
-    multi = real_fc.board_of_counts({c: [1, 4] for c in real_fc.MULTI_TURN_CATEGORIES})
+    multi = real_fc.board_of_counts({c: [1, 4] for c in MULTI_TURN})
     for name, board in (("eval_rl", single), ("eval_multi_turn_rl", multi)):
         (out / name).mkdir(parents=True)
         for v in board["per_category"].values():  # results.json's shape
