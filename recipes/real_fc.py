@@ -41,9 +41,9 @@ Phases, each a ``toolrl`` command whose progress shows as it runs, each timed:
 multi-turn categories (``eval_multi_turn_*``, after ``eval_base``: 800 entries of up to 16
 assistant messages each, hours on 2 cores), in SmolLM2's 8,192-token window
 (``MULTI_TURN_CONTEXT``); the report merges each checkpoint's evaluations into one BFCL board.
-``--warm-start-from OUT`` runs RL seeds from one warm start: the warm start and the base and
-warm-start evaluations of the run in ``OUT`` are linked into this ``--out`` and recorded as
-that run recorded them (`share_warm_start`); this run trains RL (and, with
+``--warm-start-from OUT`` runs RL seeds from one warm start: the warm start and its evaluation
+in ``OUT`` (and the base model's, once that run has it) are linked into this ``--out`` and
+recorded as that run recorded them (`share_warm_start`); this run trains RL (and, with
 ``--sft-comparison``, its own control) and evaluates what it trained.
 
 ``--bfcl-limit N`` takes the first N questions of each category (a quick look, not BFCL's
@@ -364,18 +364,20 @@ class PhaseRecord:
         os.replace(tmp, self.path)
 
 
-# What seeds of RL from one warm start share (``--warm-start-from``): the warm start, and the
-# evaluations of the base model and of the warm start
-SHARED = ("warm_start", "eval_base", "eval_warm_start")
-_SHARED_OUTPUT = {"warm_start": "config.json", "eval_base": "results.json",
-                  "eval_warm_start": "results.json"}
+# What seeds of RL from one warm start share (``--warm-start-from``): the warm start and its
+# evaluation, which the source must have finished; the base model's evaluation, and the warm
+# start's multi-turn one, when the source has run them (else this run does)
+SHARED = ("warm_start", "eval_warm_start")
+_SHARED_OUTPUT = {"warm_start": "config.json", "eval_warm_start": "results.json"}
 
 
 def share_warm_start(out: Path, source: Path, record: PhaseRecord) -> None:
-    """Seeds of RL from one warm start: ``out``'s warm start and its base and warm-start
-    evaluations are ``source``'s (a run of this recipe that finished them), linked into
-    ``out``; their phases are recorded as ``source`` recorded them, with where they came from.
-    Stops, naming what is missing, when ``source`` has not finished them."""
+    """Seeds of RL from one warm start: ``out``'s warm start and its evaluation are
+    ``source``'s (a run of this recipe that finished them), linked into ``out``, and so are the
+    base model's and the warm start's multi-turn evaluations where ``source`` finished them;
+    their phases are recorded as ``source`` recorded them, with where they came from. Stops,
+    naming what is missing, when ``source`` has not finished the warm start or its
+    evaluation."""
     missing = [str(_rel(source / name / file)) for name, file in _SHARED_OUTPUT.items()
                if not (source / name / file).exists()]
     if missing:
@@ -390,9 +392,10 @@ def share_warm_start(out: Path, source: Path, record: PhaseRecord) -> None:
             sys.exit(f"real_fc: {_rel(link)} exists and is not {_rel(source / name)}'s: use "
                      f"another --out")
         link.symlink_to(source / name, target_is_directory=True)
-    multi = MULTI_TURN_EVALS["warm start"]  # shared too when the source ran it
-    if (source / multi / "results.json").exists() and not (out / multi).exists():
-        (out / multi).symlink_to(source / multi, target_is_directory=True)
+    multi = MULTI_TURN_EVALS["warm start"]
+    for name in ("eval_base", multi):  # shared too when the source ran them
+        if (source / name / "results.json").exists() and not (out / name).exists():
+            (out / name).symlink_to(source / name, target_is_directory=True)
     theirs = PhaseRecord(source / PHASES, {}).finished
     for name in ("eval_base", "eval_warm_start", multi):
         if name in theirs and (out / name).is_symlink():

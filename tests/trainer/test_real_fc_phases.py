@@ -285,10 +285,27 @@ def test_a_warm_start_to_share_must_be_finished_and_not_this_run(recipe, tmp_pat
     (recipe.out / "warm_start" / "config.json").write_text("{}")
     with pytest.raises(SystemExit) as stop:
         recipe.main(["--out", str(tmp_path / "seed1"), "--warm-start-from", str(recipe.out)])
-    assert "has not finished" in str(stop.value) and "eval_base/results.json" in str(stop.value)
+    assert "has not finished" in str(stop.value)
+    assert "eval_warm_start/results.json" in str(stop.value) and "eval_base" not in str(stop.value)
     with pytest.raises(SystemExit) as stop:
         recipe.main(["--out", str(recipe.out), "--warm-start-from", str(recipe.out)])
     assert "names this run's own --out" in str(stop.value)
+
+
+def test_a_seed_evaluates_the_base_itself_when_the_warm_starts_run_has_not(recipe, tmp_path):
+    """The base model's evaluation runs last: a seed may share a warm start whose run has not
+    reached it; the seed then evaluates the base itself, into its own folder."""
+    recipe.fail = "eval_base"
+    with pytest.raises(KeyboardInterrupt):
+        recipe.main(["--out", str(recipe.out)])
+    recipe.calls.clear()
+    recipe.fail = None
+    seed1 = tmp_path / "seed1"
+    assert recipe.main(["--out", str(seed1), "--seed", "1",
+                        "--warm-start-from", str(recipe.out)]) == 0
+    assert recipe.calls == ["data", "machine", "train", "eval_rl", "eval_base"]
+    assert (seed1 / "warm_start").is_symlink() and not (seed1 / "eval_base").is_symlink()
+    assert "shared_from" not in _phases(seed1)["phases"]["eval_base"]
 
 
 def test_the_report_names_the_machine_and_the_warm_starts_held_out_loss(tmp_path):
