@@ -54,7 +54,8 @@ time left (from the command's own progress lines, or an earlier run's time of th
 ``--bfcl-limit`` and overrides that made it; ``PhaseRecord``): a rerun skips a recorded phase
 whose output is still there and reports its recorded time, refuses one recorded with other
 settings (use another ``--out``, or delete that phase's output), and goes on where a cut-off
-run stopped (``toolrl train`` resumes from its own snapshots and checkpoints). ``data`` is
+run stopped (``toolrl train`` resumes from its own snapshots and checkpoints, ``toolrl eval``
+from its journal of finished chunks). ``data`` is
 redone every run (a minute; ``data/real_fc/`` is shared by every ``--out``); an output made
 before ``phases.json`` existed is skipped too, its time unknown. Delete a phase's output, or
 the whole ``--out``, to redo it. ``--recorded FILE`` only renders scores kept in the

@@ -54,6 +54,6 @@ def test_validation_counts_each_episode_once():
 
 
 def test_eval_counts_each_episode_once(monkeypatch):
-    trajs, scores = evaluate._play(_run(), [{}] * 3, 1, console=SimpleNamespace(
+    trajs, scores, _ = evaluate._play(_run(), [{}] * 3, 1, console=SimpleNamespace(
         log=lambda *_: None))
     assert [t.row["id"] for t in trajs] == ["a", "b", "c"] and scores == [1.0, 0.0, 0.0]

@@ -26,10 +26,19 @@ saying why; reward 0) in every figure, BFCL's included, as BFCL counts an entry 
 not take, and ``over_budget`` says how many; a score over only the rows that fit is not the
 benchmark's. The episodes run in chunks with a progress line after each (episodes done,
 success so far, minutes).
+
+A cut-off evaluation goes on where it stopped: each finished chunk's episodes are appended to
+``eval_journal.jsonl`` in the output folder, and the same command run again plays only the
+chunks missing from it, with the seeds they would have had, so its results are the
+uninterrupted run's (greedy, or seeded sampling). The journal is used only by the evaluation
+that wrote it (`evaluation_key`: the model's files, the rows, ``--trials``, the config's
+rollout, reward, env and seed), is removed once ``results.json`` is written, and
+``resumed_episodes`` says how many episodes came from it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
@@ -59,6 +68,7 @@ from toolrl.trainer.tracking import redact, secret_values
 # episodes per chunk, per concurrent episode (rollout.concurrency): the engine stays full, and a
 # progress line comes after each chunk
 CHUNK_PER_SLOT = 8
+JOURNAL = "eval_journal.jsonl"  # the finished chunks of a cut-off evaluation (module docstring)
 
 
 def run_evaluation(cfg: ExperimentConfig, model: str, output_dir: str | os.PathLike,
@@ -87,9 +97,9 @@ def run_evaluation(cfg: ExperimentConfig, model: str, output_dir: str | os.PathL
         _, fitting = fit_prompt_budget([], val_rows, cfg, run.model_path, log=console.log)
         unplayed = over_budget(val_rows, fitting, cfg)
         run.start_rollout()
-        start = time.monotonic()
-        trajs, scores = _play(run, fitting, trials, console)
-        seconds = time.monotonic() - start
+        journal = Journal(Path(output_dir) / JOURNAL,
+                          evaluation_key(cfg, run.model_path, fitting, trials), console)
+        trajs, scores, seconds = _play(run, fitting, trials, console, journal)
         trajs += [t for t in unplayed for _ in range(trials)]
         scores += [0.0] * (len(unplayed) * trials)
         shape = model_shape(run.model_path)
@@ -98,10 +108,12 @@ def run_evaluation(cfg: ExperimentConfig, model: str, output_dir: str | os.PathL
     results = summarize(trajs, scores, cfg.env.id, training=training,
                         training_note=training_note)
     results = {"model": model, "env": cfg.env.id, "trials": trials, **results,
-               "over_budget": len(unplayed), "perf": eval_account(shape, trajs, seconds)}
+               "over_budget": len(unplayed), "resumed_episodes": journal.resumed,
+               "perf": eval_account(shape, trajs, seconds)}
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(results, indent=2))
+    journal.path.unlink(missing_ok=True)
     if save_transcripts:
         secrets = secret_values()
         with (out / "transcripts.jsonl").open("w", encoding="utf-8") as f:
@@ -147,32 +159,110 @@ def eval_account(shape: ModelShape | None, trajs: list[Trajectory], seconds: flo
     return out
 
 
-def _play(run: RunContext, rows: list[dict[str, Any]], trials: int, console: Console
-          ) -> tuple[list[Trajectory], list[float]]:
-    """Every val row ``trials`` times, scored: in chunks of `CHUNK_PER_SLOT` x
-    ``rollout.concurrency`` episodes, a progress line after each (a long eval is never
-    silent). Chunk ``k`` samples with the seed of ``val`` + ``k`` (the first: the run's)."""
+def evaluation_key(cfg: ExperimentConfig, model_path: str | os.PathLike,
+                   rows: Sequence[Mapping[str, Any]], trials: int) -> str:
+    """What makes an evaluation's episodes what they are, hashed: the model (a local folder by
+    its files' names, sizes and times; else its name), the rows played, ``trials`` and the
+    config's rollout, reward, env and seed. A journal is resumed only under the same key."""
+    path = Path(model_path)
+    files = sorted((str(f.relative_to(path)), f.stat().st_size, f.stat().st_mtime_ns)
+                   for f in path.rglob("*") if f.is_file()) if path.is_dir() else str(model_path)
+    what = [files, list(rows), trials, repr(cfg.rollout), repr(cfg.reward), repr(cfg.env),
+            cfg.seed]
+    return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()
+
+
+class Journal:
+    """``eval_journal.jsonl``: a line per finished chunk (its index, wall time and scored
+    episodes) under a first line naming the evaluation (`evaluation_key`). A journal of another
+    evaluation is set aside (said, and started anew); a line cut off mid-write is ignored."""
+
+    def __init__(self, path: Path, key: str, console: Console) -> None:
+        self.path, self.key, self.resumed = path, key, 0
+        self.chunks: dict[int, dict[str, Any]] = {}
+        if not path.exists():
+            return
+        lines = path.read_text(encoding="utf-8").splitlines()
+        entries = []
+        for line in lines:
+            try:
+                entries.append(json.loads(line))
+            except json.JSONDecodeError:  # the last line of a run killed while writing it
+                continue
+        if not entries or entries[0].get("evaluation") != key:
+            console.log(f"eval: {path} holds another evaluation's episodes (model, rows or "
+                        f"settings differ): not resumed, starting anew")
+            path.unlink()
+            return
+        self.chunks = {e["chunk"]: e for e in entries[1:] if "chunk" in e}
+
+    def done(self, k: int, expected: int) -> tuple[list[Trajectory], list[float], float] | None:
+        """Chunk ``k``'s episodes, scores and seconds if the journal holds all ``expected``."""
+        entry = self.chunks.get(k)
+        if entry is None or len(entry["episodes"]) != expected:
+            return None
+        self.resumed += expected
+        episodes = [dict(e) for e in entry["episodes"]]
+        scores = [float(e.pop("reward")) for e in episodes]
+        return [Trajectory.from_dict(e) for e in episodes], scores, float(entry["seconds"])
+
+    def add(self, k: int, trajs: Sequence[Trajectory], scores: Sequence[float],
+            seconds: float) -> None:
+        """Append chunk ``k``, flushed to disk before the next chunk starts."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fresh = not self.path.exists()
+        with self.path.open("a", encoding="utf-8") as f:
+            if fresh:
+                f.write(json.dumps({"evaluation": self.key}) + "\n")
+            f.write(json.dumps({"chunk": k, "seconds": seconds, "episodes": [
+                {"reward": score, **t.to_dict()} for t, score in zip(trajs, scores, strict=True)
+            ]}) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def _play(run: RunContext, rows: list[dict[str, Any]], trials: int, console: Console,
+          journal: Journal | None = None) -> tuple[list[Trajectory], list[float], float]:
+    """Every val row ``trials`` times, scored, and the seconds it took: in chunks of
+    `CHUNK_PER_SLOT` x ``rollout.concurrency`` episodes, a progress line after each (a long
+    eval is never silent). Chunk ``k`` samples with the seed of ``val`` + ``k`` (the first: the
+    run's); a chunk the ``journal`` holds is taken from it, with its time, and not replayed."""
     cfg = run.cfg
     per_chunk = max(1, CHUNK_PER_SLOT * cfg.rollout.concurrency // trials)
     trajs: list[Trajectory] = []
     scores: list[float] = []
-    start = time.monotonic()
+    seconds = 0.0
     for k, at in enumerate(range(0, len(rows), per_chunk)):
-        batch = run.rollout(rows[at: at + per_chunk], trials,
-                            seed=run.seed_of("val" if k == 0 else f"val{k}"),
+        chunk = rows[at: at + per_chunk]
+        earlier = journal.done(k, len(chunk) * trials) if journal is not None else None
+        if earlier is not None:
+            trajs += earlier[0]
+            scores += earlier[1]
+            seconds += earlier[2]
+            continue
+        start = time.monotonic()
+        batch = run.rollout(chunk, trials, seed=run.seed_of("val" if k == 0 else f"val{k}"),
                             greedy=cfg.rollout.val_temperature == 0.0)
         run.score(batch)
         samples = B.trajectories(batch)
         leads = [i for i, t in enumerate(samples) if is_episode_lead(t)]  # an episode once, by
-        trajs += [samples[i] for i in leads]  # its last sample (per_turn, split agent samples)
-        totals = batch[B.TOKEN_LEVEL_SCORES].sum(-1).tolist()
-        scores += [totals[i] for i in leads]
+        totals = batch[B.TOKEN_LEVEL_SCORES].sum(-1).tolist()  # its last sample (per_turn,
+        played = [samples[i] for i in leads]  # split agent samples)
+        played_scores = [totals[i] for i in leads]
+        trajs += played
+        scores += played_scores
+        took = time.monotonic() - start
+        seconds += took
+        if journal is not None:
+            journal.add(k, played, played_scores, took)
         done = [t for t in trajs if t.infra_failure is None]
         if len(rows) > per_chunk:
-            console.log(f"eval: {len(trajs)}/{len(rows) * trials} episodes, success so far "
-                        f"{sum(t.success for t in done) / max(len(done), 1):.3f}, "
-                        f"{(time.monotonic() - start) / 60:.1f} min")
-    return trajs, scores
+            resumed = f" ({journal.resumed} from {journal.path.name})" if (
+                journal is not None and journal.resumed) else ""
+            console.log(f"eval: {len(trajs)}/{len(rows) * trials} episodes{resumed}, success "
+                        f"so far {sum(t.success for t in done) / max(len(done), 1):.3f}, "
+                        f"{seconds / 60:.1f} min")
+    return trajs, scores, seconds
 
 
 def training_rows(cfg: ExperimentConfig) -> tuple[list[dict[str, Any]], str]:
