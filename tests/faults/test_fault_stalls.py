@@ -179,3 +179,72 @@ def test_a_signal_ends_the_run_cleanly(sig, tiny_model_dir, tmp_path):
     while _alive(tree) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert _alive(tree) == []
+
+
+EVAL_CONFIG = """\
+experiment_name: eval_signal
+env: {id: toolrl/FunctionCalling-v0}
+data: {val_file: VAL}
+rollout: {max_turns: 1, max_tokens_per_turn: 32, max_total_tokens: 640, max_prompt_tokens: 512,
+          concurrency: 1, engine: {max_model_len: 640, multiprocessing: true}}
+reward: {rewards: [{name: bfcl_ast}]}
+"""
+
+
+@pytest.mark.timeout(900)
+def test_sigterm_ends_an_eval_cleanly_and_the_rerun_goes_on(tiny_model_dir, tmp_path):
+    """SIGTERM to a real ``toolrl eval`` (the recipe's Ctrl-C, a preemption): one line, 143, no
+    process of its tree left (Ray's own handler used to abort it, exit 134, its agents left
+    running), and the chunks it finished are journaled: the same command plays only the rest."""
+    import json
+
+    from toolrl.envs.function_calling import FunctionCallingEnv
+
+    from toolrl.trainer.evaluate import JOURNAL
+
+    rows = FunctionCallingEnv.make_tasks(64)
+    for i, row in enumerate(rows):
+        row.update(id=f"simple_python_{i}", source="bfcl", category="simple_python")
+    val = tmp_path / "val.jsonl"
+    val.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    config = tmp_path / "eval.yaml"
+    config.write_text(EVAL_CONFIG.replace("VAL", str(val)))
+    out = tmp_path / "eval"
+    command = [sys.executable, "-m", "toolrl.cli", "eval", "--config", str(config), "--model",
+               str(tiny_model_dir), "--output-dir", str(out),
+               f"trainer.output_dir={tmp_path / 'run'}"]
+    env = _child_env()
+    env.pop("RAY_ADDRESS", None)  # its own local cluster, which it must stop whole
+    proc = subprocess.Popen(command, cwd=ROOT, env=env, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_default_sigint)
+    journal = out / JOURNAL
+    try:
+        deadline = time.monotonic() + 600
+        while not journal.exists() or len(journal.read_text().splitlines()) < 2:
+            assert proc.poll() is None, proc.stderr.read()
+            assert time.monotonic() < deadline, "no chunk finished"
+            time.sleep(0.1)
+        tree = _run_tree(proc.pid)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+    assert proc.returncode == 143, err[-3000:]
+    assert [ln for ln in err.splitlines() if ln.startswith("toolrl eval:")] == [
+        f"toolrl eval: stopped by SIGTERM; workers and the local Ray cluster shut down (the "
+        f"same command goes on from the chunks finished in {out}/{JOURNAL})"], err[-3000:]
+    deadline = time.monotonic() + 10
+    while _alive(tree) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _alive(tree) == []
+    assert not (out / "results.json").exists()
+    done = len(journal.read_text().splitlines()) - 1
+    assert 1 <= done < 8
+    rerun = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
+                           timeout=600)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    results = json.loads((out / "results.json").read_text())
+    assert results["num_tasks"] == 64 and results["resumed_episodes"] >= 8 * done

@@ -11,7 +11,7 @@ from toolrl.controller.resources import ResourceError
 from toolrl.reward import RewardConfigError
 from toolrl.trainer import config, failures, health, progress, run, run_dir, stopping
 from toolrl.trainer.dry_run import dry_run
-from toolrl.trainer.evaluate import run_evaluation
+from toolrl.trainer.evaluate import JOURNAL, run_evaluation
 
 
 def train(args: argparse.Namespace) -> int:
@@ -36,10 +36,24 @@ def train(args: argparse.Namespace) -> int:
 
 
 def evaluate(args: argparse.Namespace) -> int:
-    return run_experiment("eval", args,
-                          lambda cfg: run_evaluation(cfg, args.model, args.output_dir,
-                                                     save_transcripts=args.save_transcripts,
-                                                     trials=args.trials))
+    """SIGTERM or SIGINT stops an evaluation at once, its workers and local Ray cluster shut
+    down (Ray's own SIGTERM handler would abort the process and leave its agents running); the
+    same command goes on from the chunks it journaled."""
+    with stopping.signals_stop_the_run() as stop:
+        try:
+            return run_experiment("eval", args,
+                                  lambda cfg: run_evaluation(
+                                      cfg, args.model, args.output_dir,
+                                      save_transcripts=args.save_transcripts,
+                                      trials=args.trials))
+        except KeyboardInterrupt:
+            if stop.signal is None:
+                raise
+            sig = signal.Signals(stop.signal)
+            print(f"toolrl eval: stopped by {sig.name}; workers and the local Ray cluster shut "
+                  f"down (the same command goes on from the chunks finished in "
+                  f"{args.output_dir}/{JOURNAL})", file=sys.stderr)
+            return 128 + sig.value
 
 
 def run_experiment(command: str, args: argparse.Namespace,
