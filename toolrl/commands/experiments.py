@@ -18,41 +18,40 @@ def train(args: argparse.Namespace) -> int:
     if args.dry_run:
         return run_experiment("train", args, lambda cfg: int(not dry_run(
             cfg, tasks=args.dry_run_tasks).ok))
-    with stopping.signals_stop_the_run() as stop:
-        try:
-            return run_experiment("train", args, run.run_training)
-        except stopping.RunStopped as e:  # at a step's end, with a checkpoint (stop_grace_s)
-            print(f"toolrl train: {e}; workers and the local Ray cluster shut down "
-                  f"(trainer.resume=auto goes on from step {e.step})", file=sys.stderr)
-            return 128 + e.signum
-        except KeyboardInterrupt:
-            if stop.signal is None:
-                raise
-            sig = signal.Signals(stop.signal)
-            print(f"toolrl train: stopped by {sig.name}; workers and the local Ray cluster "
-                  f"shut down (the step in flight is redone by trainer.resume=auto from the "
-                  f"last checkpoint)", file=sys.stderr)
-            return 128 + sig.value  # 130 for SIGINT, 143 for SIGTERM
+    try:
+        return _stoppable("train", "the step in flight is redone by trainer.resume=auto from "
+                          "the last checkpoint", lambda: run_experiment("train", args,
+                                                                        run.run_training))
+    except stopping.RunStopped as e:  # at a step's end, with a checkpoint (stop_grace_s)
+        print(f"toolrl train: {e}; workers and the local Ray cluster shut down "
+              f"(trainer.resume=auto goes on from step {e.step})", file=sys.stderr)
+        return 128 + e.signum
 
 
 def evaluate(args: argparse.Namespace) -> int:
     """SIGTERM or SIGINT stops an evaluation at once, its workers and local Ray cluster shut
     down (Ray's own SIGTERM handler would abort the process and leave its agents running); the
     same command goes on from the chunks it journaled."""
+    return _stoppable("eval", f"the same command goes on from the chunks finished in "
+                              f"{args.output_dir}/{JOURNAL}",
+                      lambda: run_experiment("eval", args, lambda cfg: run_evaluation(
+                          cfg, args.model, args.output_dir,
+                          save_transcripts=args.save_transcripts, trials=args.trials)))
+
+
+def _stoppable(command: str, after: str, body: Callable[[], int]) -> int:
+    """``body`` under `stopping.signals_stop_the_run`: a signal that interrupts it is one line
+    on stderr (``after`` says what a rerun does) and exit 128 + the signal (130 for SIGINT,
+    143 for SIGTERM)."""
     with stopping.signals_stop_the_run() as stop:
         try:
-            return run_experiment("eval", args,
-                                  lambda cfg: run_evaluation(
-                                      cfg, args.model, args.output_dir,
-                                      save_transcripts=args.save_transcripts,
-                                      trials=args.trials))
+            return body()
         except KeyboardInterrupt:
             if stop.signal is None:
                 raise
             sig = signal.Signals(stop.signal)
-            print(f"toolrl eval: stopped by {sig.name}; workers and the local Ray cluster shut "
-                  f"down (the same command goes on from the chunks finished in "
-                  f"{args.output_dir}/{JOURNAL})", file=sys.stderr)
+            print(f"toolrl {command}: stopped by {sig.name}; workers and the local Ray cluster "
+                  f"shut down ({after})", file=sys.stderr)
             return 128 + sig.value
 
 
