@@ -245,9 +245,10 @@ def _play(run: RunContext, rows: list[dict[str, Any]], trials: int, console: Con
                             greedy=cfg.rollout.val_temperature == 0.0)
         run.score(batch)
         samples = B.trajectories(batch)
-        leads = [i for i, t in enumerate(samples) if is_episode_lead(t)]  # an episode once, by
-        totals = batch[B.TOKEN_LEVEL_SCORES].sum(-1).tolist()  # its last sample (per_turn,
-        played = [samples[i] for i in leads]  # split agent samples)
+        # an episode once, by its last sample (per_turn, split agent samples)
+        leads = [i for i, t in enumerate(samples) if is_episode_lead(t)]
+        totals = batch[B.TOKEN_LEVEL_SCORES].sum(-1).tolist()
+        played = [samples[i] for i in leads]
         played_scores = [totals[i] for i in leads]
         trajs += played
         scores += played_scores
