@@ -18,7 +18,9 @@ env's tool machinery (`LatencyEnv`: the tool sleeps a fixed latency). Measured:
    (N = 64 concurrent episodes, the first K; target >= 0.8).
 
 Runs alternate (ceiling, engine loop, rollout, rollout with latency), so load from other
-processes hits all alike; the medians over the repetitions are reported.
+processes hits all alike, and each starts from an empty prefix cache (the ceiling and the engine
+loop replay the same seeds every repetition: a warm cache would hand a run the KV of an earlier
+run's identical turns); the medians over the repetitions are reported.
 
     .venv/bin/python benchmarks/bench_rollout.py [--quick] [--tokens 32,128] [--model DIR]
 """
@@ -33,6 +35,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import benchlib
 
@@ -178,17 +181,23 @@ def main(argv: list[str] | None = None) -> int:
         assert finished == [t] * n, f"episodes did not run {t} turns: {finished}"
         return tokens, wall
 
+    def cold(f: Any, *a: Any) -> tuple[int, float]:
+        """``f`` from an empty prefix cache: each measurement replays the same seeds, so a warm
+        cache would hand a later run the KV of an earlier one's identical turns."""
+        asyncio.run(worker.engine.reset_prefix_cache())
+        return f(*a)
+
     measures = {"ceiling": ceiling, "engine_loop": engine_loop, "rollout": rollout}
     runs: dict[tuple[str, int], list[tuple[int, float]]] = {}
     try:
         for k in turn_tokens:
             for f in measures.values():
-                f(k)  # warm-up
+                cold(f, k)  # warm-up
             for _ in range(args.reps):
                 for name, f in measures.items():
-                    runs.setdefault((name, k), []).append(f(k))
+                    runs.setdefault((name, k), []).append(cold(f, k))
                 if k == turn_tokens[0]:
-                    runs.setdefault(("latency", k), []).append(rollout(k, args.latency))
+                    runs.setdefault(("latency", k), []).append(cold(rollout, k, args.latency))
         load = os.getloadavg()[0]
     finally:
         worker.shutdown()
@@ -239,7 +248,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{load:.1f} (other processes share the cores).\n\n{headline}\n\n" +
             "\n".join(lines) +
             f"\n\nRatios are medians over {args.reps} alternating repetition(s) of (ceiling, "
-            f"engine loop, rollout[, rollout with latency]) per row group; KV cache block size "
+            f"engine loop, rollout[, rollout with latency]) per row group, each from an empty "
+            f"prefix cache (the runs replay the same seeds); KV cache block size "
             f"{block}; the engine as the trainer builds it (model inside the engine-core "
             f"process). Each rollout turn samples exactly the stated tokens (ignore_eos) and "
             f"makes one real tool call through the env; the observation "

@@ -71,6 +71,7 @@ import json
 import math
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -121,10 +122,26 @@ HEARTBEAT_S = 60.0  # a line while a command has been silent this long
 PHASES = "phases.json"
 
 
+class Terminated(BaseException):
+    """SIGTERM reached the recipe (`stop_on_sigterm`)."""
+
+
+def _terminated(signum: int, frame: Any) -> None:
+    raise Terminated
+
+
+def stop_on_sigterm() -> None:
+    """SIGTERM stops the recipe as Ctrl-C does: `run` asks the running command to stop and
+    waits for it. Without it the recipe dies at once and the command's output pipe breaks
+    under it (its next log line fails), instead of its own clean stop."""
+    signal.signal(signal.SIGTERM, _terminated)
+
+
 def run(*args: str) -> str:
     """A toolrl command, its output shown as it runs (with `PhaseClock.heartbeat` lines while it
     is silent); stops the recipe when it fails. Ctrl-C reaches the command too: the recipe waits
-    for it to stop (`toolrl train`'s GRPO first finishes its step and checkpoints), then stops."""
+    for it to stop (`toolrl train`'s GRPO first finishes its step and checkpoints), then stops;
+    on SIGTERM (`stop_on_sigterm`) it sends the command SIGTERM and waits the same way."""
     print(f"\n$ toolrl {' '.join(args)}", flush=True)
     clock = _clock or PhaseClock(args[0])
     lines: list[str] = []
@@ -140,7 +157,7 @@ def run(*args: str) -> str:
             while proc.returncode is None:
                 try:
                     _echo(proc, lines)
-                except KeyboardInterrupt:  # the command got it too: it stops sooner
+                except (KeyboardInterrupt, Terminated):  # it was asked already: wait on
                     continue
             raise
     if proc.returncode != 0:
@@ -1072,7 +1089,10 @@ def recipe_phases(out: Path, overrides: list[str], multi_turn: bool = False, see
 
 
 if __name__ == "__main__":
+    stop_on_sigterm()
     try:
         sys.exit(main())
     except KeyboardInterrupt:  # said by PhaseRecord.run
         sys.exit(130)
+    except Terminated:
+        sys.exit(143)

@@ -7,8 +7,12 @@ from __future__ import annotations
 import importlib.util
 import io
 import json
+import os
 import re
+import signal
+import subprocess
 import sys
+import textwrap
 from datetime import datetime
 from pathlib import Path
 
@@ -256,6 +260,45 @@ def test_ctrl_c_waits_for_the_command_to_stop(recipe, monkeypatch, capsys):
                           "print('checkpoint written')")
     out = capsys.readouterr().out
     assert "waiting for `toolrl -c` to stop" in out and "checkpoint written" in out
+
+
+def test_sigterm_stops_the_command_first_then_the_recipe():
+    """SIGTERM to the recipe (``kill``, a scheduler's stop) reaches the running command as
+    SIGTERM, and the recipe waits for the command's own clean stop before it exits 143. Before,
+    it died at once and the command's next log line hit a broken pipe."""
+    child = ("import os, signal, sys, time\n"
+             "def stop(*_):\n"
+             "    time.sleep(0.5); print('child: stopped cleanly', flush=True); sys.exit(143)\n"
+             "signal.signal(signal.SIGTERM, stop)\n"
+             "print('child: started', os.getpid(), flush=True)\n"
+             "time.sleep(120)\n")
+    recipe = str(ROOT / "recipes" / "real_fc.py")
+    driver = textwrap.dedent(f"""
+        import importlib.util, sys
+        spec = importlib.util.spec_from_file_location("real_fc", {recipe!r})
+        real_fc = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(real_fc)
+        real_fc.TOOLRL = sys.executable
+        real_fc.stop_on_sigterm()
+        try:
+            real_fc.run("-c", {child!r})
+        except real_fc.Terminated:
+            sys.exit(143)
+        """)
+    proc = subprocess.Popen([sys.executable, "-c", driver], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith("child: started"):
+            break
+    child_pid = int(lines[-1].split()[-1])
+    proc.send_signal(signal.SIGTERM)
+    rest, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 143, "".join(lines) + rest
+    assert "waiting for `toolrl -c` to stop" in rest and "child: stopped cleanly" in rest
+    with pytest.raises(ProcessLookupError):
+        os.kill(child_pid, 0)
 
 
 def test_seeds_of_rl_share_one_warm_start(recipe, tmp_path):
