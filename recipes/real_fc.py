@@ -74,6 +74,7 @@ import re
 import signal
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 from collections import deque
@@ -971,7 +972,7 @@ def render(results: dict[str, Any], times: dict[str, str], png: Path,
     ax.set_xticks([i + width * (len(results) - 1) / 2 for i in range(len(CATEGORIES))],
                   CATEGORIES)
     ax.set_ylabel("BFCL accuracy (%)")
-    ax.set_title(title or "SmolLM2-135M-Instruct on BFCL v4 non-live")
+    ax.set_title(textwrap.fill(title or "SmolLM2-135M-Instruct on BFCL v4 non-live", 90))
     ax.legend()
     fig.tight_layout()
     png.parent.mkdir(parents=True, exist_ok=True)
