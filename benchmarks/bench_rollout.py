@@ -150,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
         outs = asyncio.run(run())
         return sum(len(o[0].token_ids) for o in outs), time.perf_counter() - t0
 
+    reprefill: dict[int, list[int]] = {k: [] for k in turn_tokens}  # tokens per boundary
+
     def engine_loop(k: int) -> tuple[int, float]:
         """The same turns straight on the engine: no env, no records, no batch."""
         cfg = SamplingConfig(max_tokens=k, ignore_eos=True)
@@ -158,6 +160,10 @@ def main(argv: list[str] | None = None) -> int:
             sampled = 0
             for turn in range(t):
                 [c] = await worker.engine.generate(ids, cfg.replace(seed=i * t + turn))
+                if turn < t - 1:  # the next turn prefills what its KV cache does not hold
+                    computed = len(ids) + len(c.token_ids) - 1  # the last sampled token: none
+                    reprefill[k].append(len(ids) + len(c.token_ids) + len(delta)
+                                        - block * (computed // block))
                 ids = ids + c.token_ids + delta
                 sampled += len(c.token_ids)
             return sampled
@@ -235,8 +241,24 @@ def main(argv: list[str] | None = None) -> int:
         return "met" if value >= target else "NOT met"
 
     shares = ", ".join(f"{ratio('rollout', 'ceiling', k):.2f} at {k}-token turns "
-                       f"(engine alone {ratio('engine_loop', 'ceiling', k):.2f})"
+                       f"(engine alone {ratio('engine_loop', 'ceiling', k):.2f}; the rollout "
+                       f"{ratio('rollout', 'engine_loop', k):.2f} of it)"
                        for k in turn_tokens)
+
+    def boundary_account(k: int) -> str:
+        """What a turn boundary costs the engine, and the ratio left if it prefilled only the
+        observation and the last sampled token (none of the context's tail) at that cost."""
+        per_episode = statistics.mean(reprefill[k])
+        ms_per_token = per_boundary_ms("engine_loop", k) / (n * per_episode)
+        ceiling_wall = statistics.median(w for _, w in runs["ceiling", k])
+        least = (t - 1) * n * (len(delta) + 1) * ms_per_token / 1000
+        return (f"at {k}-token turns each boundary prefills {per_episode:.0f} tokens an "
+                f"episode ({len(delta)} of the observation, the last sampled token, the rest "
+                f"the context's tail after its last full {block}-token KV block, which the "
+                f"prefix cache cannot keep), {ms_per_token:.1f} ms a token of the engine's "
+                f"time; prefilling only the observation and the last token at that cost "
+                f"would leave at most {ceiling_wall / (ceiling_wall + least):.2f} of the "
+                f"ceiling")
     first = ratio("rollout", "ceiling", k0)
     with_latency = ratio("latency", "rollout", k0)
     headline = (f"**Multi-turn rollout / single-batch ceiling: {shares} (target >= 0.9 at "
@@ -256,6 +278,9 @@ def main(argv: list[str] | None = None) -> int:
             f"({len(delta)} tokens) is appended as a template delta and prefilled before the "
             f"next turn. \"Extra ms per turn boundary\" is (wall - ceiling wall) / "
             f"{max(t - 1, 1)}: what each new turn of all {n} episodes costs beyond sampling.\n\n"
+            f"Where a boundary goes: " + "; ".join(boundary_account(k) for k in turn_tokens) +
+            ". The ceiling prefills none of it: it samples every turn's tokens in one request."
+            "\n\n"
             f"Reproduce: `{command}`\n")
     print(text)
     args.output.parent.mkdir(parents=True, exist_ok=True)
