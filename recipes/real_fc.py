@@ -140,30 +140,38 @@ def stop_on_sigterm() -> None:
 
 def run(*args: str) -> str:
     """A toolrl command, its output shown as it runs (with `PhaseClock.heartbeat` lines while it
-    is silent); stops the recipe when it fails. Ctrl-C reaches the command too: the recipe waits
-    for it to stop (`toolrl train`'s GRPO first finishes its step and checkpoints), then stops;
-    on SIGTERM (`stop_on_sigterm`) it sends the command SIGTERM and waits the same way."""
+    is silent); stops the recipe when it fails. Ctrl-C and SIGTERM (`stop_on_sigterm`) are passed
+    on to the command once: the recipe waits for it to stop (`toolrl train`'s GRPO first
+    finishes its step and checkpoints), then stops."""
     print(f"\n$ toolrl {' '.join(args)}", flush=True)
     clock = _clock or PhaseClock(args[0])
     lines: list[str] = []
+    # its own process group: a Ctrl-C or a SIGTERM to the recipe's group reaches it once,
+    # forwarded below (a second one tells `toolrl train` to stop without its checkpoint)
     proc = subprocess.Popen([TOOLRL, *args], cwd=ROOT, stdout=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"}, process_group=0)
     with clock.heartbeat():
         try:
             _echo(proc, lines, clock)
         except BaseException as stopped:
-            if not isinstance(stopped, KeyboardInterrupt):  # it got no Ctrl-C: ask it to stop
-                proc.terminate()  # SIGTERM: `toolrl train` stops at its step's end
+            _forward(proc, stopped)  # `toolrl train` stops at its step's end
             print(f"\nreal_fc: stopping; waiting for `toolrl {args[0]}` to stop", flush=True)
             while proc.returncode is None:
                 try:
                     _echo(proc, lines)
-                except (KeyboardInterrupt, Terminated):  # it was asked already: wait on
-                    continue
+                except (KeyboardInterrupt, Terminated) as again:  # the user insists: pass it on
+                    _forward(proc, again)
             raise
     if proc.returncode != 0:
         sys.exit(f"real_fc: `toolrl {args[0]}` failed (exit {proc.returncode})")
     return "".join(lines)
+
+
+def _forward(proc: subprocess.Popen[str], stopped: BaseException) -> None:
+    """Ctrl-C reaches the command as SIGINT, anything else that stops the recipe as SIGTERM."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT if isinstance(stopped, KeyboardInterrupt)
+                         else signal.SIGTERM)
 
 
 def _echo(proc: subprocess.Popen[str], lines: list[str], clock: PhaseClock | None = None

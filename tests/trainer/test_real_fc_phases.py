@@ -241,8 +241,8 @@ def test_a_command_streams_its_lines_and_a_silent_one_gets_heartbeats(recipe, mo
 
 
 def test_ctrl_c_waits_for_the_command_to_stop(recipe, monkeypatch, capsys):
-    """The command got the same Ctrl-C (`toolrl train` checkpoints before it exits): the recipe
-    shows its last lines and waits for it, then stops."""
+    """Ctrl-C reaches the command once, from the recipe (`toolrl train` checkpoints before it
+    exits): the recipe shows its last lines and waits for it, then stops."""
     real_fc = _load()
     monkeypatch.setattr(real_fc, "TOOLRL", sys.executable)
     clock = real_fc.PhaseClock("train")
@@ -256,22 +256,28 @@ def test_ctrl_c_waits_for_the_command_to_stop(recipe, monkeypatch, capsys):
     monkeypatch.setattr(clock, "saw", interrupted)
     monkeypatch.setattr(real_fc, "_clock", clock)
     with pytest.raises(KeyboardInterrupt):
-        real_fc.run("-c", "import time; print('first', flush=True); time.sleep(0.2); "
-                          "print('checkpoint written')")
+        real_fc.run("-c", "import time\ntry:\n    print('first', flush=True); time.sleep(30)\n"
+                          "except KeyboardInterrupt:\n    print('checkpoint written')")
     out = capsys.readouterr().out
     assert "waiting for `toolrl -c` to stop" in out and "checkpoint written" in out
 
 
-def test_sigterm_stops_the_command_first_then_the_recipe():
-    """SIGTERM to the recipe (``kill``, a scheduler's stop) reaches the running command as
-    SIGTERM, and the recipe waits for the command's own clean stop before it exits 143. Before,
-    it died at once and the command's next log line hit a broken pipe."""
+@pytest.mark.parametrize("to_group", [False, True], ids=["kill-pid", "kill-group"])
+def test_sigterm_stops_the_command_first_then_the_recipe(to_group):
+    """SIGTERM to the recipe (``kill PID``) or to its process group (``kill -TERM -PGID``, a
+    scheduler's stop) reaches the running command as one SIGTERM (a second would tell `toolrl
+    train` to stop without its checkpoint), and the recipe waits for the command's own clean
+    stop before it exits 143. Before, it died at once and the command's next log line hit a
+    broken pipe, or the command ran on."""
     child = ("import os, signal, sys, time\n"
-             "def stop(*_):\n"
-             "    time.sleep(0.5); print('child: stopped cleanly', flush=True); sys.exit(143)\n"
-             "signal.signal(signal.SIGTERM, stop)\n"
-             "print('child: started', os.getpid(), flush=True)\n"
-             "time.sleep(120)\n")
+             "got = []\n"
+             "signal.signal(signal.SIGTERM, lambda *_: got.append(1))\n"
+             "print('child: started', os.getpgid(0), os.getpid(), flush=True)\n"
+             "while not got:\n"
+             "    time.sleep(0.05)\n"
+             "time.sleep(1.0)  # a second signal would arrive now\n"
+             "print('child: stopped cleanly after', len(got), 'signal(s)', flush=True)\n"
+             "sys.exit(143)\n")
     recipe = str(ROOT / "recipes" / "real_fc.py")
     driver = textwrap.dedent(f"""
         import importlib.util, sys
@@ -286,17 +292,22 @@ def test_sigterm_stops_the_command_first_then_the_recipe():
             sys.exit(143)
         """)
     proc = subprocess.Popen([sys.executable, "-c", driver], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
     lines = []
     for line in proc.stdout:
         lines.append(line)
         if line.startswith("child: started"):
             break
-    child_pid = int(lines[-1].split()[-1])
-    proc.send_signal(signal.SIGTERM)
+    child_group, child_pid = map(int, lines[-1].split()[-2:])
+    assert child_group != os.getpgid(proc.pid)  # a group's signal reaches it only forwarded
+    if to_group:
+        os.killpg(proc.pid, signal.SIGTERM)
+    else:
+        proc.send_signal(signal.SIGTERM)
     rest, _ = proc.communicate(timeout=60)
     assert proc.returncode == 143, "".join(lines) + rest
-    assert "waiting for `toolrl -c` to stop" in rest and "child: stopped cleanly" in rest
+    assert "waiting for `toolrl -c` to stop" in rest
+    assert "child: stopped cleanly after 1 signal(s)" in rest
     with pytest.raises(ProcessLookupError):
         os.kill(child_pid, 0)
 
