@@ -20,7 +20,9 @@ Phases, each a ``toolrl`` command whose progress shows as it runs, each timed:
    redone every run, ~5 s);
 3. ``train``: `toolrl train --config configs/real_fc.yaml` (the warm start, then GRPO);
 4. ``eval_warm_start`` and ``eval_rl``: the warm-started and the final checkpoint on BFCL, in
-   SmolLM2's whole context window (``EVAL_CONTEXT``: every row is played);
+   SmolLM2's whole context window (``EVAL_CONTEXT``: every row is played), the engine in one
+   dtype for every evaluation of the ``--out`` (``--eval-dtype``, `eval_dtype`: by default
+   bfloat16 where the machine's bare bf16 matmul is faster, pinned by the first evaluation);
 5. with ``--sft-comparison``, ``sft_more`` and ``eval_sft_more``: the warm start trained for
    the RL steps' wall time on the gold calls of RL's rows instead (what RL is set beside);
 6. ``eval_base``: `toolrl eval` of the imported model on the BFCL rows (last: the slowest
@@ -33,7 +35,7 @@ Phases, each a ``toolrl`` command whose progress shows as it runs, each timed:
    matmul rate, per phase).
 
     .venv/bin/python recipes/real_fc.py [--only data] [--bfcl-limit N] [--seed S]
-        [--sft-comparison] [--multi-turn] [--warm-start-from OUT]
+        [--sft-comparison] [--multi-turn] [--warm-start-from OUT] [--eval-dtype auto]
         [--out outputs/real_fc] [-- key=value ...]   # overrides for train and eval
     .venv/bin/python recipes/real_fc.py --recorded benchmarks/results/real_fc.json
 
@@ -117,6 +119,18 @@ CHECKPOINTS = (("base", "eval_base"), ("warm start", "eval_warm_start"), ("RL", 
 MULTI_TURN_CONFIG = ROOT / "configs" / "bfcl_multi_turn.yaml"
 MULTI_TURN_EVALS = {"warm start": "eval_multi_turn_warm_start", "RL": "eval_multi_turn_rl"}
 TOOLRL = str(Path(sys.executable).with_name("toolrl"))
+# The evaluations' engine dtype (``--eval-dtype``). ``auto`` is bfloat16 where the machine's
+# bare bf16 matmul (``machine.json``, measured alone before the phases) is at least
+# EVAL_BF16_MARGIN times its float32 one, else float32 (the engine's CPU default). On an AMD
+# EPYC family 25 model 17 (avx512_bf16, no AMX; bare bf16 2.35x fp32) 165 of the BFCL rows (1
+# in 12) played 1.54x faster with a bf16 engine (173 -> 113 s) and scored the same (43 of 165;
+# categories within 2 rows); on the Intel Xeon family 6 model 207 the bare bf16 matmul is half
+# its fp32 one (benchmarks/results/real_fc_account.md). Every evaluation of one ``--out`` runs in
+# one dtype, so its table compares checkpoints, not dtypes: the first evaluation pins it
+# (EVAL_DTYPE); a folder whose evaluations began before the pin existed ran them in float32.
+EVAL_DTYPES = ("auto", "float32", "bfloat16")
+EVAL_BF16_MARGIN = 1.1
+EVAL_DTYPE = "eval_dtype.json"
 
 
 HEARTBEAT_S = 60.0  # a line while a command has been silent this long
@@ -411,6 +425,13 @@ def share_warm_start(out: Path, source: Path, record: PhaseRecord) -> None:
         sys.exit(f"real_fc: --warm-start-from {_rel(source)} has not finished "
                  f"{', '.join(missing)}: run the recipe with --out {_rel(source)} first")
     out.mkdir(parents=True, exist_ok=True)
+    if (source / EVAL_DTYPE).exists():  # their evaluations' dtype is this run's (`eval_dtype`)
+        theirs = json.loads((source / EVAL_DTYPE).read_text())
+        if not (out / EVAL_DTYPE).exists():
+            (out / EVAL_DTYPE).write_text(json.dumps(theirs, indent=2) + "\n")
+        elif json.loads((out / EVAL_DTYPE).read_text())["dtype"] != theirs["dtype"]:
+            sys.exit(f"real_fc: {_rel(out)}'s evaluations run in another dtype than "
+                     f"{_rel(source)}'s: use another --out")
     for name in SHARED:
         link = out / name
         if link.is_symlink() and link.resolve() == (source / name).resolve():
@@ -662,13 +683,66 @@ WINDOW = ("rollout.engine.max_model_len=8192", "rollout.max_total_tokens=8192")
 EVAL_CONTEXT = (*WINDOW, "rollout.max_prompt_tokens=8032")
 
 
-def evaluate(model: Path, out: Path, overrides: list[str]) -> None:
+def eval_dtype(run_dir: Path, asked: str = "auto") -> str:
+    """The engine dtype of every evaluation in ``run_dir``: the one pinned there
+    (``EVAL_DTYPE``), else pinned now: float32 where evaluations began before pins existed,
+    ``asked`` where it names a dtype, else (``auto``) the machine's choice (`choose_eval_dtype`).
+    Stops, saying why, when ``asked`` names another dtype than the folder's evaluations ran in."""
+    pin = run_dir / EVAL_DTYPE
+    if asked not in EVAL_DTYPES:
+        sys.exit(f"real_fc: --eval-dtype must be one of {', '.join(EVAL_DTYPES)}, got {asked!r}")
+    if pin.exists():
+        pinned = json.loads(pin.read_text())
+    elif evaluated(run_dir):
+        pinned = {"dtype": "float32", "reason": "its evaluations began before the recipe "
+                  "pinned a dtype, in the engine's CPU default"}
+    elif asked != "auto":
+        pinned = {"dtype": asked, "reason": "--eval-dtype"}
+    else:
+        pinned = choose_eval_dtype(run_dir / "machine.json")
+    if asked not in ("auto", pinned["dtype"]):
+        sys.exit(f"real_fc: the evaluations in {_rel(run_dir)} run in {pinned['dtype']} "
+                 f"({pinned['reason']}): --eval-dtype {asked} would mix dtypes in one table; "
+                 f"use another --out")
+    if not pin.exists():
+        run_dir.mkdir(parents=True, exist_ok=True)
+        pin.write_text(json.dumps(pinned, indent=2) + "\n")
+        print(f"evaluations in {_rel(run_dir)}: the engine in {pinned['dtype']} "
+              f"({pinned['reason']})", flush=True)
+    return pinned["dtype"]
+
+
+def evaluated(run_dir: Path) -> bool:
+    """Whether an evaluation of ``run_dir`` has begun (its folder exists, linked or not)."""
+    names = [name for _, name in CHECKPOINTS] + list(MULTI_TURN_EVALS.values())
+    return any((run_dir / name).exists() or (run_dir / name).is_symlink() for name in names)
+
+
+def choose_eval_dtype(machine: Path) -> dict[str, str]:
+    """``auto``: bfloat16 where ``machine``'s (``machine.json``) bare bf16 matmul rate is at
+    least ``EVAL_BF16_MARGIN`` times its float32 one, with the reason; float32 without it."""
+    if not machine.exists():
+        return {"dtype": "float32", "reason": "no machine.json: the bare matmul rates were not "
+                "measured"}
+    rates = json.loads(machine.read_text()).get("matmul_flop_per_s", {})
+    fp32, bf16 = rates.get("float32"), rates.get("bfloat16")
+    if not fp32 or not bf16:
+        return {"dtype": "float32", "reason": "machine.json has no float32 and bfloat16 rates"}
+    ratio = bf16 / fp32
+    dtype = "bfloat16" if ratio >= EVAL_BF16_MARGIN else "float32"
+    return {"dtype": dtype, "reason": f"the bare bf16 matmul ran {ratio:.2f}x the float32 one "
+            f"on this machine ({bf16 / 1e9:.0f} against {fp32 / 1e9:.0f} GFLOP/s), "
+            f"{'at least' if dtype == 'bfloat16' else 'under'} the {EVAL_BF16_MARGIN:g}x asked"}
+
+
+def evaluate(model: Path, out: Path, overrides: list[str], dtype: str = "auto") -> None:
     if (out / "results.json").exists():
         print(f"{out}/results.json exists: skipped")
         return
     # the engine on every core: the config's rollout.engine.cpu_threads is "all"
     run("eval", "--config", str(CONFIG), "--model", str(model), "--output-dir", str(out),
-        f"data.val_file={DATA / 'bfcl_eval.jsonl'}", *EVAL_CONTEXT, *overrides)
+        f"data.val_file={DATA / 'bfcl_eval.jsonl'}", *EVAL_CONTEXT, *overrides,
+        f"rollout.engine.dtype={eval_dtype(out.parent, dtype)}")
 
 
 # The multi-turn evaluation's context: SmolLM2's whole window. The first prompt (the tools of
@@ -679,7 +753,7 @@ MULTI_TURN_CONTEXT = (*WINDOW, "rollout.max_prompt_tokens=6144", "rollout.engine
                       "rollout.engine.kv_cache_gib=2.0")
 
 
-def evaluate_multi_turn(model: Path, out: Path, seed: int) -> None:
+def evaluate_multi_turn(model: Path, out: Path, seed: int, dtype: str = "auto") -> None:
     """``model`` on BFCL's four scored multi-turn categories through toolrl/BFCLMultiTurn-v0
     (configs/bfcl_multi_turn.yaml's rollout: 16 assistant messages of <= 192 tokens at most);
     BFCL's figures leave out rows sharing text with what the recipe trained on
@@ -689,7 +763,8 @@ def evaluate_multi_turn(model: Path, out: Path, seed: int) -> None:
         return
     run("eval", "--config", str(MULTI_TURN_CONFIG), "--model", str(model), "--output-dir",
         str(out), f"data.val_file={DATA / 'bfcl_multi_turn.jsonl'}",
-        f"data.train_file={DATA / 'trained_on.jsonl'}", *MULTI_TURN_CONTEXT, f"seed={seed}")
+        f"data.train_file={DATA / 'trained_on.jsonl'}", *MULTI_TURN_CONTEXT, f"seed={seed}",
+        f"rollout.engine.dtype={eval_dtype(out.parent, dtype)}")
 
 
 def rl_seconds(out: Path) -> float:
@@ -773,7 +848,8 @@ def compute_account(out: Path) -> list[Account]:
     RL run's ``perf/*`` metrics summed over its steps (update, log-prob passes, rollout) and
     each evaluation's ``results.json`` ``perf``. Training computes in what it recorded
     (``warm_start/compute_dtype``, the RL run's ``compute_dtype.json``: ``actor.param_dtype``,
-    or what ``auto`` timed faster); the engine in ``rollout.engine.dtype``."""
+    or what ``auto`` timed faster); the RL rollout's engine in ``rollout.engine.dtype``, each
+    evaluation's in what its ``results.json`` says (float32 before it said)."""
     rows: list[Account] = []
     engine_dtype = "float32"
     if (out / "config.yaml").exists():
@@ -814,7 +890,7 @@ def compute_account(out: Path) -> list[Account]:
         if perf.get("flop_per_s"):
             rows.append(Account(label, perf["tokens"],
                                 perf["flop_per_s"] * perf["seconds"], perf["seconds"],
-                                engine_dtype))
+                                json.loads(path.read_text()).get("engine_dtype", "float32")))
     return rows
 
 
@@ -844,6 +920,9 @@ def report(out: Path, times: dict[str, str]) -> str:
     machine = json.loads((out / "machine.json").read_text()) \
         if (out / "machine.json").exists() else {}
     head = [f"Machine: {machine['label']}."] if machine.get("label") else []
+    if head and (out / EVAL_DTYPE).exists():
+        pinned = json.loads((out / EVAL_DTYPE).read_text())
+        head.append(f"Evaluations: the engine in {pinned['dtype']} ({pinned['reason']}).")
     text = "\n".join([*head, *warm_start_lines(out), ""]) + "\n" if head else ""
     text += render(results, times, out / "bfcl.png")
     rows = compute_account(out)
@@ -1006,6 +1085,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="seeds of RL from one warm start: use the warm start of the run "
                              "in OUT (an earlier --out), and its base and warm-start "
                              "evaluations, instead of training and evaluating them again")
+    parser.add_argument("--eval-dtype", choices=EVAL_DTYPES, default="auto",
+                        help="the evaluations' engine dtype (auto: bfloat16 where this "
+                             "machine's bare bf16 matmul is >= 1.1x its float32 one); one per "
+                             "--out, pinned by its first evaluation")
     parser.add_argument("--recorded", type=Path, default=None,
                         help="only render the scores recorded in this JSON file (e.g. "
                              "benchmarks/results/real_fc.json) into its .md and a plot in "
@@ -1026,7 +1109,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.only == "data":
         PhaseRecord(None, {}).run(data)
         return 0
-    phases = [data, *recipe_phases(out, overrides, args.multi_turn, args.seed)]
+    phases = [data, *recipe_phases(out, overrides, args.multi_turn, args.seed,
+                                   args.eval_dtype)]
     shared = args.warm_start_from.resolve() if args.warm_start_from else None
     if shared == out:
         sys.exit("real_fc: --warm-start-from names this run's own --out")
@@ -1037,6 +1121,8 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     if shared is not None:
         share_warm_start(out, shared, record)
+    if (out / EVAL_DTYPE).exists() or evaluated(out):  # a clash stops here, not after training
+        eval_dtype(out, args.eval_dtype)
     for phase in phases:
         if args.sft_comparison or phase.name not in ("sft_more", "eval_sft_more"):
             record.run(phase)
@@ -1045,16 +1131,17 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def recipe_phases(out: Path, overrides: list[str], multi_turn: bool = False, seed: int = 0
-                  ) -> list[Phase]:
+def recipe_phases(out: Path, overrides: list[str], multi_turn: bool = False, seed: int = 0,
+                  dtype: str = "auto") -> list[Phase]:
     """The phases after ``data``, in order (``eval_base``, then with ``multi_turn`` the
-    multi-turn evaluations, last)."""
+    multi-turn evaluations, last); the evaluations' engine in ``dtype`` (`eval_dtype`)."""
     def evaluation(name: str, model: Path) -> Phase:
         def what() -> str:
             return (f"toolrl eval of {_rel(model)} on {_rows(DATA / 'bfcl_eval.jsonl')} BFCL rows "
                     f"into {_rel(out / name)}")
 
-        return Phase(name, evaluate, (model, out / name, overrides), out / name / "results.json",
+        return Phase(name, evaluate, (model, out / name, overrides, dtype),
+                     out / name / "results.json",
                      out / name, what)
 
     def multi_turn_evaluation(name: str, model: Path) -> Phase:
@@ -1063,7 +1150,7 @@ def recipe_phases(out: Path, overrides: list[str], multi_turn: bool = False, see
                     f"{_rows(DATA / 'bfcl_multi_turn.jsonl')} multi-turn entries into "
                     f"{_rel(out / name)} (hours on 2 cores)")
 
-        return Phase(name, evaluate_multi_turn, (model, out / name, seed),
+        return Phase(name, evaluate_multi_turn, (model, out / name, seed, dtype),
                      out / name / "results.json", out / name, what)
 
     def training() -> str:

@@ -60,6 +60,7 @@ def test_rows_over_the_prompt_budget_count_as_failed_episodes(tmp_path, tiny_mod
     results = json.loads((out / "results.json").read_text())
     assert played == ["simple_python_0", "simple_python_1", "simple_python_3"]
     assert results["over_budget"] == 1 and results["num_tasks"] == 4
+    assert results["engine_dtype"] == "float32"  # what the engine ran in: the CPU default
     assert results["success"] == 0.75 and results["reward_mean"] == 0.75
     assert results["bfcl"]["per_category"]["simple_python"] == {
         "correct": 3, "n": 4, "accuracy": 0.75}

@@ -39,6 +39,7 @@ def recipe(tmp_path, monkeypatch):
     out = tmp_path / "out"
     monkeypatch.setattr(real_fc, "DATA", tmp_path / "data")
     real_fc.calls, real_fc.times, real_fc.fail = [], [], None
+    real_fc.rates, real_fc.dtypes = {}, {}  # the fake machine's matmul rates; eval -> dtype
 
     def step(name: str) -> None:
         real_fc.calls.append(name)
@@ -53,17 +54,17 @@ def recipe(tmp_path, monkeypatch):
     def machine_phase(dest):
         step("machine")
         dest.mkdir(parents=True, exist_ok=True)
-        (dest / "machine.json").write_text("{}")
+        (dest / "machine.json").write_text(json.dumps({"matmul_flop_per_s": real_fc.rates}))
 
-    def evaluate(model, dest, overrides):
-        step(dest.name)
-        dest.mkdir(parents=True, exist_ok=True)
-        (dest / "results.json").write_text(json.dumps({"bfcl": {}}))
-
-    def evaluate_multi_turn(model, dest, seed):
-        evaluate(model, dest, [])
-
-    def run(*args):
+    def run(*args):  # the real evaluate() and evaluate_multi_turn() call it with "eval"
+        if args[0] == "eval":
+            dest = Path(args[args.index("--output-dir") + 1])
+            step(dest.name)
+            dtype = next(a for a in args if a.startswith("rollout.engine.dtype="))
+            real_fc.dtypes[dest.name] = dtype.split("=", 1)[1]
+            dest.mkdir(parents=True, exist_ok=True)
+            (dest / "results.json").write_text(json.dumps({"bfcl": {}}))
+            return ""
         assert args[0] == "train"
         step("train")
         dest = Path(next(a for a in args if a.startswith("trainer.output_dir=")).split("=", 1)[1])
@@ -82,7 +83,6 @@ def recipe(tmp_path, monkeypatch):
         return "report"
 
     for name, fake in (("data_phase", data_phase), ("machine_phase", machine_phase),
-                       ("evaluate", evaluate), ("evaluate_multi_turn", evaluate_multi_turn),
                        ("run", run),
                        ("sft_more", sft_more), ("report", report)):
         monkeypatch.setattr(real_fc, name, fake)
@@ -438,7 +438,8 @@ def test_the_report_accounts_for_each_phases_compute(tmp_path):
     (out / "eval_rl").mkdir()
     (out / "eval_rl" / "results.json").write_text(json.dumps(
         {"bfcl": {"per_category": {}}, "perf": {"tokens": 50.0, "seconds": 2.0,
-                                                "flop_per_s": 1e10}}))
+                                                "flop_per_s": 1e10},
+         "engine_dtype": "bfloat16"}))
     rows = {r.phase: r for r in real_fc.compute_account(out)}
     assert list(rows) == ["warm start", "RL update", "RL rollout", "eval (RL)"]
     assert rows["warm start"] == real_fc.Account("warm start", 1000.0, 6e12, 100.0, "float32")
@@ -485,3 +486,72 @@ def test_the_sft_controls_schedule_spans_rls_time_at_the_warm_starts_pace(tmp_pa
     metrics.write_text(json.dumps({"warm_start/seconds": 2025.0, "warm_start/steps": 100.0}))
     assert real_fc.control_steps(2174.0, metrics, 100) == 108
     assert real_fc.control_steps(5.0, metrics, 100) == 1
+
+
+FAST_BF16 = {"float32": 1.6e11, "bfloat16": 3.6e11}  # an AMD EPYC family 25 model 17's
+SLOW_BF16 = {"float32": 3.2e11, "bfloat16": 1.6e11}  # an Intel Xeon family 6 model 207's
+
+
+def test_every_evaluation_of_a_run_runs_in_the_dtype_its_machine_chose(recipe, capsys):
+    """``--eval-dtype auto``: bf16 where the machine's bare bf16 matmul is faster, pinned by the
+    first evaluation for the run's others (and a rerun's), which a clashing --eval-dtype
+    cannot change: one table, one dtype."""
+    recipe.rates = FAST_BF16
+    assert recipe.main(["--out", str(recipe.out), "--sft-comparison"]) == 0
+    assert set(recipe.dtypes) == {"eval_warm_start", "eval_rl", "eval_sft_more", "eval_base"}
+    assert set(recipe.dtypes.values()) == {"bfloat16"}
+    pin = json.loads((recipe.out / recipe.EVAL_DTYPE).read_text())
+    assert pin["dtype"] == "bfloat16" and "2.25x" in pin["reason"]
+    assert "the engine in bfloat16 (the bare bf16 matmul ran 2.25x" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as stop:
+        recipe.main(["--out", str(recipe.out), "--eval-dtype", "float32"])
+    assert "run in bfloat16" in str(stop.value) and "would mix dtypes" in str(stop.value)
+    with pytest.raises(SystemExit) as stop:  # argparse's own error: not a dtype it knows
+        recipe.main(["--out", str(recipe.out), "--eval-dtype", "float16"])
+    assert stop.value.code == 2
+    recipe.calls.clear()
+    recipe.rates = SLOW_BF16  # resumed on another machine: the pin holds
+    (recipe.out / "eval_rl" / "results.json").unlink()
+    assert recipe.main(["--out", str(recipe.out), "--eval-dtype", "bfloat16"]) == 0
+    assert recipe.calls == ["data", "machine", "eval_rl"]
+    assert recipe.dtypes["eval_rl"] == "bfloat16"
+
+
+@pytest.mark.parametrize("rates, expected", [(SLOW_BF16, "float32"), ({}, "float32"),
+                                             (FAST_BF16, "bfloat16")])
+def test_auto_takes_bf16_only_where_the_machine_runs_it_faster(recipe, rates, expected):
+    recipe.rates = rates
+    assert recipe.main(["--out", str(recipe.out)]) == 0
+    assert set(recipe.dtypes.values()) == {expected}
+
+
+def test_a_run_evaluated_before_the_pin_keeps_float32(recipe, capsys):
+    """A folder whose evaluations ran before the recipe pinned a dtype ran them in the engine's
+    CPU default: its later evaluations (a cut-off run going on, the multi-turn ones) stay in
+    float32 on any machine, and asking for bf16 there stops before the training."""
+    recipe.fail = "eval_rl"
+    with pytest.raises(KeyboardInterrupt):
+        recipe.main(["--out", str(recipe.out)])
+    (recipe.out / recipe.EVAL_DTYPE).unlink()  # as the recipe before pins left it
+    recipe.calls.clear()
+    recipe.fail, recipe.rates = None, FAST_BF16
+    with pytest.raises(SystemExit) as stop:
+        recipe.main(["--out", str(recipe.out), "--eval-dtype", "bfloat16"])
+    assert "run in float32" in str(stop.value) and "would mix dtypes" in str(stop.value)
+    assert recipe.calls == []
+    assert recipe.main(["--out", str(recipe.out), "--multi-turn"]) == 0
+    assert recipe.dtypes["eval_rl"] == recipe.dtypes[recipe.MULTI_TURN_EVALS["RL"]] == "float32"
+    assert "began before the recipe pinned" in json.loads(
+        (recipe.out / recipe.EVAL_DTYPE).read_text())["reason"]
+
+
+def test_seeds_evaluate_in_the_dtype_of_the_warm_starts_run(recipe, tmp_path):
+    """A seed sharing a warm start shares its evaluation: the seed's own evaluations run in the
+    dtype the warm start's run pinned, whatever its machine would choose."""
+    recipe.rates = FAST_BF16
+    assert recipe.main(["--out", str(recipe.out)]) == 0
+    recipe.rates, recipe.dtypes = SLOW_BF16, {}
+    seed1 = tmp_path / "seed1"
+    assert recipe.main(["--out", str(seed1), "--seed", "1",
+                        "--warm-start-from", str(recipe.out)]) == 0
+    assert recipe.dtypes == {"eval_rl": "bfloat16"}

@@ -107,7 +107,8 @@ def run_evaluation(cfg: ExperimentConfig, model: str, output_dir: str | os.PathL
         run.close()
     results = summarize(trajs, scores, cfg.env.id, training=training,
                         training_note=training_note)
-    results = {"model": model, "env": cfg.env.id, "trials": trials, **results,
+    results = {"model": model, "env": cfg.env.id, "trials": trials,
+               "engine_dtype": cfg.rollout.engine.resolved().dtype, **results,
                "over_budget": len(unplayed), "resumed_episodes": journal.resumed,
                "perf": eval_account(shape, trajs, seconds)}
     out = Path(output_dir)
