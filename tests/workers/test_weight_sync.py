@@ -4,7 +4,10 @@ rollout workers) next to a 2-rank FSDP2 actor."""
 from __future__ import annotations
 
 import os
+import socket
+import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,7 +17,7 @@ from safetensors.torch import load_file
 from toolrl.batch import split
 from toolrl.controller.network import free_port
 from toolrl.weights.buckets import iter_buckets, weights_checksum
-from toolrl.weights.group import WeightSyncGroup
+from toolrl.weights.group import WeightSyncGroup, master_store
 from toolrl.workers.actor import ActorConfig, FSDPActor
 from toolrl.workers.lora import LoraConfig
 from toolrl.workers.weight_push import WeightSync
@@ -42,23 +45,35 @@ def test_checksum_is_order_free_and_sees_every_bit():
     assert weights_checksum({"z": a["x"], "y": a["y"]}) != weights_checksum(a)
 
 
-def _split_pools(rank, model_dir, shards, actor_port, sync_port, receivers, lora=None):
+def _split_pools(rank, model_dir, shards, actor_port, port_file, receivers, lora=None):
     """Ranks 0-1: a 2-rank FSDP2 actor (LoRA with ``lora``); ranks 2..: rollout workers with a
-    dict 'engine'."""
+    dict 'engine'. Actor rank 0 holds the sync group's port (`WeightSync.reserve_port`) and
+    hands it out through ``port_file``, as the trainer hands out its `weight_sync_endpoint`."""
     sync_world = 1 + receivers
+    port_file = Path(port_file)
     if rank < 2:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(actor_port),
                           RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank))
         actor = FSDPActor(ActorConfig(model_path=model_dir, lr=1e-3, weight_bucket_mb=0.25,
                                       lora=lora))
-        actor.weights.connect("127.0.0.1", sync_port, sync_world, timeout_s=60)
+        if rank == 0:
+            sync_port = actor.weights.reserve_port("127.0.0.1", timeout_s=60)
+            port_file.with_suffix(".tmp").write_text(str(sync_port))
+            port_file.with_suffix(".tmp").rename(port_file)
+        actor.weights.connect("127.0.0.1", int(sync_port) if rank == 0 else 0, sync_world,
+                              timeout_s=60)
         sums = []
         for _ in range(2):
             version = actor.weights.push_group()
             sums.append((version, actor.weights.checksum()))
             actor.update(shards[rank])
         return sums
-    group = WeightSyncGroup("127.0.0.1", sync_port, sync_world, rank - 1, timeout_s=60)
+    for _ in range(600):
+        if port_file.exists():
+            break
+        time.sleep(0.1)
+    group = WeightSyncGroup("127.0.0.1", int(port_file.read_text()), sync_world, rank - 1,
+                            timeout_s=60)
     received = []
     for _ in range(2):
         engine: dict[str, torch.Tensor] = {}
@@ -76,13 +91,14 @@ def _split_pools(rank, model_dir, shards, actor_port, sync_port, receivers, lora
 
 @pytest.mark.parametrize("lora", [None, LoraConfig(rank=8, target_modules=("q_proj", "up_proj"))],
                          ids=["full", "lora-merge"])
-def test_split_pool_broadcast_delivers_exactly_the_actor_weights(tiny_model_dir, lora):
+def test_split_pool_broadcast_delivers_exactly_the_actor_weights(tiny_model_dir, lora,
+                                                                 tmp_path):
     """With LoRA (sync=merge, the pipeline route) the receivers get the checkpoint's names with
     the adapter merged in: the base model at first (B = 0), the trained policy after."""
     td = with_policy_inputs(tiny_model_dir, make_batch(4, seed=9))
     shards = split(td, 2)
-    out = run_ranks(_split_pools, 4, str(tiny_model_dir), shards, free_port(), free_port(), 2,
-                    lora, init=False)
+    out = run_ranks(_split_pools, 4, str(tiny_model_dir), shards, free_port(),
+                    str(tmp_path / "sync_port"), 2, lora, init=False)
     actor0, actor1, rollout_a, rollout_b = out
     assert actor1 == [(1, None), (2, None)]  # only actor rank 0 sends / checksums
     checkpoint_names = sorted(load_file(str(tiny_model_dir / "model.safetensors")))
@@ -94,6 +110,27 @@ def test_split_pool_broadcast_delivers_exactly_the_actor_weights(tiny_model_dir,
             assert names == checkpoint_names  # tied lm_head.weight skipped
     assert actor0[0][1] != actor0[1][1]  # the update changed the weights that were pushed
     assert actor0[0][1] == weights_checksum(load_file(str(tiny_model_dir / "model.safetensors")))
+
+
+def test_the_sync_groups_port_is_held_from_when_it_is_handed_out():
+    """The gloo route's rendezvous store listens before its port is handed out: nothing else
+    can bind the port in between (a port found free and bound later was taken by the actor's
+    own gloo connections once: EADDRINUSE), and the group forms through the held store."""
+    store = master_store("127.0.0.1", timeout_s=30)
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s, pytest.raises(OSError):
+        s.bind(("127.0.0.1", store.port))
+    got = {}
+
+    def receiver():
+        group = WeightSyncGroup("127.0.0.1", store.port, 2, 1, timeout_s=30)
+        got["tensor"] = group.broadcast(torch.zeros(3))
+
+    thread = threading.Thread(target=receiver)
+    thread.start()
+    sender = WeightSyncGroup("127.0.0.1", store.port, 2, 0, timeout_s=30, store=store)
+    sender.broadcast(torch.arange(3.0))
+    thread.join(timeout=30)
+    assert torch.equal(got["tensor"], torch.arange(3.0))
 
 
 def _local_push(rank, model_dir):

@@ -95,9 +95,9 @@ class PipelineSchedule(SyncSchedule):
         """Actor rank 0 and every rollout worker join one broadcast group (a rendezvous: both
         sides are called at once)."""
         rollout = self.t.handles["rollout"]
-        addr, port = self.t.actor.call(ActorWorker.weight_sync_endpoint)
-        world = 1 + rollout.world_size
         backend = self.sync_backend
+        addr, port = self.t.actor.call(ActorWorker.weight_sync_endpoint, backend)
+        world = 1 + rollout.world_size
         joins = [rollout.call_async(RolloutWorker.connect_weight_sync, addr, port, world,
                                     backend),
                  self.t.actor.call_async(ActorWorker.connect_weight_sync, addr, port, world,

@@ -31,6 +31,15 @@ from toolrl.weights.buckets import (
 )
 
 
+def master_store(host: str, timeout_s: float = 600.0) -> dist.TCPStore:
+    """A sync group's rendezvous store, listening from now on a port the OS picked (its
+    ``port``): handed out only once it is held. A port found free and bound later can be taken
+    in between, e.g. by the ephemeral ports of a gloo group's own connections (seen as
+    ``EADDRINUSE`` on a 2-core machine)."""
+    return dist.TCPStore(host, 0, None, True, timedelta(seconds=timeout_s),
+                         wait_for_workers=False)
+
+
 class WeightSyncGroup:
     """A process group of its own between actor rank 0 (rank 0 here) and rollout workers.
 
@@ -41,7 +50,8 @@ class WeightSyncGroup:
 
     def __init__(self, master_addr: str, master_port: int, world_size: int, rank: int,
                  backend: str | None = None, timeout_s: float = 600.0,
-                 device: torch.device | str | None = None) -> None:
+                 device: torch.device | str | None = None,
+                 store: dist.TCPStore | None = None) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} outside a sync group of {world_size}")
         self.rank, self.world_size = rank, world_size
@@ -50,8 +60,9 @@ class WeightSyncGroup:
             torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl"
             else torch.device("cpu"))
         timeout = timedelta(seconds=timeout_s)
-        self._store = dist.TCPStore(master_addr, int(master_port), world_size,
-                                    is_master=rank == 0, timeout=timeout)
+        # rank 0 may bring the store it already listens on (`master_store`)
+        self._store = store if store is not None else dist.TCPStore(
+            master_addr, int(master_port), world_size, is_master=rank == 0, timeout=timeout)
         if self.backend == "gloo":
             self._pg: Any = dist.ProcessGroupGloo(self._store, rank, world_size, timeout)
         elif self.backend == "nccl":

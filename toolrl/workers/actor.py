@@ -305,11 +305,16 @@ class ActorWorker(Worker):
         return self.actor.weights.push_local(local_engines())
 
     @remote(Dispatch.ONE_TO_ALL, Execute.RANK_ZERO)
-    def weight_sync_endpoint(self) -> tuple[str, int]:
-        """Address and a free port on rank 0's node for the weight sync group."""
+    def weight_sync_endpoint(self, backend: str | None = None) -> tuple[str, int]:
+        """Address and port on rank 0's node for the weight sync group: on the gloo route a
+        rendezvous store already listening there (`WeightSync.reserve_port`); vLLM's NCCL route
+        makes its own store, so it gets a port that was free a moment ago."""
         import ray  # lazy: this module imports without Ray (tests collect it where Ray is absent)
 
-        return ray.util.get_node_ip_address(), free_port()
+        host = ray.util.get_node_ip_address()
+        if backend == "nccl":
+            return host, free_port()
+        return host, self.actor.weights.reserve_port(host)
 
     @remote(Dispatch.ONE_TO_ALL)
     def connect_weight_sync(self, master_addr: str, master_port: int, world_size: int,

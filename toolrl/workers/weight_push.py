@@ -31,7 +31,7 @@ from torch.distributed.tensor import DTensor
 
 from toolrl.weights.buckets import DEFAULT_BUCKET_MB, Checksum, Meta, Named
 from toolrl.weights.colocated import engine_loader
-from toolrl.weights.group import WeightSyncGroup
+from toolrl.weights.group import WeightSyncGroup, master_store
 from toolrl.workers.fsdp import all_reduce, rank, ties_embeddings
 from toolrl.workers.lora import is_adapter_name
 
@@ -59,6 +59,7 @@ class WeightSync:
         self.version = int(version)
         self.group: WeightSyncGroup | None = None
         self._nccl: Any = None  # GPU split pools: vLLM's trainer-side NCCL communicator
+        self._store: dist.TCPStore | None = None  # rank 0: the gloo route's held rendezvous
         self.wire_dtype: torch.dtype | None = None  # NCCL route: floats sent in this dtype
 
     def _state(self) -> dict[str, torch.Tensor]:
@@ -170,6 +171,12 @@ class WeightSync:
                     shutil.rmtree(old, ignore_errors=True)
         return self.version
 
+    def reserve_port(self, host: str, timeout_s: float = 600.0) -> int:
+        """Rank 0: the gloo route's rendezvous store, listening on ``host`` before its port is
+        handed out (`master_store`); `connect` on that port joins through it."""
+        self._store = master_store(host, timeout_s)
+        return int(self._store.port)
+
     def connect(self, master_addr: str, master_port: int, world_size: int,
                 backend: str | None = None, timeout_s: float = 600.0,
                 wire_dtype: str | torch.dtype | None = None) -> None:
@@ -193,8 +200,10 @@ class WeightSync:
                                        "master_port": int(master_port),
                                        "world_size": int(world_size)})
         else:
+            store, self._store = self._store, None
+            held = store is not None and int(store.port) == int(master_port)
             self.group = WeightSyncGroup(master_addr, master_port, world_size, 0, backend,
-                                         timeout_s)
+                                         timeout_s, store=store if held else None)
 
     def push_group(self) -> int:
         """Broadcast the weights over the sync group, bucket by bucket as they are gathered;
