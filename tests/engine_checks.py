@@ -35,5 +35,17 @@ def left_running(before: set[int]) -> list[psutil.Process]:
     the two a process keeps on purpose: multiprocessing's resource tracker and the fork server
     the next CPU engine forks its core from (`toolrl.rollout.engine_guard`)."""
     return [p for p in psutil.Process().children(recursive=True) if p.pid not in before
-            and "resource_tracker" not in " ".join(p.cmdline())
-            and p.pid != engine_guard.fork_server_pid()]
+            and "resource_tracker" not in _command(p) and p.pid != engine_guard.fork_server_pid()
+            and _command(p) != ENDED]
+
+
+ENDED = "(ended)"
+
+
+def _command(proc: psutil.Process) -> str:
+    """``proc``'s command line; ``ENDED`` for one that has exited (a zombie not yet reaped, or
+    gone since it was listed): not running."""
+    try:
+        return " ".join(proc.cmdline())
+    except psutil.Error:
+        return ENDED
