@@ -1041,11 +1041,15 @@ def render(results: dict[str, Any], times: dict[str, str], png: Path,
               "run (multi-turn, agentic) as 0; a checkpoint evaluated on no live (multi-turn) "
               "row reads 'not run' under Live (Multi Turn). The mean of the five is the plain "
               "mean of the five Python categories in the table."]
-    not_run = sorted({c for board in results.values() for c in board.get("missing", ())
-                      if c in (*NON_LIVE, *LIVE_AST_SIZES, "live_irrelevance",
-                               "live_relevance", *MULTI_TURN)})
-    if not_run:
-        lines += ["", f"Not run here (BFCL counts them 0): {', '.join(not_run)}."]
+    not_run: dict[tuple[str, ...], list[str]] = {}  # categories not run -> the checkpoints
+    for label, board in results.items():
+        cats = tuple(sorted(c for c in board.get("missing", ()) if c in (
+            *NON_LIVE, *LIVE_AST_SIZES, "live_irrelevance", "live_relevance", *MULTI_TURN)))
+        if cats:
+            not_run.setdefault(cats, []).append(label)
+    for cats, labels in not_run.items():
+        which = "" if len(labels) == len(results) else f" for {'; '.join(labels)}"
+        lines += ["", f"Not run here{which} (BFCL counts them 0): {', '.join(cats)}."]
     if times:
         lines += ["", "| phase | wall time |", "|---|---|"]
         lines += [f"| {phase} | {when} |" for phase, when in times.items()]

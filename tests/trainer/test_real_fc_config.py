@@ -220,7 +220,22 @@ def test_recorded_scores_render_to_bfcl_columns_and_a_plot(tmp_path):
     assert ("| a | 37.0 | 27.0 | 3.5 | 1.5 | 37.9 | 21.4 | not run | not run | 11.1 | not run | "
             "not run | 3.0 |") in text
     assert "| train | 1 min |" in text
+    assert "Not run here (BFCL counts them 0): " in text  # the only checkpoint: no "for"
     assert (tmp_path / "scores.md").read_text().startswith("# t\n")
+    # multi-turn run for one checkpoint: its column is a score, the other's says not run
+    multi = {c: [10, 200] for c in ("multi_turn_base", "multi_turn_long_context",
+                                    "multi_turn_miss_func", "multi_turn_miss_param")}
+    source.write_text(json.dumps({"title": "t", "checkpoints": [
+        {"label": "a", "counts": {"simple_python": [148, 400]}},
+        {"label": "b", "counts": {"simple_python": [148, 400], **multi}}]}))
+    text = real_fc.recorded(source, tmp_path / "scores.md", tmp_path / "p.png")
+    rows = {line.split(" | ")[0]: line.split(" | ") for line in text.splitlines()
+            if line.startswith("| a |") or line.startswith("| b |")}
+    assert rows["| a"][-2] == "not run" and rows["| b"][-2] == "5.0"  # Multi Turn Overall
+    said = {line.split(" (")[0]: line for line in text.splitlines()
+            if line.startswith("Not run here for ")}
+    assert "multi_turn_base" in said["Not run here for a"]
+    assert "multi_turn" not in said["Not run here for b"]
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
     shipped = json.loads((ROOT / "benchmarks" / "results" / "real_fc.json").read_text())
     non_live = {"simple_python": 400, "multiple": 200, "parallel": 200, "parallel_multiple": 200,
