@@ -265,8 +265,11 @@ class PhaseClock:
         """The time left as known, or ''."""
         if self._said is not None:
             seconds, when, after = self._said
-            return f"about {_minutes(max(seconds - (time.monotonic() - when), 0.0))} left " \
-                   f"(after {after})"
+            left = f"about {_minutes(max(seconds - (time.monotonic() - when), 0.0))} left"
+            if self.grpo_steps and after.startswith("warm start"):  # GRPO not timed yet
+                return f"{left} of the warm start (after {after}), then " \
+                       f"{self.grpo_steps} GRPO steps, none timed yet"
+            return f"{left} (after {after})"
         if self.estimate is not None:
             left = self.estimate - self.spent()
             return (f"about {_minutes(left)} left (an earlier run took "

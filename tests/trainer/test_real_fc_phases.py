@@ -203,7 +203,8 @@ def test_the_time_left_comes_from_the_commands_progress_lines(recipe):
                 "step, at most 75 min left")
     for line in buffer.getvalue().splitlines(keepends=True):
         clock.saw(line)
-    assert clock.left().startswith("about 75.0 min left (after warm start step 40/200)")
+    assert clock.left().startswith("about 75.0 min left of the warm start (after warm start "
+                                   "step 40/200), then 20 GRPO steps, none timed yet")
     buffer.seek(0), buffer.truncate()
     console.print("step    0  val/success=0.100", markup=False, highlight=False)
     for step in (1, 2):  # a step line too long for 80 columns: step_s on the next line
