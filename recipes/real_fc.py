@@ -266,7 +266,7 @@ class PhaseClock:
         if self._said is not None:
             seconds, when, after = self._said
             left = f"about {_minutes(max(seconds - (time.monotonic() - when), 0.0))} left"
-            if self.grpo_steps and after.startswith("warm start"):  # GRPO not timed yet
+            if self.grpo_steps and not self._step_s:  # the warm start's; GRPO not timed yet
                 return f"{left} of the warm start (after {after}), then " \
                        f"{self.grpo_steps} GRPO steps, none timed yet"
             return f"{left} (after {after})"
